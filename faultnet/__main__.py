@@ -1,0 +1,5 @@
+import sys
+
+from faultnet.cli import main
+
+sys.exit(main())

@@ -1,0 +1,83 @@
+"""The one small interface every toxic implements.
+
+A toxic is a byte-level fault on ONE stream of a proxy (``upstream`` = client to server,
+``downstream`` = server to client), named and typed as in Toxiproxy. The proxy keeps one
+:class:`Toxic` object per toxic (its attributes, mutable live) and, for each connection
+the toxic applies to, one :class:`ToxicContext` holding that connection's state.
+
+Data flows through the toxics of a stream as a chain, in the order they were added:
+the proxy calls ``on_chunk`` of the first; each toxic passes bytes on with
+``ctx.forward`` (now, later, split, or never); the last ``forward`` writes to the socket.
+``t_read`` is the trio clock when the proxy read the chunk, so a delay measured from it
+pipelines: chunks read 1 ms apart leave 1 ms apart, whatever the delay.
+
+Rules for implementers:
+
+* ``on_chunk`` runs in the stream's single writer task, so calls never overlap for one
+  connection and stream, and blocking in it (sleeping) back-pressures the reader.
+* ``run`` is the toxic's per-connection background task (timers that fire without data,
+  such as ``reset_peer``); it is cancelled when the toxic is removed or the connection
+  ends. The default does nothing.
+* Attributes are read at use, so an update applies to the next chunk.
+* Toxicity is decided by the proxy once per connection and kept; a toxic never sees a
+  connection it does not apply to.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC
+from typing import Any, ClassVar, Protocol
+
+__all__ = ["STREAMS", "Toxic", "ToxicContext"]
+
+#: Toxiproxy's stream names: upstream carries client->server bytes, downstream the reply.
+STREAMS = ("upstream", "downstream")
+
+
+class ToxicContext(Protocol):
+    """What the proxy gives a toxic for one connection and stream."""
+
+    conn_id: int
+    stream: str
+    #: Per-connection random source, derived from the proxy's seed: reproducible.
+    rng: random.Random
+    #: Scratch space for this toxic on this connection (byte counters, timers...).
+    state: dict[str, Any]
+
+    async def forward(self, data: bytes, t_read: float) -> None:
+        """Pass *data* to the next toxic of the chain, or write it to the socket."""
+
+    async def forward_eof(self) -> None:
+        """Pass the end of this stream on (a FIN, half-close kept)."""
+
+    async def close(self) -> None:
+        """End the whole connection with a clean FIN both ways."""
+
+    async def reset(self) -> None:
+        """End the whole connection with an RST both ways."""
+
+
+class Toxic(ABC):
+    """Base class: a pass-through. Subclasses override what they change."""
+
+    #: Toxiproxy's type name, e.g. ``"latency"``.
+    type: ClassVar[str]
+
+    def __init__(self, name: str, stream: str = "downstream", toxicity: float = 1.0) -> None:
+        self.name = name
+        self.stream = stream
+        self.toxicity = toxicity
+
+    def attributes(self) -> dict[str, Any]:
+        """The toxic's attributes as Toxiproxy names them (units in the names' docs)."""
+        return {}
+
+    async def on_chunk(self, ctx: ToxicContext, data: bytes, t_read: float) -> None:
+        await ctx.forward(data, t_read)
+
+    async def on_eof(self, ctx: ToxicContext) -> None:
+        await ctx.forward_eof()
+
+    async def run(self, ctx: ToxicContext) -> None:
+        return None
