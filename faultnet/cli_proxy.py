@@ -1,0 +1,107 @@
+"""``faultnet proxy control-test`` and ``faultnet probe``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import trio
+
+from faultnet.cli import UsageError
+from faultnet.controltest import Step, run_control_test
+from faultnet.probe import parse_address, probe
+
+__all__ = ["register"]
+
+
+def register(sub: Any) -> None:
+    proxy = sub.add_parser(
+        "proxy",
+        help="the fault proxy's own checks",
+        description="Commands about the fault proxy itself.",
+    )
+    psub = proxy.add_subparsers(dest="proxy_command", metavar="COMMAND")
+    ct = psub.add_parser(
+        "control-test",
+        help="prove every control passes on its mode and goes red when the mode is broken",
+        description=(
+            "Start a throwaway echo upstream and proxy on 127.0.0.1; for every fault mode "
+            "run its control on the real mode (must pass) and on deliberate breakages "
+            "(must go red). Exit 0 only if all of that held; 1 otherwise."
+        ),
+    )
+    ct.add_argument("--json", action="store_true", help="print one JSON document")
+    ct.set_defaults(func=_control_test)
+    proxy.set_defaults(func=lambda args: _help(proxy))
+
+    pr = sub.add_parser(
+        "probe",
+        help="classify one fresh connect: connected, refused, hung or reset",
+        description="Connect once to HOST:PORT and print connected, refused, hung or "
+        "reset. Exit 0 after any classification; 2 for a bad address.",
+    )
+    pr.add_argument("address", metavar="HOST:PORT")
+    pr.add_argument(
+        "--timeout",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds before a connect counts as hung (default 1)",
+    )
+    pr.add_argument("--json", action="store_true", help="print one JSON object")
+    pr.set_defaults(func=_probe)
+
+
+def _help(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def _control_test(args: argparse.Namespace) -> int:
+    def progress(step: Step) -> None:
+        if not args.json:
+            mark = "ok " if step.ok else "BAD"
+            print(
+                f"{mark} {step.mode:<9} {step.arm:<62} {step.control:<18} "
+                f"want {step.expected:<4} got {step.outcome:<4} "
+                f"[{step.before} | {step.during} | {step.after}] {step.elapsed_ms:7.1f} ms",
+                flush=True,
+            )
+            if not step.ok:
+                print(f"      {step.detail}", flush=True)
+
+    if not args.json:
+        print(
+            "faultnet control test: each control on its real mode (want pass) and on "
+            "each breakage (want red)",
+            flush=True,
+        )
+    steps = trio.run(run_control_test, progress)
+    bad = [s for s in steps if not s.ok]
+    if args.json:
+        print(json.dumps({"ok": not bad, "steps": [s.to_json() for s in steps]}, indent=2))
+    else:
+        reds = sum(1 for s in steps if s.expected == "red" and s.ok)
+        passes = sum(1 for s in steps if s.expected == "pass" and s.ok)
+        print(
+            f"\n{passes} controls passed on their real mode, {reds} breakages went red, "
+            f"{len(bad)} step(s) wrong: {'PASS' if not bad else 'FAIL'}"
+        )
+    return 0 if not bad else 1
+
+
+def _probe(args: argparse.Namespace) -> int:
+    try:
+        address = parse_address(args.address)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be positive, not {args.timeout}")
+    try:
+        result = trio.run(probe, address, args.timeout)
+    except OSError as exc:
+        raise UsageError(f"cannot probe {args.address}: {exc.strerror or exc}") from None
+    print(json.dumps(result.to_json()) if args.json else str(result))
+    return 0

@@ -1,0 +1,94 @@
+"""One fresh connect, classified.
+
+``probe(addr, timeout)`` makes exactly one TCP connect to *addr* and says what happened:
+
+* ``connected`` -- the handshake completed (even if no byte will ever flow);
+* ``refused`` -- ECONNREFUSED: nothing listens (typically within a millisecond);
+* ``hung`` -- no answer within *timeout*: the SYN was dropped somewhere;
+* ``reset`` -- the connect was reset (e.g. the listener closed with it queued).
+
+A connect that timed out is closed at once: otherwise the kernel would finish the
+handshake later, on a SYN retry, and the server would see a phantom connection.
+Other errors (unreachable, bad address) raise :class:`OSError`.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import time
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import Any
+
+import trio
+
+__all__ = ["ProbeKind", "ProbeResult", "parse_address", "probe"]
+
+
+class ProbeKind(StrEnum):
+    CONNECTED = "connected"
+    REFUSED = "refused"
+    HUNG = "hung"
+    RESET = "reset"
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    kind: ProbeKind
+    address: tuple[str, int]
+    #: Seconds from the connect() call to its outcome (the timeout, for ``hung``).
+    elapsed_s: float
+    error: str | None = None
+
+    def __str__(self) -> str:
+        host, port = self.address
+        return f"{host}:{port} {self.kind.value} after {self.elapsed_s * 1000:.1f} ms"
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["kind"] = self.kind.value
+        d["address"] = f"{self.address[0]}:{self.address[1]}"
+        return d
+
+
+async def probe(address: tuple[str, int], timeout: float = 1.0) -> ProbeResult:
+    """Connect once to *address*, wait at most *timeout* seconds, and classify."""
+    host, port = address
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = trio.socket.socket(family, socket.SOCK_STREAM)
+    start = time.perf_counter()
+    try:
+        with trio.move_on_after(timeout):
+            try:
+                await sock.connect((host, port))
+            except ConnectionRefusedError:
+                return ProbeResult(ProbeKind.REFUSED, address, time.perf_counter() - start)
+            except ConnectionResetError as exc:
+                return ProbeResult(ProbeKind.RESET, address, time.perf_counter() - start, str(exc))
+            except OSError as exc:
+                if exc.errno == errno.ECONNRESET:
+                    return ProbeResult(
+                        ProbeKind.RESET, address, time.perf_counter() - start, str(exc)
+                    )
+                raise
+            return ProbeResult(ProbeKind.CONNECTED, address, time.perf_counter() - start)
+        return ProbeResult(ProbeKind.HUNG, address, time.perf_counter() - start)
+    finally:
+        sock.close()
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[V6]:PORT`` -> (host, port). Raises ValueError saying why."""
+    host, sep, port_s = text.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        port = int(port_s)
+    except ValueError:
+        raise ValueError(f"port {port_s!r} in {text!r} is not a number") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} in {text!r} is out of range 1-65535")
+    return host, port

@@ -1,0 +1,682 @@
+"""The fault proxy: a trio TCP proxy whose links can be frozen, blackholed, severed and
+reset, whose listener can drop SYNs or refuse, and whose bytes can pass through toxics.
+
+Semantics every fault method shares:
+
+* It is **total when it returns**. ``freeze`` closes each affected direction's gate (see
+  :mod:`faultnet.pump`), so no byte crosses after it; ``sever`` and ``reset`` have sent
+  their FIN or RST by then; ``refuse`` has closed the listener and ``drop_syn`` has
+  attached its filter.
+* ``freeze``, ``blackhole``, ``sever`` and ``reset`` act on the connections open at the
+  call (a laptop that changed networks: old sockets dead, new ones fine).
+  ``include_new=True`` extends ``freeze``/``blackhole`` to connections accepted later,
+  until ``thaw``. ``drop_syn`` and ``refuse`` last until ``restore``; ``drop_syn`` with
+  ``freeze(include_new=True)`` models a route that died outright.
+* Half-close is kept: a FIN one way is forwarded as a FIN (``shutdown(SHUT_WR)``) and the
+  other direction keeps flowing. While a direction is frozen its FIN or RST is held (not
+  even read) and passed on after the held bytes, in order, on thaw.
+
+Every connection and every fault is one record in the JSONL event log.
+"""
+
+from __future__ import annotations
+
+import errno
+import random
+import socket
+import time
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import trio
+
+from faultnet.eventlog import JsonlWriter
+from faultnet.pump import ChainLink, Direction, PipePool, StreamClosed, StreamReset
+from faultnet.sockopts import (
+    attach_drop_all,
+    detach_filter,
+    raise_fd_limit,
+    set_linger_reset,
+    tcp_state,
+)
+from faultnet.toxics.base import STREAMS, Toxic
+
+__all__ = ["ConnectionInfo", "Proxy", "ProxyError", "open_proxy"]
+
+Address = tuple[str, int]
+
+#: How often held FINs/RSTs are looked for on frozen connections (TCP_INFO polls).
+_HELD_CLOSE_POLL_S = 0.1
+_STREAM_CHOICES = ("both", *STREAMS)
+
+
+class ProxyError(Exception):
+    """A proxy could not do what was asked (e.g. its listen address is in use)."""
+
+
+@dataclass(frozen=True)
+class ConnectionInfo:
+    id: int
+    peer: str
+    upstream: str
+    bytes_upstream: int
+    bytes_downstream: int
+    #: open, half-closed, frozen, frozen-upstream, frozen-downstream, blackholed, closing
+    state: str
+    age_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _streams(stream: str) -> tuple[str, ...]:
+    if stream not in _STREAM_CHOICES:
+        raise ValueError(f"stream must be one of {', '.join(_STREAM_CHOICES)}, not {stream!r}")
+    return STREAMS if stream == "both" else (stream,)
+
+
+def _fmt(addr: Any) -> str:
+    host, port = addr[0], addr[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+class Connection:
+    """One client connection and its upstream connection. Created by :class:`Proxy`."""
+
+    def __init__(self, proxy: Proxy, conn_id: int, client: socket.socket, peer: str) -> None:
+        self.proxy = proxy
+        self.id = conn_id
+        self.client = client
+        self.peer = peer
+        self.server: socket.socket | None = None
+        self.directions: dict[str, Direction] = {}
+        self.blackholed = False
+        self.closing: str | None = None  # how it is being ended: severed, reset, ...
+        self.started = time.monotonic()
+        self.rng = random.Random(f"{proxy.seed}:{conn_id}")
+        # Toxic name -> its link on this connection, or None where toxicity said no.
+        self.links: dict[str, ChainLink | None] = {}
+        self._scope = trio.CancelScope()
+        self._toxic_scopes: dict[str, trio.CancelScope] = {}
+        self._nursery: trio.Nursery | None = None
+        self._held_logged: set[str] = set()
+
+    # -- toxics --
+
+    def wants_copy(self, stream: str) -> bool:
+        """True once any toxic applies to *stream* here (the splice path cannot see bytes)."""
+        return any(link is not None and link.stream == stream for link in self.links.values())
+
+    def chain(self, stream: str) -> list[ChainLink]:
+        return [
+            link
+            for t in self.proxy.toxics
+            if (link := self.links.get(t.name)) is not None and link.stream == stream
+        ]
+
+    def attach_toxic(self, toxic: Toxic) -> None:
+        # Decided once per connection and kept; toxicity 0 never applies
+        # (random() < 0 is never true), 1 always does.
+        rng = random.Random(f"{self.proxy.seed}:{self.id}:{toxic.name}")
+        if not rng.random() < toxic.toxicity:
+            self.links[toxic.name] = None
+            return
+        link = ChainLink(toxic, self.id, toxic.stream, rng, self.sever, self.reset)
+        self.links[toxic.name] = link
+        d = self.directions.get(toxic.stream)
+        if d is not None and d.idle_scope is not None:
+            d.idle_scope.cancel()  # move a parked splice pump to the copy path
+        if self._nursery is not None:
+            scope = trio.CancelScope()
+            self._toxic_scopes[toxic.name] = scope
+            self._nursery.start_soon(self._run_toxic, toxic, link, scope)
+
+    async def _run_toxic(self, toxic: Toxic, link: ChainLink, scope: trio.CancelScope) -> None:
+        with scope:
+            await toxic.run(link)
+
+    def detach_toxic(self, name: str) -> None:
+        self.links.pop(name, None)
+        scope = self._toxic_scopes.pop(name, None)
+        if scope is not None:
+            scope.cancel()
+
+    # -- faults --
+
+    def freeze(self, streams: Iterable[str]) -> None:
+        for s in streams:
+            self.directions[s].gate.close()
+
+    def thaw(self, streams: Iterable[str]) -> None:
+        if self.blackholed and set(streams) == set(STREAMS):
+            detach_filter(self.client)
+            self.blackholed = False
+        for s in streams:
+            self.directions[s].gate.open()
+
+    def blackhole(self) -> None:
+        self.freeze(STREAMS)
+        attach_drop_all(self.client)
+        self.blackholed = True
+
+    async def sever(self) -> None:
+        """Clean FIN both ways, even with unread bytes; ends the connection."""
+        self._end("severed")
+
+    async def reset(self) -> None:
+        """RST both ways; ends the connection."""
+        self._end("reset")
+
+    def _end(self, how: str) -> None:
+        if self.closing is not None:
+            return
+        self.closing = how
+        self._scope.cancel()
+        for sock in (self.client, self.server):
+            if sock is None or sock.fileno() < 0:
+                continue
+            if self.blackholed and sock is self.client:
+                detach_filter(sock)  # let the FIN or RST reach the client
+            if how == "reset":
+                set_linger_reset(sock)
+            else:
+                _clean_fin(sock)
+            trio.lowlevel.notify_closing(sock)
+            sock.close()
+
+    def held_closes(self) -> None:
+        """Log a FIN or RST that arrived on a frozen direction (held, not forwarded)."""
+        for stream, d in self.directions.items():
+            if d.gate.is_open or stream in self._held_logged or d.src.fileno() < 0:
+                continue
+            try:
+                state = tcp_state(d.src)
+            except OSError:
+                continue
+            kind = {8: "fin", 7: "rst"}.get(state)
+            if kind is not None:
+                self._held_logged.add(stream)
+                self.proxy.log.write(f"held_{kind}", conn=self.id, stream=stream)
+
+    def info(self) -> ConnectionInfo:
+        up, down = self.directions.get("upstream"), self.directions.get("downstream")
+        if self.closing:
+            state = "closing"
+        elif self.blackholed:
+            state = "blackholed"
+        elif up and down and not up.gate.is_open and not down.gate.is_open:
+            state = "frozen"
+        elif up and not up.gate.is_open:
+            state = "frozen-upstream"
+        elif down and not down.gate.is_open:
+            state = "frozen-downstream"
+        elif (up and up.eof_forwarded) or (down and down.eof_forwarded):
+            state = "half-closed"
+        else:
+            state = "open"
+        return ConnectionInfo(
+            id=self.id,
+            peer=self.peer,
+            upstream=_fmt(self.proxy.upstream),
+            bytes_upstream=up.bytes if up else 0,
+            bytes_downstream=down.bytes if down else 0,
+            state=state,
+            age_s=round(time.monotonic() - self.started, 3),
+        )
+
+    # -- lifecycle --
+
+    async def run(self) -> None:
+        proxy = self.proxy
+        how = "clean"
+        try:
+            with self._scope:
+                try:
+                    self.server = await proxy._connect_upstream()
+                except OSError as exc:
+                    how = "upstream_failed"
+                    proxy.log.write(
+                        "upstream_failed",
+                        conn=self.id,
+                        upstream=_fmt(proxy.upstream),
+                        reason=str(exc) or type(exc).__name__,
+                    )
+                    return
+                self.directions = {
+                    "upstream": Direction(self, "upstream", self.client, self.server),
+                    "downstream": Direction(self, "downstream", self.server, self.client),
+                }
+                if proxy._frozen_new:
+                    self.freeze(proxy._frozen_new)
+                if proxy._blackhole_new:
+                    self.blackhole()
+                async with trio.open_nursery() as nursery:
+                    self._nursery = nursery
+                    for t in proxy.toxics:
+                        self.attach_toxic(t)
+                    for d in self.directions.values():
+                        nursery.start_soon(self._pump, d)
+                self._nursery = None
+        finally:
+            how = self.closing or how
+            for sock in (self.client, self.server):
+                if sock is not None and sock.fileno() >= 0:
+                    if how == "reset":
+                        set_linger_reset(sock)
+                    trio.lowlevel.notify_closing(sock)
+                    sock.close()
+            info = self.info()
+            proxy._connections.pop(self.id, None)
+            proxy.log.write(
+                "conn_close",
+                conn=self.id,
+                how=how,
+                bytes_upstream=info.bytes_upstream,
+                bytes_downstream=info.bytes_downstream,
+                age_s=info.age_s,
+            )
+
+    async def _pump(self, d: Direction) -> None:
+        # except*: the copy path runs a reader task, so its errors come in a group.
+        try:
+            await d.run(self.proxy._splice, self.proxy._pipes)
+        except* StreamReset as group:
+            # One side reset (or failed): pass it on as an RST to the other side.
+            cause = group.exceptions[0].__cause__
+            self.proxy.log.write(
+                "peer_reset",
+                conn=self.id,
+                stream=d.stream,
+                errno=errno.errorcode.get(getattr(cause, "errno", 0) or 0, "?"),
+            )
+            self._end("reset")
+        except* StreamClosed:
+            pass
+
+
+def _clean_fin(sock: socket.socket) -> None:
+    """Send FIN, then drain what is unread so that close() does not turn it into an RST."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        return
+    try:
+        for _ in range(64):  # bounded: at most 16 MiB discarded
+            if not sock.recv(256 * 1024):
+                break
+    except OSError:
+        pass
+
+
+class Proxy:
+    """A TCP proxy from ``listen`` to ``upstream`` with fault modes and toxics.
+
+    Run it with ``await nursery.start(proxy.serve)`` or ``async with open_proxy(...)``.
+    ``address`` is the bound address (port 0 becomes the real port). Thousands of
+    connections at once are fine; the soft descriptor limit is raised to the hard one.
+
+    ``splice=True`` (default on Linux) forwards connections no toxic applies to through
+    kernel pipes, without copying bytes into Python; a connection moves to the copy path
+    the first time a toxic applies to it and stays there.
+    """
+
+    def __init__(
+        self,
+        upstream: Address,
+        listen: Address = ("127.0.0.1", 0),
+        *,
+        name: str = "proxy",
+        event_log: str | None | JsonlWriter = None,
+        seed: int | None = None,
+        connect_timeout: float = 5.0,
+        backlog: int = 4096,
+        splice: bool = True,
+    ) -> None:
+        self.name = name
+        self.upstream = (upstream[0], int(upstream[1]))
+        self.listen = (listen[0], int(listen[1]))
+        self.seed = seed if seed is not None else random.SystemRandom().randrange(2**32)
+        self.connect_timeout = connect_timeout
+        self.backlog = backlog
+        self.log = (
+            event_log if isinstance(event_log, JsonlWriter) else JsonlWriter(event_log, proxy=name)
+        )
+        self.toxics: list[Toxic] = []
+        self.address: Address | None = None
+        self.fd_limit = raise_fd_limit()
+        self._splice = splice and hasattr(__import__("os"), "splice")
+        self._pipes = PipePool()
+        self._listener: trio.socket.SocketType | None = None
+        self._connections: dict[int, Connection] = {}
+        self._next_id = 1
+        self._nursery: trio.Nursery | None = None
+        self._accept_scope: trio.CancelScope | None = None
+        self._frozen_new: tuple[str, ...] = ()
+        self._blackhole_new = False
+        self._syn_dropped = False
+        self._refusing = False
+        self._closed = trio.Event()
+        self._poll_scope: trio.CancelScope | None = None
+
+    @property
+    def event_log_path(self) -> str | None:
+        return str(self.log.path) if self.log.path is not None else None
+
+    # -- running --
+
+    async def serve(
+        self, *, task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Listen and proxy until :meth:`aclose` or cancellation. Reports the address."""
+        await self._bind()
+        assert self.address is not None
+        self.log.write(
+            "listening", listen=_fmt(self.address), upstream=_fmt(self.upstream), seed=self.seed
+        )
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                self._start_accepting()
+                task_status.started(self.address)
+                await self._closed.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            self._nursery = None
+            if self._listener is not None:
+                self._listener.close()
+                self._listener = None
+            self._pipes.close()
+            self.log.write("stopped")
+
+    async def aclose(self) -> None:
+        """Stop listening and close every connection (clean FIN, not a fault)."""
+        for conn in list(self._connections.values()):
+            conn._end("closed")
+        self._closed.set()
+
+    async def _bind(self) -> None:
+        family = socket.AF_INET6 if ":" in self.listen[0] else socket.AF_INET
+        sock = trio.socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            await sock.bind(self.address or self.listen)
+        except OSError as exc:
+            sock.close()
+            where = _fmt(self.address or self.listen)
+            if exc.errno == errno.EADDRINUSE:
+                raise ProxyError(f"listen address {where} is already in use") from None
+            raise ProxyError(f"cannot listen on {where}: {exc.strerror}") from None
+        sock.listen(self.backlog)
+        if self._syn_dropped:
+            attach_drop_all(sock)
+        self._listener = sock
+        self.address = sock.getsockname()[:2]
+
+    def _start_accepting(self) -> None:
+        assert self._nursery is not None
+        self._accept_scope = trio.CancelScope()
+        self._nursery.start_soon(self._accept_loop, self._accept_scope)
+
+    async def _accept_loop(self, scope: trio.CancelScope) -> None:
+        assert self._nursery is not None and self._listener is not None
+        listener = self._listener
+        with scope:
+            while True:
+                try:
+                    tsock, addr = await listener.accept()
+                except OSError as exc:
+                    # EMFILE/ENFILE/ENOBUFS: out of descriptors or memory. Log, back off
+                    # briefly, keep serving: one connection's trouble is not the proxy's.
+                    self.log.write("accept_error", error=exc.strerror or str(exc))
+                    await trio.sleep(0.05)
+                    continue
+                client = socket.socket(fileno=tsock.detach())
+                client.setblocking(False)
+                conn = Connection(self, self._next_id, client, _fmt(addr))
+                self._next_id += 1
+                self._connections[conn.id] = conn
+                self.log.write("conn_open", conn=conn.id, peer=conn.peer)
+                self._nursery.start_soon(self._run_connection, conn)
+
+    async def _run_connection(self, conn: Connection) -> None:
+        # One connection's failure is logged and contained: it never takes the proxy down.
+        try:
+            await conn.run()
+        except Exception as exc:
+            self.log.write("conn_error", conn=conn.id, error=repr(exc))
+
+    async def _connect_upstream(self) -> socket.socket:
+        host, port = self.upstream
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        tsock = trio.socket.socket(family, socket.SOCK_STREAM)
+        try:
+            with trio.fail_after(self.connect_timeout):
+                await tsock.connect((host, port))
+        except trio.TooSlowError:
+            tsock.close()
+            raise OSError(
+                errno.ETIMEDOUT, f"no answer from upstream within {self.connect_timeout} s"
+            ) from None
+        except BaseException:
+            tsock.close()
+            raise
+        tsock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock = socket.socket(fileno=tsock.detach())
+        sock.setblocking(False)
+        return sock
+
+    # -- faults on live connections --
+
+    def _live(self) -> list[Connection]:
+        return [c for c in self._connections.values() if c.directions and not c.closing]
+
+    async def freeze(self, stream: str = "both", *, include_new: bool = False) -> int:
+        """Stop forwarding on every open connection (one stream or both); return how many.
+
+        Total on return: not one more byte crosses. FIN and RST are held too.
+        """
+        streams = _streams(stream)
+        conns = self._live()
+        for c in conns:
+            c.freeze(streams)
+        if include_new:
+            self._frozen_new = tuple(sorted(set(self._frozen_new) | set(streams)))
+        self._start_held_poll()
+        self.log.write(
+            "fault_applied",
+            mode="freeze",
+            stream=stream,
+            include_new=include_new,
+            connections=len(conns),
+            bytes=self._byte_snapshot(conns),
+        )
+        return len(conns)
+
+    async def blackhole(self, *, include_new: bool = False) -> int:
+        """Freeze both ways and drop every packet from the client (no ACKs either), so the
+        client's TCP sees a dead route: keepalive and TCP_USER_TIMEOUT fire."""
+        conns = self._live()
+        for c in conns:
+            c.blackhole()
+        if include_new:
+            self._blackhole_new = True
+        self._start_held_poll()
+        self.log.write(
+            "fault_applied",
+            mode="blackhole",
+            include_new=include_new,
+            connections=len(conns),
+            bytes=self._byte_snapshot(conns),
+        )
+        return len(conns)
+
+    async def thaw(self, stream: str = "both") -> int:
+        """Undo freeze and blackhole: held bytes are delivered in order, then any held
+        FIN or RST. Also ends ``include_new`` for the thawed streams."""
+        streams = _streams(stream)
+        conns = self._live()
+        for c in conns:
+            c.thaw(streams)
+        self._frozen_new = tuple(s for s in self._frozen_new if s not in streams)
+        if stream == "both":
+            self._blackhole_new = False
+        self.log.write("fault_removed", mode="thaw", stream=stream, connections=len(conns))
+        return len(conns)
+
+    async def sever(self) -> int:
+        """Close every open connection with a clean FIN both ways (EOF at both peers)."""
+        return self._end_all("severed")
+
+    async def reset(self) -> int:
+        """Close every open connection with an RST both ways (ECONNRESET at both peers)."""
+        return self._end_all("reset")
+
+    def _end_all(self, how: str) -> int:
+        conns = self._live()
+        for c in conns:
+            c._end(how)
+        self.log.write("fault_applied", mode=how, connections=len(conns))
+        return len(conns)
+
+    # -- faults on new connections --
+
+    async def drop_syn(self) -> None:
+        """New connects hang: every SYN to the listener is dropped (a drop-all socket
+        filter on it; unprivileged). Clients retry their SYN with backoff and connect on
+        the first retry after :meth:`restore`; unrestored, a connect times out after
+        about 134 s. Open connections are untouched."""
+        self._syn_dropped = True
+        if self._listener is not None:
+            attach_drop_all(self._listener)
+        self.log.write("fault_applied", mode="drop_syn")
+
+    async def refuse(self) -> None:
+        """New connects are refused at once (ECONNREFUSED): the listener is closed.
+        :meth:`restore` listens again on the same port. Open connections are untouched."""
+        if self._refusing:
+            return
+        self._refusing = True
+        # Cancel the task parked in accept() before closing the socket under it.
+        if self._accept_scope is not None:
+            self._accept_scope.cancel()
+        if self._listener is not None:
+            trio.lowlevel.notify_closing(self._listener)
+            self._listener.close()
+            self._listener = None
+        self.log.write("fault_applied", mode="refuse")
+
+    async def restore(self) -> None:
+        """Undo drop_syn and refuse. Raises ProxyError if the port was taken meanwhile."""
+        self._syn_dropped = False
+        if self._refusing:
+            await self._bind()
+            self._refusing = False
+            if self._nursery is not None:
+                self._start_accepting()
+        elif self._listener is not None:
+            detach_filter(self._listener)
+        self.log.write("fault_removed", mode="restore")
+
+    # -- toxics --
+
+    def add_toxic(self, toxic: Toxic) -> None:
+        """Apply *toxic* at once to live connections (those its toxicity picks) and to
+        new ones. Names are unique across both streams (ValueError otherwise)."""
+        if any(t.name == toxic.name for t in self.toxics):
+            raise ValueError(f"toxic already exists: {toxic.name}")
+        _streams(toxic.stream)
+        self.toxics.append(toxic)
+        for c in self._live():
+            c.attach_toxic(toxic)
+        self.log.write(
+            "toxic_added",
+            toxic=toxic.name,
+            type=toxic.type,
+            stream=toxic.stream,
+            toxicity=toxic.toxicity,
+            attributes=toxic.attributes(),
+        )
+
+    def update_toxic(
+        self, name: str, attributes: dict[str, Any] | None = None, toxicity: float | None = None
+    ) -> Toxic:
+        """Merge *attributes* into the toxic (read at the next chunk). A new toxicity
+        applies to connections opened from now on; existing ones keep their decision."""
+        toxic = self.get_toxic(name)
+        if attributes:
+            toxic.update(attributes)  # type: ignore[attr-defined]
+        if toxicity is not None:
+            toxic.toxicity = toxicity
+        self.log.write(
+            "toxic_updated", toxic=name, toxicity=toxic.toxicity, attributes=toxic.attributes()
+        )
+        return toxic
+
+    def remove_toxic(self, name: str) -> Toxic:
+        toxic = self.get_toxic(name)
+        self.toxics.remove(toxic)
+        for c in self._connections.values():
+            c.detach_toxic(name)
+        self.log.write("toxic_removed", toxic=name)
+        return toxic
+
+    def get_toxic(self, name: str) -> Toxic:
+        for t in self.toxics:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    # -- observation --
+
+    def connections(self) -> list[ConnectionInfo]:
+        return [c.info() for c in list(self._connections.values())]
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return {
+            "refusing": self._refusing,
+            "syn_dropped": self._syn_dropped,
+            "frozen_new": list(self._frozen_new),
+            "blackhole_new": self._blackhole_new,
+        }
+
+    def _byte_snapshot(self, conns: list[Connection]) -> dict[str, int]:
+        return {s: sum(c.directions[s].bytes for c in conns) for s in STREAMS}
+
+    def _start_held_poll(self) -> None:
+        if self._poll_scope is None and self._nursery is not None:
+            self._poll_scope = trio.CancelScope()
+            self._nursery.start_soon(self._held_poll, self._poll_scope)
+
+    async def _held_poll(self, scope: trio.CancelScope) -> None:
+        # FIN/RST behind held bytes cannot be seen without reading them, so ask the kernel
+        # for each frozen socket's TCP state instead; only while something is frozen.
+        with scope:
+            while True:
+                frozen = [
+                    c
+                    for c in self._live()
+                    if any(not d.gate.is_open for d in c.directions.values())
+                ]
+                if not frozen and not self._frozen_new:
+                    break
+                for c in frozen:
+                    c.held_closes()
+                await trio.sleep(_HELD_CLOSE_POLL_S)
+        self._poll_scope = None
+
+
+@asynccontextmanager
+async def open_proxy(
+    upstream: Address, listen: Address = ("127.0.0.1", 0), **kwargs: Any
+) -> AsyncIterator[Proxy]:
+    """Run a :class:`Proxy` for the duration of the block; closed on exit."""
+    proxy = Proxy(upstream, listen, **kwargs)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.serve)
+        try:
+            yield proxy
+        finally:
+            await proxy.aclose()

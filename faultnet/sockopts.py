@@ -1,0 +1,88 @@
+"""Socket options behind the fault modes (Linux), each measured in
+``shared/reference/linux-faults.md``.
+
+All functions take a plain or trio socket (anything with ``fileno()`` and
+``setsockopt``) and act at once; none blocks.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import resource
+import socket
+import struct
+from typing import Protocol
+
+__all__ = [
+    "TCP_STATES",
+    "attach_drop_all",
+    "detach_filter",
+    "raise_fd_limit",
+    "set_keepalive",
+    "set_linger_reset",
+    "set_user_timeout",
+    "tcp_state",
+]
+
+SO_ATTACH_FILTER = 26
+SO_DETACH_FILTER = 27
+# One classic BPF instruction, BPF_RET|BPF_K with k=0: "accept 0 bytes", i.e. drop every
+# packet. Unprivileged. On a listener it drops SYNs; on a connected socket it drops the
+# peer's data AND ACKs, so the peer's TCP sees a dead route.
+_DROP_ALL = struct.pack("HBBI", 0x06, 0, 0, 0)
+_DROP_ALL_BUF = ctypes.create_string_buffer(_DROP_ALL, len(_DROP_ALL))
+# struct sock_fprog { unsigned short len; struct sock_filter *filter; } (padded to 16).
+_FPROG = struct.pack("HxxxxxxQ", 1, ctypes.addressof(_DROP_ALL_BUF))
+
+#: ``tcpi_state`` values (include/net/tcp_states.h) that matter here.
+TCP_STATES = {1: "ESTABLISHED", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 4: "FIN_WAIT1"}
+
+
+class _Sock(Protocol):
+    def fileno(self) -> int: ...
+    def setsockopt(self, level: int, opt: int, value: int | bytes, /) -> None: ...
+    def getsockopt(self, level: int, opt: int, buflen: int = ..., /) -> bytes: ...
+
+
+def attach_drop_all(sock: _Sock) -> None:
+    """Drop every packet that reaches *sock* from now on (until :func:`detach_filter`)."""
+    sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, _FPROG)
+
+
+def detach_filter(sock: _Sock) -> None:
+    """Remove the filter; ENOENT (none attached) is not an error."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_DETACH_FILTER, 0)
+    except OSError as exc:
+        if exc.errno != 2:
+            raise
+
+
+def set_linger_reset(sock: _Sock) -> None:
+    """Make the next ``close()`` send RST instead of FIN (SO_LINGER on, 0 s)."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+
+def set_keepalive(sock: _Sock, idle_s: int, interval_s: int, count: int) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, idle_s)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, interval_s)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, count)
+
+
+def set_user_timeout(sock: _Sock, ms: int) -> None:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, ms)
+
+
+def tcp_state(sock: _Sock) -> int:
+    """The kernel's ``tcpi_state`` for *sock* (1 = ESTABLISHED, 8 = CLOSE_WAIT, ...)."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
+
+
+def raise_fd_limit() -> int:
+    """Raise the soft descriptor limit to the hard one; return the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        return hard
+    return soft
