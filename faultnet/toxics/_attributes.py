@@ -1,0 +1,137 @@
+"""Typed, validated, live-updatable attributes shared by every built-in toxic.
+
+Each toxic class declares its attributes once (:class:`Attribute`: Toxiproxy's name, the
+default, the unit, the smallest value allowed). :class:`AttributeToxic` turns that into
+the constructor, :meth:`~AttributeToxic.attributes` and :meth:`~AttributeToxic.update`.
+
+Values are JSON integers, as Toxiproxy's (Go ``int64``) are: a bool, a float, a string
+or a number outside the int64 range is a :class:`TypeError`/:class:`ValueError`, which the
+HTTP API answers with 400. An update is atomic: every value is checked before any is
+applied, so a rejected update changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import trio
+
+from faultnet.toxics.base import Toxic, ToxicContext
+
+__all__ = ["INT64_MAX", "INT64_MIN", "Attribute", "AttributeToxic"]
+
+INT64_MAX = 2**63 - 1
+INT64_MIN = -(2**63)
+
+
+@dataclass(frozen=True)
+class Attribute:
+    """One integer attribute of a toxic, as Toxiproxy names it."""
+
+    name: str
+    default: int
+    #: What it means, unit included (ms, KB/s with KB = 1000 bytes, bytes, µs).
+    doc: str
+    #: Smallest accepted value. Toxiproxy checks nothing; negative delays and sizes are
+    #: meaningless, so they are refused here (bandwidth's rate keeps ``<= 0`` = unlimited).
+    minimum: int = 0
+
+    def check(self, value: Any) -> int:
+        """Return *value* as this attribute's int, or raise TypeError/ValueError."""
+        # bool is an int subclass in Python; JSON true is not a number.
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(
+                f"attribute {self.name} must be an integer ({self.doc}), "
+                f"not {type(value).__name__} {value!r}"
+            )
+        if not self.minimum <= value <= INT64_MAX:
+            raise ValueError(
+                f"attribute {self.name} must be between {self.minimum} and {INT64_MAX}, not {value}"
+            )
+        return value
+
+
+class AttributeToxic(Toxic):
+    """A :class:`Toxic` whose behaviour is set by integer attributes, updatable live.
+
+    ``update`` wakes any per-connection timer waiting in :meth:`wait_until` so a changed
+    deadline takes effect at once, not when the old one expires.
+    """
+
+    ATTRIBUTES: ClassVar[tuple[Attribute, ...]] = ()
+
+    def __init__(
+        self,
+        name: str | None = None,
+        stream: str = "downstream",
+        toxicity: float = 1.0,
+        **attributes: Any,
+    ) -> None:
+        super().__init__(name if name is not None else f"{self.type}_{stream}", stream, toxicity)
+        for attr in self.ATTRIBUTES:
+            setattr(self, attr.name, attr.default)
+        self._changed = trio.Event()
+        self.update(attributes)
+
+    @classmethod
+    def check_attributes(cls, attributes: Any) -> dict[str, int]:
+        """Validate a JSON ``attributes`` value; return the known keys, checked.
+
+        Unknown keys are ignored and a ``null`` value leaves its attribute unchanged (both
+        as Toxiproxy's JSON decoding does). Raises TypeError/ValueError.
+        """
+        if attributes is None:
+            return {}
+        if not isinstance(attributes, Mapping):
+            raise TypeError(f"attributes must be an object, not {type(attributes).__name__}")
+        checked: dict[str, int] = {}
+        for attr in cls.ATTRIBUTES:
+            value = attributes.get(attr.name)
+            if value is not None:
+                checked[attr.name] = attr.check(value)
+        return checked
+
+    def update(self, attributes: Mapping[str, Any]) -> None:
+        """Merge *attributes* into this toxic, all or nothing; live for every connection."""
+        checked = self.check_attributes(attributes)
+        for key, value in checked.items():
+            setattr(self, key, value)
+        if checked:
+            # Wake timers waiting on the old values, then arm a fresh event.
+            self._changed.set()
+            self._changed = trio.Event()
+
+    def attributes(self) -> dict[str, Any]:
+        return {attr.name: getattr(self, attr.name) for attr in self.ATTRIBUTES}
+
+    def __repr__(self) -> str:
+        attrs = ", ".join(f"{k}={v}" for k, v in self.attributes().items())
+        return (
+            f"<{type(self).__name__} {self.name!r} {self.stream} toxicity={self.toxicity} {attrs}>"
+        )
+
+    # -- helpers for timers ------------------------------------------------------------
+
+    def applied_at(self, ctx: ToxicContext) -> float:
+        """The trio time this toxic began to apply to *ctx*'s connection (first call)."""
+        return ctx.state.setdefault("applied_at", trio.current_time())
+
+    async def wait_until(self, start: float, attribute: str, *, zero_is_never: bool) -> None:
+        """Sleep until ``start + <attribute> ms``, re-reading the attribute on each update.
+
+        An update moves the deadline (measured from *start*, not from the update); a
+        deadline already past returns at once. With *zero_is_never*, a value of 0 means
+        wait until an update sets a non-zero value.
+        """
+        while True:
+            changed = self._changed
+            ms: int = getattr(self, attribute)
+            if ms == 0 and zero_is_never:
+                await changed.wait()
+                continue
+            with trio.move_on_at(start + ms / 1000):
+                await changed.wait()
+                continue
+            return

@@ -1,0 +1,38 @@
+"""``latency``: each chunk delayed by ``latency`` ± ``jitter`` milliseconds, one way."""
+
+from __future__ import annotations
+
+import trio
+
+from faultnet.toxics._attributes import Attribute, AttributeToxic
+from faultnet.toxics.base import ToxicContext
+
+__all__ = ["Latency"]
+
+
+class Latency(AttributeToxic):
+    """Delay every chunk of the stream; bytes are kept exact and never reordered.
+
+    The delay is measured from when the proxy read the chunk (``t_read``), so a stream of
+    chunks is pipelined: chunks read 1 ms apart leave about 1 ms apart. With jitter, each
+    chunk's delay is drawn uniformly from ``[latency - jitter, latency + jitter]`` (never
+    below 0) with the connection's seeded rng; a chunk that would be due before the one
+    ahead of it leaves right after it instead (one writer, so order is kept).
+    """
+
+    type = "latency"
+    ATTRIBUTES = (
+        Attribute("latency", 0, "delay added to each chunk, in milliseconds"),
+        Attribute("jitter", 0, "random variation of the delay, ± milliseconds"),
+    )
+    latency: int
+    jitter: int
+
+    async def on_chunk(self, ctx: ToxicContext, data: bytes, t_read: float) -> None:
+        delay_ms = float(self.latency)
+        if self.jitter > 0:
+            delay_ms += ctx.rng.uniform(-self.jitter, self.jitter)
+        due = t_read + max(delay_ms, 0.0) / 1000
+        await trio.sleep_until(due)
+        # Pass the due time on, so a later latency toxic in the chain adds to this one.
+        await ctx.forward(data, due)

@@ -1,0 +1,37 @@
+"""``limit_data``: at most ``bytes`` bytes forwarded on the stream, then the connection
+closes."""
+
+from __future__ import annotations
+
+from faultnet.toxics._attributes import Attribute, AttributeToxic
+from faultnet.toxics.base import ToxicContext
+
+__all__ = ["LimitData"]
+
+
+class LimitData(AttributeToxic):
+    """Forward exactly the first ``bytes`` bytes, then close the connection (clean FIN).
+
+    The count is per connection and survives updates; it covers the bytes that passed
+    while the toxic applied. The close happens as soon as the limit is reached (as in
+    Toxiproxy, the whole connection closes, both ways); bytes beyond it are dropped. A
+    limit lowered below what already passed closes on the next chunk.
+    """
+
+    type = "limit_data"
+    ATTRIBUTES = (Attribute("bytes", 0, "bytes forwarded before the connection closes"),)
+    bytes: int
+
+    async def on_chunk(self, ctx: ToxicContext, data: bytes, t_read: float) -> None:
+        if ctx.state.get("closed"):
+            return
+        sent: int = ctx.state.get("sent", 0)
+        remaining = self.bytes - sent
+        if remaining > 0:
+            piece = data[:remaining]
+            await ctx.forward(piece, t_read)
+            sent += len(piece)
+            ctx.state["sent"] = sent
+        if self.bytes - sent <= 0:
+            ctx.state["closed"] = True
+            await ctx.close()
