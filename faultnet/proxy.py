@@ -369,8 +369,11 @@ class Proxy:
     async def serve(
         self, *, task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """Listen and proxy until :meth:`aclose` or cancellation. Reports the address."""
-        await self._bind()
+        """Listen and proxy until :meth:`aclose` or cancellation. Reports the address.
+
+        Raises :class:`ProxyError` before reporting if the address cannot be bound."""
+        if self._listener is None:
+            await self._bind()
         assert self.address is not None
         self.log.write(
             "listening", listen=_fmt(self.address), upstream=_fmt(self.upstream), seed=self.seed
@@ -674,6 +677,7 @@ async def open_proxy(
 ) -> AsyncIterator[Proxy]:
     """Run a :class:`Proxy` for the duration of the block; closed on exit."""
     proxy = Proxy(upstream, listen, **kwargs)
+    await proxy._bind()  # outside the nursery: a bind error arrives unwrapped
     async with trio.open_nursery() as nursery:
         await nursery.start(proxy.serve)
         try:

@@ -1,0 +1,52 @@
+"""The `faultnet` command's proxy-side commands: help, version, probe and its exit codes."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+from faultnet import __version__
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "faultnet", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_version_and_help() -> None:
+    assert run("--version").stdout.strip() == f"faultnet {__version__}"
+    for cmd in ([], ["proxy"], ["proxy", "control-test"], ["probe"]):
+        out = run(*cmd, "--help")
+        assert out.returncode == 0 and "usage:" in out.stdout
+    assert run().returncode == 2  # no command: help on stderr, usage error
+
+
+def test_probe_prints_the_classification() -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    port = listener.getsockname()[1]
+    try:
+        out = run("probe", f"127.0.0.1:{port}", "--json")
+        assert out.returncode == 0
+        assert json.loads(out.stdout)["kind"] == "connected"
+    finally:
+        listener.close()
+    out = run("probe", f"127.0.0.1:{port}")
+    assert out.returncode == 0 and "refused" in out.stdout
+
+
+def test_probe_bad_input_is_one_line_and_exit_2() -> None:
+    for args, why in (
+        (["probe", "localhost"], "not HOST:PORT"),
+        (["probe", "127.0.0.1:99999"], "out of range"),
+        (["probe", "127.0.0.1:80", "--timeout", "-1"], "must be positive"),
+        (["probe", "no.such.host.invalid:80"], "cannot probe"),
+    ):
+        out = run(*args)
+        assert out.returncode == 2, out
+        assert why in out.stderr and "Traceback" not in out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
