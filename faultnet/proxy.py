@@ -117,6 +117,8 @@ class Connection:
         ]
 
     def attach_toxic(self, toxic: Toxic) -> None:
+        if toxic.name in self.links:  # already decided for this connection: kept
+            return
         # Decided once per connection and kept; toxicity 0 never applies
         # (random() < 0 is never true), 1 always does.
         rng = random.Random(f"{self.proxy.seed}:{self.id}:{toxic.name}")
