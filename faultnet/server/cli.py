@@ -1,5 +1,374 @@
-"""Placeholder: the server's commands (issue 6) register here."""
+"""``faultnet server`` and its client commands.
+
+Commands: ``server``; against a running server (``--api URL``, default
+http://127.0.0.1:8474 or $FAULTNET_API): ``proxies``, ``create``, ``delete``,
+``enable``, ``disable``, ``toxic add|update|remove|list``, ``fault``, ``connections``,
+``events``, ``reset``. ``--json`` prints the API's JSON answer instead of text.
+
+Exit codes: 0 done; 1 the server failed (a 5xx, e.g. a listen address in use);
+2 a usage mistake: bad arguments, an API answer in the 4xx class (bad input, proxy or
+toxic not found, already exists, proxy disabled), or the API unreachable. Errors are one
+line on stderr; with ``--json`` the API's error body is printed on stdout too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from faultnet.server.client import DEFAULT_API, ApiClient, ApiFailure, ApiUnavailable
+
+__all__ = ["register"]
+
+FAULT_CHOICES = (
+    "freeze",
+    "thaw",
+    "blackhole",
+    "sever",
+    "reset",
+    "drop-syn",
+    "refuse",
+    "restore",
+)
 
 
-def register(sub) -> None:  # noqa: ANN001
-    pass
+def _err(message: str) -> None:
+    print(f"faultnet: error: {message}", file=sys.stderr)
+
+
+def _client_command(func: Callable[[argparse.Namespace, ApiClient], Any]) -> Callable[..., int]:
+    """Run *func* against the API; map failures to one line and an exit code."""
+
+    def run(args: argparse.Namespace) -> int:
+        client = ApiClient(args.api)
+        try:
+            result = func(args, client)
+        except ApiUnavailable as exc:
+            _err(str(exc))
+            return 2
+        except ApiFailure as exc:
+            _err(f"{exc.message} (HTTP {exc.status})")
+            if args.json and exc.body is not None:
+                print(json.dumps(exc.body))
+            return 2 if 400 <= exc.status < 500 else 1
+        if args.json:
+            print(json.dumps(result, indent=2) if result is not None else "null")
+        elif result is not None:
+            print(_human(result))
+        return 0
+
+    return run
+
+
+def _human(result: Any) -> str:
+    if isinstance(result, str):
+        return result
+    return json.dumps(result, indent=2)
+
+
+def _proxy_table(proxies: dict[str, Any]) -> str:
+    if not proxies:
+        return "no proxies"
+    rows = [("NAME", "LISTEN", "UPSTREAM", "ENABLED", "TOXICS")]
+    for name, p in sorted(proxies.items()):
+        toxics = ", ".join(t["name"] for t in p.get("toxics", [])) or "-"
+        rows.append((name, p["listen"], p["upstream"], str(p["enabled"]).lower(), toxics))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4]
+        for r in rows
+    )
+
+
+def _attributes(pairs: list[str] | None) -> dict[str, Any]:
+    from faultnet.cli import UsageError
+
+    out: dict[str, Any] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"attribute {pair!r} is not KEY=VALUE")
+        try:
+            out[key] = json.loads(value)
+        except ValueError:
+            out[key] = value  # the server names the wrong type
+    return out
+
+
+# -- client commands ---------------------------------------------------------------------
+
+
+def _proxies(args: argparse.Namespace, c: ApiClient) -> Any:
+    proxies = c.request("GET", "/proxies")
+    return proxies if args.json else _proxy_table(proxies)
+
+
+def _create(args: argparse.Namespace, c: ApiClient) -> Any:
+    body = {"name": args.name, "upstream": args.upstream, "listen": args.listen}
+    if args.disabled:
+        body["enabled"] = False
+    p = c.request("POST", "/proxies", body)
+    return p if args.json else f"created {p['name']}: {p['listen']} -> {p['upstream']}"
+
+
+def _delete(args: argparse.Namespace, c: ApiClient) -> Any:
+    c.request("DELETE", f"/proxies/{c.quote(args.name)}")
+    return {"deleted": args.name} if args.json else f"deleted {args.name}"
+
+
+def _enable(enabled: bool) -> Callable[[argparse.Namespace, ApiClient], Any]:
+    def run(args: argparse.Namespace, c: ApiClient) -> Any:
+        p = c.request("POST", f"/proxies/{c.quote(args.name)}", {"enabled": enabled})
+        word = "enabled" if enabled else "disabled"
+        return p if args.json else f"{word} {p['name']} ({p['listen']})"
+
+    return run
+
+
+def _toxic_add(args: argparse.Namespace, c: ApiClient) -> Any:
+    body: dict[str, Any] = {
+        "type": args.type,
+        "stream": args.stream,
+        "toxicity": args.toxicity,
+        "attributes": _attributes(args.attribute),
+    }
+    if args.name:
+        body["name"] = args.name
+    t = c.request("POST", f"/proxies/{c.quote(args.proxy)}/toxics", body)
+    return t if args.json else f"added {t['name']} ({t['type']}, {t['stream']}) to {args.proxy}"
+
+
+def _toxic_update(args: argparse.Namespace, c: ApiClient) -> Any:
+    body: dict[str, Any] = {"attributes": _attributes(args.attribute)}
+    if args.toxicity is not None:
+        body["toxicity"] = args.toxicity
+    path = f"/proxies/{c.quote(args.proxy)}/toxics/{c.quote(args.name)}"
+    t = c.request("PATCH", path, body)
+    return t if args.json else f"updated {t['name']}: {json.dumps(t['attributes'])}"
+
+
+def _toxic_remove(args: argparse.Namespace, c: ApiClient) -> Any:
+    c.request("DELETE", f"/proxies/{c.quote(args.proxy)}/toxics/{c.quote(args.name)}")
+    return {"removed": args.name} if args.json else f"removed {args.name} from {args.proxy}"
+
+
+def _toxic_list(args: argparse.Namespace, c: ApiClient) -> Any:
+    toxics = c.request("GET", f"/proxies/{c.quote(args.proxy)}/toxics")
+    if args.json:
+        return toxics
+    return (
+        "\n".join(
+            f"{t['name']}  {t['type']}  {t['stream']}  toxicity={t['toxicity']}  "
+            f"{json.dumps(t['attributes'])}"
+            for t in toxics
+        )
+        or "no toxics"
+    )
+
+
+def _fault(args: argparse.Namespace, c: ApiClient) -> Any:
+    body: dict[str, Any] = {"mode": args.mode.replace("-", "_")}
+    if args.stream != "both":
+        body["stream"] = args.stream
+    if args.include_new:
+        body["include_new"] = True
+    r = c.request("POST", f"/proxies/{c.quote(args.proxy)}/faults", body)
+    if args.json:
+        return r
+    acted = f" on {r['connections']} connection(s)" if "connections" in r else ""
+    return f"{args.proxy}: {args.mode}{acted}"
+
+
+def _connections(args: argparse.Namespace, c: ApiClient) -> Any:
+    conns = c.request("GET", f"/proxies/{c.quote(args.proxy)}/connections")
+    if args.json:
+        return conns
+    return (
+        "\n".join(
+            f"#{x['id']}  {x['peer']}  up={x['bytes_upstream']}  down={x['bytes_downstream']}  "
+            f"{x['state']}"
+            for x in conns
+        )
+        or "no connections"
+    )
+
+
+def _events(args: argparse.Namespace, c: ApiClient) -> Any:
+    path = f"/proxies/{c.quote(args.proxy)}/events" if args.proxy else "/events"
+    r = c.request("GET", f"{path}?since={args.since}&limit={args.limit}")
+    if args.json:
+        return r
+    return "\n".join(json.dumps(e) for e in r["events"]) or "no events"
+
+
+def _reset(args: argparse.Namespace, c: ApiClient) -> Any:
+    c.request("POST", "/reset")
+    return {"reset": True} if args.json else "reset: every proxy enabled, every toxic removed"
+
+
+# -- the server --------------------------------------------------------------------------
+
+
+def _server(args: argparse.Namespace) -> int:
+    import trio
+
+    from faultnet.server.registry import ApiError
+
+    populate = None
+    if args.config:
+        try:
+            with open(args.config, encoding="utf-8") as f:
+                populate = json.load(f)
+        except (OSError, ValueError) as exc:
+            _err(f"cannot read config {args.config}: {exc}")
+            return 2
+    try:
+        trio.run(_serve_forever, args, populate)
+    except BaseException as exc:  # trio wraps errors in groups: look inside
+        api_error = _find(exc, ApiError)
+        if api_error is not None:
+            _err(f"config {args.config}: {api_error}")
+            return 2
+        os_error = _find(exc, OSError)
+        if os_error is not None:
+            _err(f"cannot serve the API on {args.host}:{args.port}: {_reason(os_error)}")
+            return 2
+        if _find(exc, KeyboardInterrupt) is not None:
+            return 0
+        raise
+    return 0
+
+
+def _find(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _find(inner, kind)
+            if found is not None:
+                return found
+    return None
+
+
+def _reason(exc: BaseException) -> str:
+    return getattr(exc, "strerror", None) or str(exc)
+
+
+async def _serve_forever(args: argparse.Namespace, populate: Any) -> None:
+    import signal
+
+    import trio
+
+    from faultnet.server.api import open_server
+
+    listen_hosts = {"127.0.0.1", "::1", "localhost"} if args.loopback_only else None
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with open_server(
+            args.host,
+            args.port,
+            populate=populate,
+            seed=args.seed,
+            event_log=args.event_log,
+            listen_hosts=listen_hosts,
+        ) as server:
+            n = len(server.registry.proxies)
+            print(
+                f"faultnet server listening on {server.url} "
+                f"(seed {server.registry.seed}, {n} proxies, "
+                f"event log {args.event_log or 'in memory only'})",
+                flush=True,
+            )
+            async for sig in signals:
+                server.registry.events.server.write("server_stop", signal=int(sig))
+                break
+
+
+# -- registration ------------------------------------------------------------------------
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--api",
+        default=os.environ.get("FAULTNET_API", DEFAULT_API),
+        help=f"the server's URL (default $FAULTNET_API or {DEFAULT_API})",
+    )
+    common.add_argument("--json", action="store_true", help="print the API's JSON answer")
+
+    def client(name: str, func: Callable[..., Any], help: str, parent: Any = sub) -> Any:
+        p = parent.add_parser(name, parents=[common], help=help, description=help)
+        p.set_defaults(func=_client_command(func))
+        return p
+
+    s = sub.add_parser(
+        "server",
+        help="run the Toxiproxy-compatible HTTP API (and faultnet's modes)",
+        description="Run the Toxiproxy-compatible HTTP API with faultnet's fault modes as "
+        "extensions (OpenAPI document at /openapi.json). Stops on SIGINT or SIGTERM.",
+    )
+    s.add_argument("--host", default="127.0.0.1", help="API address (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=8474, help="API port (default 8474; 0 = any)")
+    s.add_argument("--config", help="JSON file: an array of proxies to populate at start")
+    s.add_argument(
+        "--seed", type=int, help="seed for every random choice (chosen and logged if absent)"
+    )
+    s.add_argument("--event-log", help="append every event to this JSONL file")
+    s.add_argument(
+        "--loopback-only",
+        action="store_true",
+        help="refuse proxies that would listen beyond 127.0.0.1, ::1 and localhost",
+    )
+    s.set_defaults(func=_server)
+
+    client("proxies", _proxies, "list the proxies")
+    p = client("create", _create, "create a proxy")
+    p.add_argument("name")
+    p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT (default 127.0.0.1:0)")
+    p.add_argument("--upstream", required=True, help="HOST:PORT of the real server")
+    p.add_argument("--disabled", action="store_true", help="create it without listening")
+    client("delete", _delete, "delete a proxy").add_argument("name")
+    client("enable", _enable(True), "listen again (same address)").add_argument("name")
+    client("disable", _enable(False), "close the listener and every connection").add_argument(
+        "name"
+    )
+
+    t = sub.add_parser("toxic", help="add, update, remove or list toxics")
+    tsub = t.add_subparsers(dest="toxic_command", metavar="ACTION", required=True)
+    p = client("add", _toxic_add, "add a toxic to a proxy", tsub)
+    p.add_argument("proxy")
+    p.add_argument("--type", "-t", required=True, help="latency, bandwidth, slicer, ...")
+    p.add_argument("--name", "-n", help="default <type>_<stream>")
+    p.add_argument("--stream", "-s", default="downstream", help="upstream or downstream")
+    p.add_argument("--toxicity", type=float, default=1.0, help="0 to 1 (default 1)")
+    p.add_argument(
+        "--attribute", "-a", action="append", metavar="KEY=VALUE", help="e.g. latency=100"
+    )
+    p = client("update", _toxic_update, "update a toxic's attributes or toxicity", tsub)
+    p.add_argument("proxy")
+    p.add_argument("name")
+    p.add_argument("--toxicity", type=float)
+    p.add_argument("--attribute", "-a", action="append", metavar="KEY=VALUE")
+    p = client("remove", _toxic_remove, "remove a toxic", tsub)
+    p.add_argument("proxy")
+    p.add_argument("name")
+    client("list", _toxic_list, "list a proxy's toxics", tsub).add_argument("proxy")
+
+    p = client("fault", _fault, "apply a fault mode to a proxy (or undo: thaw, restore)")
+    p.add_argument("proxy")
+    p.add_argument("mode", choices=FAULT_CHOICES)
+    p.add_argument(
+        "--stream", default="both", choices=("both", "upstream", "downstream"), help="freeze/thaw"
+    )
+    p.add_argument(
+        "--include-new", action="store_true", help="freeze/blackhole later connections too"
+    )
+    client("connections", _connections, "list a proxy's live connections").add_argument("proxy")
+    p = client("events", _events, "print event log records (all, or one proxy's)")
+    p.add_argument("proxy", nargs="?")
+    p.add_argument("--since", type=int, default=0, help="records numbered after this")
+    p.add_argument("--limit", type=int, default=1000)
+    client("reset", _reset, "enable every proxy, remove every toxic, end every mode")

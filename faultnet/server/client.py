@@ -1,0 +1,71 @@
+"""A small blocking client for the server's HTTP API (standard library only).
+
+Used by the ``faultnet`` client commands. Any Toxiproxy server answers the Toxiproxy
+routes too.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+__all__ = ["DEFAULT_API", "ApiClient", "ApiFailure", "ApiUnavailable"]
+
+DEFAULT_API = "http://127.0.0.1:8474"
+
+
+class ApiUnavailable(Exception):
+    """The API could not be reached (refused, unresolvable, timed out)."""
+
+
+class ApiFailure(Exception):
+    """The API answered with an error status; ``message`` is its ``error`` field."""
+
+    def __init__(self, status: int, message: str, body: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.body = body
+
+
+class ApiClient:
+    """Blocking calls to one server; each returns the decoded JSON body (None if empty)."""
+
+    def __init__(self, base_url: str = DEFAULT_API, timeout: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            self.base_url + path,
+            data=data,
+            method=method,
+            headers={"Content-Type": "application/json", "User-Agent": "faultnet-cli"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:  # noqa: S310
+                raw = resp.read()
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()
+            try:
+                parsed = json.loads(raw) if raw else None
+            except ValueError:
+                parsed = None
+            message = (
+                parsed.get("error")
+                if isinstance(parsed, dict) and isinstance(parsed.get("error"), str)
+                else raw.decode(errors="replace").strip() or exc.reason
+            )
+            raise ApiFailure(exc.code, str(message), parsed) from None
+        except (urllib.error.URLError, OSError) as exc:  # refused, timed out, unresolvable
+            reason = getattr(exc, "reason", exc)
+            raise ApiUnavailable(f"cannot reach the API at {self.base_url}: {reason}") from None
+        return json.loads(raw) if raw.strip() else None
+
+    @staticmethod
+    def quote(name: str) -> str:
+        return urllib.parse.quote(name, safe="")

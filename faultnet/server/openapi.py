@@ -1,0 +1,503 @@
+"""The OpenAPI 3.0 document of the server's API (served at ``GET /openapi.json``).
+
+Written by hand so the document states the contract (units, semantics, error codes)
+rather than whatever a framework infers. tests/test_server_fuzz.py fuzzes the server
+from this document, so a route or status missing here shows up there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["openapi_document"]
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def _error(description: str) -> dict[str, Any]:
+    return _json(_ref("Error"), description)
+
+
+def _body(schema: dict[str, Any], description: str = "") -> dict[str, Any]:
+    return {
+        "required": True,
+        "description": description,
+        "content": {"application/json": {"schema": schema}},
+    }
+
+
+PROXY = {"name": "proxy", "in": "path", "required": True, "schema": {"type": "string"}}
+TOXIC = {"name": "toxic", "in": "path", "required": True, "schema": {"type": "string"}}
+NOT_FOUND = _error("proxy not found (or toxic not found)")
+BAD = _error("bad request body, missing required field, invalid stream or toxic type")
+EMPTY = {"description": "done, no body"}
+
+TOXIC_ATTRIBUTES: dict[str, Any] = {
+    "type": "object",
+    "description": "Depends on the toxic's type; unknown keys are ignored, null keeps a value.",
+    "properties": {
+        "latency": {"type": "integer", "minimum": 0, "description": "latency: ms added per chunk"},
+        "jitter": {"type": "integer", "minimum": 0, "description": "latency: ± ms of variation"},
+        "rate": {
+            "type": "integer",
+            "description": "bandwidth: KB/s with KB = 1000 bytes; <= 0 is unlimited",
+        },
+        "delay": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "slow_close: ms before the FIN is forwarded; slicer: µs between pieces",
+        },
+        "timeout": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "timeout: ms until the connection closes (0 = never); "
+            "reset_peer: ms until it is reset",
+        },
+        "average_size": {"type": "integer", "minimum": 0, "description": "slicer: bytes"},
+        "size_variation": {"type": "integer", "minimum": 0, "description": "slicer: ± bytes"},
+        "bytes": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "limit_data: bytes forwarded before the connection closes",
+        },
+    },
+}
+
+SCHEMAS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "required": ["error", "status"],
+        "properties": {"error": {"type": "string"}, "status": {"type": "integer"}},
+    },
+    "Toxic": {
+        "type": "object",
+        "required": ["name", "type", "stream", "toxicity", "attributes"],
+        "properties": {
+            "name": {"type": "string"},
+            "type": {"type": "string"},
+            "stream": {"type": "string", "enum": ["upstream", "downstream"]},
+            "toxicity": {"type": "number", "minimum": 0, "maximum": 1},
+            "attributes": TOXIC_ATTRIBUTES,
+        },
+    },
+    "ToxicCreate": {
+        "type": "object",
+        "description": "Defaults: stream downstream, toxicity 1.0, name <type>_<stream>. "
+        "Names are unique across both streams.",
+        "properties": {
+            "name": {"type": "string", "example": "latency_downstream"},
+            "type": {
+                "type": "string",
+                "enum": [
+                    "latency",
+                    "bandwidth",
+                    "slicer",
+                    "limit_data",
+                    "slow_close",
+                    "timeout",
+                    "reset_peer",
+                ],
+            },
+            "stream": {"type": "string", "enum": ["upstream", "downstream"]},
+            "toxicity": {
+                "type": "number",
+                "minimum": 0,
+                "maximum": 1,
+                "description": "probability that a connection is affected, decided once "
+                "per connection and kept; 0 never affects one",
+            },
+            "attributes": TOXIC_ATTRIBUTES,
+        },
+    },
+    "ToxicUpdate": {
+        "type": "object",
+        "description": "Only attributes (merged) and toxicity are read. A new toxicity "
+        "applies to connections opened afterwards.",
+        "properties": {
+            "toxicity": {"type": "number", "minimum": 0, "maximum": 1},
+            "attributes": TOXIC_ATTRIBUTES,
+        },
+    },
+    "Proxy": {
+        "type": "object",
+        "required": ["name", "listen", "upstream", "enabled", "toxics"],
+        "properties": {
+            "name": {"type": "string"},
+            "listen": {"type": "string", "description": "the bound host:port"},
+            "upstream": {"type": "string"},
+            "enabled": {"type": "boolean"},
+            "toxics": {"type": "array", "items": _ref("Toxic")},
+        },
+    },
+    "ProxyCreate": {
+        "type": "object",
+        "required": ["name", "upstream"],
+        "properties": {
+            "name": {"type": "string", "example": "redis"},
+            "listen": {
+                "type": "string",
+                "example": "127.0.0.1:0",
+                "description": "host:port; port 0 picks a free port; empty host = 127.0.0.1",
+            },
+            "upstream": {"type": "string", "example": "127.0.0.1:6379"},
+            "enabled": {"type": "boolean", "default": True},
+        },
+    },
+    "ProxyUpdate": {
+        "type": "object",
+        "description": "Missing fields keep their values; a changed listen or upstream "
+        "restarts the proxy. enabled false closes the listener and every connection.",
+        "properties": {
+            "listen": {"type": "string", "example": "127.0.0.1:0"},
+            "upstream": {"type": "string", "example": "127.0.0.1:6379"},
+            "enabled": {"type": "boolean"},
+        },
+    },
+    "Fault": {
+        "type": "object",
+        "required": ["mode"],
+        "properties": {
+            "mode": {
+                "type": "string",
+                "enum": [
+                    "freeze",
+                    "blackhole",
+                    "thaw",
+                    "sever",
+                    "reset",
+                    "drop_syn",
+                    "refuse",
+                    "restore",
+                ],
+                "description": "freeze: nothing forwarded, FIN/RST held; blackhole: freeze "
+                "plus no ACKs to the client; thaw: undo both (held bytes, then held close); "
+                "sever: FIN both ways now; reset: RST both ways now; drop_syn: new connects "
+                "hang; refuse: new connects refused; restore: undo drop_syn and refuse",
+            },
+            "stream": {
+                "type": "string",
+                "enum": ["both", "upstream", "downstream"],
+                "default": "both",
+                "description": "freeze and thaw only",
+            },
+            "include_new": {
+                "type": "boolean",
+                "default": False,
+                "description": "freeze and blackhole only: also catch connections accepted "
+                "later, until thaw",
+            },
+        },
+    },
+    "FaultState": {
+        "type": "object",
+        "required": ["proxy", "enabled"],
+        "properties": {
+            "proxy": {"type": "string"},
+            "enabled": {"type": "boolean"},
+            "refusing": {"type": "boolean"},
+            "syn_dropped": {"type": "boolean"},
+            "frozen_new": {"type": "array", "items": {"type": "string"}},
+            "blackhole_new": {"type": "boolean"},
+            "connections": {
+                "type": "object",
+                "description": "count of live connections per state",
+                "additionalProperties": {"type": "integer"},
+            },
+        },
+    },
+    "FaultResult": {
+        "type": "object",
+        "required": ["proxy", "mode", "state"],
+        "properties": {
+            "proxy": {"type": "string"},
+            "mode": {"type": "string"},
+            "stream": {"type": "string"},
+            "connections": {
+                "type": "integer",
+                "description": "live connections the mode acted on",
+            },
+            "state": _ref("FaultState"),
+        },
+    },
+    "Connection": {
+        "type": "object",
+        "required": ["id", "peer", "bytes_upstream", "bytes_downstream", "state"],
+        "properties": {
+            "id": {"type": "integer"},
+            "peer": {"type": "string", "description": "the client's host:port"},
+            "upstream": {"type": "string"},
+            "bytes_upstream": {"type": "integer", "description": "client to server, bytes"},
+            "bytes_downstream": {"type": "integer", "description": "server to client, bytes"},
+            "state": {
+                "type": "string",
+                "description": "open, half-closed, frozen, frozen-upstream, "
+                "frozen-downstream, blackholed or closing",
+            },
+            "age_s": {"type": "number", "description": "seconds since accepted"},
+        },
+    },
+    "Events": {
+        "type": "object",
+        "required": ["events", "last_seq"],
+        "properties": {
+            "events": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["seq", "event", "wall", "mono"],
+                    "properties": {
+                        "seq": {"type": "integer"},
+                        "event": {"type": "string"},
+                        "wall": {"type": "number"},
+                        "mono": {"type": "number"},
+                    },
+                },
+            },
+            "last_seq": {"type": "integer"},
+            "path": {"type": "string", "nullable": True, "description": "the JSONL file"},
+        },
+    },
+}
+
+EVENT_QUERY = [
+    {
+        "name": "since",
+        "in": "query",
+        "required": False,
+        "description": "only records numbered after this seq",
+        "schema": {"type": "integer", "minimum": 0},
+    },
+    {
+        "name": "limit",
+        "in": "query",
+        "required": False,
+        "description": "at most this many records (default 1000)",
+        "schema": {"type": "integer", "minimum": 1, "maximum": 10000},
+    },
+]
+
+
+def openapi_document(version: str) -> dict[str, Any]:
+    """The document; *version* is the server's."""
+    proxy_update = {
+        "summary": "Update a proxy (POST is Toxiproxy's older spelling of PATCH)",
+        "parameters": [PROXY],
+        "requestBody": _body(_ref("ProxyUpdate")),
+        "responses": {
+            "200": _json(_ref("Proxy"), "the proxy"),
+            "400": BAD,
+            "404": NOT_FOUND,
+            "500": _error("listen address in use"),
+        },
+    }
+    toxic_update = {
+        "summary": "Update a toxic's attributes (merged) and toxicity, live",
+        "parameters": [PROXY, TOXIC],
+        "requestBody": _body(_ref("ToxicUpdate")),
+        "responses": {"200": _json(_ref("Toxic"), "the toxic"), "400": BAD, "404": NOT_FOUND},
+    }
+    paths: dict[str, Any] = {
+        "/proxies": {
+            "get": {
+                "summary": "Every proxy, keyed by name",
+                "responses": {
+                    "200": _json(
+                        {"type": "object", "additionalProperties": _ref("Proxy")}, "proxies"
+                    )
+                },
+            },
+            "post": {
+                "summary": "Create a proxy (listening at once unless enabled is false)",
+                "requestBody": _body(_ref("ProxyCreate")),
+                "responses": {
+                    "201": _json(_ref("Proxy"), "the proxy, listen = the bound address"),
+                    "400": BAD,
+                    "409": _error("proxy already exists"),
+                    "500": _error("listen address in use"),
+                },
+            },
+        },
+        "/populate": {
+            "post": {
+                "summary": "Create or replace the listed proxies; the others are kept",
+                "requestBody": _body({"type": "array", "items": _ref("ProxyCreate")}),
+                "responses": {
+                    "201": _json(
+                        {
+                            "type": "object",
+                            "required": ["proxies"],
+                            "properties": {"proxies": {"type": "array", "items": _ref("Proxy")}},
+                        },
+                        "the proxies",
+                    ),
+                    "400": BAD,
+                    "500": _json(
+                        {
+                            "type": "object",
+                            "required": ["error", "status", "proxies"],
+                            "properties": {
+                                "error": {"type": "string"},
+                                "status": {"type": "integer"},
+                                "proxies": {"type": "array", "items": _ref("Proxy")},
+                            },
+                        },
+                        "a listen address in use; the proxies done before it",
+                    ),
+                },
+            }
+        },
+        "/proxies/{proxy}": {
+            "get": {
+                "summary": "One proxy",
+                "parameters": [PROXY],
+                "responses": {"200": _json(_ref("Proxy"), "the proxy"), "404": NOT_FOUND},
+            },
+            "post": proxy_update,
+            "patch": proxy_update,
+            "delete": {
+                "summary": "Delete a proxy: its listener and connections close",
+                "parameters": [PROXY],
+                "responses": {"204": EMPTY, "404": NOT_FOUND},
+            },
+        },
+        "/proxies/{proxy}/toxics": {
+            "get": {
+                "summary": "The proxy's toxics: upstream chain, then downstream chain",
+                "parameters": [PROXY],
+                "responses": {
+                    "200": _json({"type": "array", "items": _ref("Toxic")}, "toxics"),
+                    "404": NOT_FOUND,
+                },
+            },
+            "post": {
+                "summary": "Add a toxic, live on existing connections too",
+                "parameters": [PROXY],
+                "requestBody": _body(_ref("ToxicCreate")),
+                "responses": {
+                    "200": _json(_ref("Toxic"), "the toxic"),
+                    "400": BAD,
+                    "404": NOT_FOUND,
+                    "409": _error("toxic already exists"),
+                },
+            },
+        },
+        "/proxies/{proxy}/toxics/{toxic}": {
+            "get": {
+                "summary": "One toxic",
+                "parameters": [PROXY, TOXIC],
+                "responses": {"200": _json(_ref("Toxic"), "the toxic"), "404": NOT_FOUND},
+            },
+            "post": toxic_update,
+            "patch": toxic_update,
+            "delete": {
+                "summary": "Remove a toxic, live",
+                "parameters": [PROXY, TOXIC],
+                "responses": {"204": EMPTY, "404": NOT_FOUND},
+            },
+        },
+        "/reset": {
+            "post": {
+                "summary": "Enable every proxy, remove every toxic, end every faultnet mode",
+                "responses": {"204": EMPTY, "500": _error("a listen address in use")},
+            }
+        },
+        "/version": {
+            "get": {
+                "summary": "The server's version",
+                "responses": {
+                    "200": _json(
+                        {
+                            "type": "object",
+                            "required": ["version"],
+                            "properties": {"version": {"type": "string"}},
+                        },
+                        "version",
+                    )
+                },
+            }
+        },
+        "/proxies/{proxy}/faults": {
+            "get": {
+                "summary": "faultnet extension: the proxy's modes in force",
+                "parameters": [PROXY],
+                "responses": {"200": _json(_ref("FaultState"), "state"), "404": NOT_FOUND},
+            },
+            "post": {
+                "summary": "faultnet extension: apply a fault mode (total when answered)",
+                "parameters": [PROXY],
+                "requestBody": _body(_ref("Fault")),
+                "responses": {
+                    "200": _json(_ref("FaultResult"), "what the mode did"),
+                    "400": _error("invalid mode, stream or option"),
+                    "404": NOT_FOUND,
+                    "409": _error("proxy is disabled"),
+                    "500": _error("restore: the listen address was taken meanwhile"),
+                },
+            },
+            "delete": {
+                "summary": "faultnet extension: undo every mode (thaw, then restore)",
+                "parameters": [PROXY],
+                "responses": {
+                    "204": EMPTY,
+                    "404": NOT_FOUND,
+                    "500": _error("the listen address was taken meanwhile"),
+                },
+            },
+        },
+        "/proxies/{proxy}/connections": {
+            "get": {
+                "summary": "faultnet extension: the proxy's live connections",
+                "parameters": [PROXY],
+                "responses": {
+                    "200": _json({"type": "array", "items": _ref("Connection")}, "connections"),
+                    "404": NOT_FOUND,
+                },
+            }
+        },
+        "/proxies/{proxy}/events": {
+            "get": {
+                "summary": "faultnet extension: the proxy's event log records",
+                "parameters": [PROXY, *EVENT_QUERY],
+                "responses": {
+                    "200": _json(_ref("Events"), "records, oldest first"),
+                    "400": _error("bad since or limit"),
+                    "404": NOT_FOUND,
+                },
+            }
+        },
+        "/events": {
+            "get": {
+                "summary": "faultnet extension: every event log record (server and proxies)",
+                "parameters": EVENT_QUERY,
+                "responses": {
+                    "200": _json(_ref("Events"), "records, oldest first"),
+                    "400": _error("bad since or limit"),
+                },
+            }
+        },
+        "/openapi.json": {
+            "get": {
+                "summary": "This document",
+                "responses": {"200": _json({"type": "object"}, "OpenAPI 3.0 document")},
+            }
+        },
+    }
+    return {
+        "openapi": "3.0.3",
+        "info": {
+            "title": "faultnet server",
+            "version": version,
+            "description": "Toxiproxy's HTTP API (v2.12.0 routes, bodies and errors), plus "
+            "faultnet's fault modes, connection listing and event log as extensions. Every "
+            "error body is {error, status}. Requests from browsers (User-Agent Mozilla/...) "
+            "are refused with 403, except this document.",
+        },
+        "paths": paths,
+        "components": {"schemas": SCHEMAS},
+    }

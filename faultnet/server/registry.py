@@ -1,0 +1,641 @@
+"""The server's model: named proxies with Toxiproxy's semantics, and faultnet's modes.
+
+A :class:`ProxyRegistry` owns every proxy of one server and the nursery they run in.
+Each entry (:class:`ManagedProxy`) has Toxiproxy's fields (name, listen, upstream,
+enabled, toxics); while enabled it runs one :class:`faultnet.Proxy`. Disabling closes
+the listener and every connection (and waits until both are done); enabling listens again
+on the same address: the bound one, so a proxy created on port 0 keeps its real port.
+The toxics belong to the entry and survive disable/enable; fault modes belong to the
+running proxy and end with it.
+
+Every method that changes state runs under one lock, so concurrent API calls apply one
+after the other and each sees the previous one complete. Errors a client can cause are
+:class:`ApiError` with Toxiproxy's status and message; nothing else is expected.
+
+Randomness: the server has one seed (chosen and logged when not given); each proxy's seed
+is derived from it and the proxy's name, so the same seed, names and connection order
+replay the same toxicity and jitter decisions.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import secrets
+from collections.abc import AsyncIterator, Collection, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from faultnet.eventlog import JsonlWriter
+from faultnet.proxy import Proxy, ProxyError
+from faultnet.toxics import (
+    STREAMS,
+    Toxic,
+    ToxicError,
+    check_update,
+    toxic_from_json,
+    toxic_to_json,
+)
+
+__all__ = [
+    "FAULT_MODES",
+    "ApiError",
+    "EventLog",
+    "ManagedProxy",
+    "ProxyRegistry",
+    "format_address",
+    "open_registry",
+    "parse_address",
+]
+
+#: faultnet's modes, as ``POST /proxies/{p}/faults`` names them ("drop-syn" accepted).
+FAULT_MODES = ("freeze", "blackhole", "thaw", "sever", "reset", "drop_syn", "refuse", "restore")
+
+#: Records kept in memory for ``GET /events`` (the file, if any, keeps them all).
+EVENT_RING_SIZE = 10_000
+
+Address = tuple[str, int]
+
+
+class ApiError(Exception):
+    """A request the server refuses: the HTTP status and Toxiproxy's message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": self.message, "status": self.status}
+
+
+def bad_body(detail: str) -> ApiError:
+    return ApiError(400, f"bad request body: {detail}")
+
+
+PROXY_NOT_FOUND = (404, "proxy not found")
+TOXIC_NOT_FOUND = (404, "toxic not found")
+
+
+# -- event log ---------------------------------------------------------------------------
+
+
+class EventLog:
+    """The server's event log: an optional JSONL file plus the last records in memory.
+
+    Every proxy writes through its own :class:`JsonlWriter` (tagged with its name) to
+    the same file (one ``write`` per record on O_APPEND: writers never interleave), and
+    every record is also kept, numbered, in a ring of :data:`EVENT_RING_SIZE` for reading
+    over HTTP.
+    """
+
+    def __init__(self, path: str | None, ring_size: int = EVENT_RING_SIZE) -> None:
+        self.path = path
+        self._ring: collections.deque[dict[str, Any]] = collections.deque(maxlen=ring_size)
+        self._seq = 0
+        self.server = self.writer(component="server")
+
+    def writer(self, **static: Any) -> JsonlWriter:
+        """A writer for one component (a proxy passes ``proxy=<name>``)."""
+        return _TeeWriter(self, self.path, **static)
+
+    def _keep(self, record: dict[str, Any]) -> None:
+        self._seq += 1
+        self._ring.append({"seq": self._seq, **record})
+
+    def read(
+        self, *, since: int = 0, limit: int = 1000, proxy: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Records numbered after *since* (oldest first), at most *limit*."""
+        out: list[dict[str, Any]] = []
+        for rec in self._ring:
+            if rec["seq"] > since and (proxy is None or rec.get("proxy") == proxy):
+                out.append(rec)
+                if len(out) >= limit:
+                    break
+        return out
+
+    @property
+    def last_seq(self) -> int:
+        return self._seq
+
+
+class _TeeWriter(JsonlWriter):
+    def __init__(self, log: EventLog, path: str | None, **static: Any) -> None:
+        super().__init__(path, **static)
+        self._log = log
+
+    def write(self, event: str, **fields: Any) -> dict[str, Any]:
+        record = super().write(event, **fields)
+        self._log._keep(record)
+        return record
+
+
+# -- addresses ---------------------------------------------------------------------------
+
+
+def parse_address(value: Any, what: str, *, default: str | None = None) -> Address:
+    """Parse Toxiproxy's ``host:port`` (IPv6 as ``[::1]:port``) into ``(host, port)``.
+
+    An empty host means 127.0.0.1 (Toxiproxy binds every interface there; faultnet does
+    not bind beyond loopback unless asked by name). Raises :class:`ApiError` 400.
+    """
+    if value is None or value == "":
+        if default is None:
+            raise ApiError(400, f"missing required field: {what}")
+        value = default
+    if not isinstance(value, str):
+        raise bad_body(f"{what} must be a string, not {type(value).__name__}")
+    host, sep, port_s = value.rpartition(":")
+    if not sep or not port_s.isdigit() or not port_s.isascii():
+        raise bad_body(f"{what} address {value!r} is not host:port")
+    port = int(port_s)
+    if port > 65535:
+        raise bad_body(f"{what} address {value!r}: port must be 0 to 65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise bad_body(f"{what} address {value!r}: write an IPv6 host in brackets")
+    if any(c.isspace() or c in "[]/" for c in host) or "\0" in host:
+        raise bad_body(f"{what} address {value!r}: invalid host")
+    return (host or "127.0.0.1", port)
+
+
+def format_address(addr: Address) -> str:
+    host, port = addr
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _derive_seed(seed: int, name: str) -> int:
+    digest = hashlib.sha256(f"faultnet:{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+# -- proxies -----------------------------------------------------------------------------
+
+
+class ManagedProxy:
+    """One named proxy of the server (Toxiproxy's proxy object)."""
+
+    def __init__(self, registry: ProxyRegistry, name: str, listen: Address, upstream: str):
+        self.registry = registry
+        self.name = name
+        self.listen = listen  # the bound address once started
+        self.upstream = upstream
+        self.proxy: Proxy | None = None
+        self._toxics: list[Toxic] = []
+        self._stopped: trio.Event | None = None
+        self._writer: JsonlWriter | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.proxy is not None
+
+    @property
+    def toxics(self) -> list[Toxic]:
+        """In Toxiproxy's order: the upstream chain, then the downstream chain."""
+        source = self.proxy.toxics if self.proxy is not None else self._toxics
+        return [t for s in STREAMS for t in source if t.stream == s]
+
+    def find_toxic(self, name: str) -> Toxic | None:
+        return next((t for t in self.toxics if t.name == name), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "listen": format_address(self.listen),
+            "upstream": self.upstream,
+            "enabled": self.enabled,
+            "toxics": [toxic_to_json(t) for t in self.toxics],
+        }
+
+    # -- lifecycle (callers hold the registry lock) --
+
+    async def start(self) -> None:
+        """Listen on ``listen`` and proxy to ``upstream``; ApiError if it cannot bind."""
+        if self.proxy is not None:
+            return
+        reg = self.registry
+        assert reg._nursery is not None, "registry is not running"
+        upstream = parse_address(self.upstream, "upstream")
+        if self._writer is None:
+            self._writer = reg.events.writer(proxy=self.name)
+        proxy = Proxy(
+            upstream,
+            self.listen,
+            name=self.name,
+            event_log=self._writer,
+            seed=_derive_seed(reg.seed, self.name),
+        )
+        for t in self._toxics:
+            proxy.add_toxic(t)
+        stopped = trio.Event()
+        try:
+            await reg._nursery.start(self._run, proxy, stopped)
+        except ProxyError as exc:
+            message = str(exc)
+            raise ApiError(500 if "already in use" in message else 400, message) from None
+        except OSError as exc:  # e.g. a listen host that does not resolve
+            raise ApiError(400, f"cannot listen on {format_address(self.listen)}: {exc}") from None
+        assert proxy.address is not None
+        self.listen = (proxy.address[0], proxy.address[1])
+        self.proxy, self._stopped = proxy, stopped
+
+    async def _run(
+        self, proxy: Proxy, stopped: trio.Event, *, task_status: trio.TaskStatus[Any]
+    ) -> None:
+        started = False
+
+        class Status:
+            def started(self, value: Any = None) -> None:
+                nonlocal started
+                started = True
+                task_status.started(value)
+
+        try:
+            await proxy.serve(task_status=Status())  # type: ignore[arg-type]
+        except Exception as exc:
+            if not started:
+                raise
+            # A running proxy that fails is reported and disabled, never the server's end.
+            self.registry.events.server.write("proxy_failed", name=self.name, error=repr(exc))
+            if self.proxy is proxy:
+                self._toxics = list(proxy.toxics)
+                self.proxy = None
+        finally:
+            stopped.set()
+
+    async def stop(self) -> None:
+        """Close the listener and every connection; return when both are done."""
+        proxy, stopped = self.proxy, self._stopped
+        if proxy is None or stopped is None:
+            return
+        self._toxics = list(proxy.toxics)
+        self.proxy = self._stopped = None
+        await proxy.aclose()
+        await stopped.wait()
+
+    def close_log(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    # -- toxics --
+
+    def add_toxic(self, toxic: Toxic) -> None:
+        if self.proxy is not None:
+            self.proxy.add_toxic(toxic)
+        else:
+            self._toxics.append(toxic)
+
+    def update_toxic(self, toxic: Toxic, attributes: dict[str, Any], toxicity: float | None):
+        if self.proxy is not None:
+            self.proxy.update_toxic(toxic.name, attributes, toxicity)
+        else:
+            if attributes:
+                toxic.update(attributes)  # type: ignore[attr-defined]
+            if toxicity is not None:
+                toxic.toxicity = toxicity
+
+    def remove_toxic(self, name: str) -> None:
+        if self.proxy is not None:
+            self.proxy.remove_toxic(name)
+        else:
+            self._toxics = [t for t in self._toxics if t.name != name]
+
+    def remove_all_toxics(self) -> None:
+        for t in self.toxics:
+            self.remove_toxic(t.name)
+
+
+class ProxyRegistry:
+    """Every proxy of one server. Run it with :func:`open_registry`.
+
+    ``listen_hosts``, if given, is the set of hosts a proxy may listen on (e.g. loopback
+    only); any other listen address is a 400.
+    """
+
+    def __init__(
+        self,
+        *,
+        seed: int | None = None,
+        event_log: str | None = None,
+        listen_hosts: Collection[str] | None = None,
+    ) -> None:
+        self.seed = seed if seed is not None else secrets.randbits(63)
+        self.events = EventLog(event_log)
+        self.listen_hosts = frozenset(listen_hosts) if listen_hosts is not None else None
+        self.proxies: dict[str, ManagedProxy] = {}
+        self._lock = trio.Lock()
+        self._nursery: trio.Nursery | None = None
+
+    # -- lookups --
+
+    def get(self, name: str) -> ManagedProxy:
+        mp = self.proxies.get(name)
+        if mp is None:
+            raise ApiError(*PROXY_NOT_FOUND)
+        return mp
+
+    def get_toxic(self, proxy: str, toxic: str) -> tuple[ManagedProxy, Toxic]:
+        mp = self.get(proxy)
+        t = mp.find_toxic(toxic)
+        if t is None:
+            raise ApiError(*TOXIC_NOT_FOUND)
+        return mp, t
+
+    def index(self) -> dict[str, Any]:
+        return {name: mp.to_json() for name, mp in self.proxies.items()}
+
+    # -- validation --
+
+    def _listen(self, value: Any) -> Address:
+        addr = parse_address(value, "listen", default="127.0.0.1:0")
+        if self.listen_hosts is not None and addr[0] not in self.listen_hosts:
+            raise ApiError(
+                400,
+                f"listen address {format_address(addr)} not allowed: this server listens "
+                f"only on {', '.join(sorted(self.listen_hosts))}",
+            )
+        return addr
+
+    @staticmethod
+    def _field(body: Mapping[str, Any], key: str, kind: type) -> Any:
+        """``body[key]`` if it is a *kind* (str or bool) or absent/null; else a 400."""
+        value = body.get(key)
+        if value is not None and not isinstance(value, kind):
+            what = "a string" if kind is str else "true or false"
+            raise bad_body(f"{key} must be {what}, not {_json_type(value)}")
+        return value
+
+    def _proxy_fields(self, body: Any, where: str = "") -> tuple[str, str, str | None, bool | None]:
+        if not isinstance(body, Mapping):
+            raise bad_body(f"expected a JSON object{where}, not {_json_type(body)}")
+        name = self._field(body, "name", str)
+        upstream = self._field(body, "upstream", str)
+        listen = self._field(body, "listen", str)
+        enabled = self._field(body, "enabled", bool)
+        if not name:
+            raise ApiError(400, f"missing required field: name{where}")
+        if not upstream:
+            raise ApiError(400, f"missing required field: upstream{where}")
+        return name, upstream, listen, enabled
+
+    # -- proxies --
+
+    async def create(self, body: Any) -> ManagedProxy:
+        name, upstream, listen, enabled = self._proxy_fields(body)
+        async with self._lock:
+            if name in self.proxies:
+                raise ApiError(409, "proxy already exists")
+            mp = self._new(name, listen, upstream)
+            if enabled is not False:
+                await mp.start()
+            self.proxies[name] = mp
+            self.events.server.write("proxy_created", name=name, **_brief(mp))
+            return mp
+
+    def _new(self, name: str, listen: str | None, upstream: str) -> ManagedProxy:
+        parse_address(upstream, "upstream")  # a malformed upstream is a 400 now
+        return ManagedProxy(self, name, self._listen(listen), upstream)
+
+    async def update(self, name: str, body: Any) -> ManagedProxy:
+        async with self._lock:
+            mp = self.get(name)
+            if not isinstance(body, Mapping):
+                raise bad_body(f"expected a JSON object, not {_json_type(body)}")
+            upstream = self._field(body, "upstream", str)
+            listen_s = self._field(body, "listen", str)
+            enabled = self._field(body, "enabled", bool)
+            listen = self._listen(listen_s) if listen_s else mp.listen
+            upstream = upstream or mp.upstream
+            parse_address(upstream, "upstream")
+            if listen != mp.listen or upstream != mp.upstream:
+                # As Toxiproxy: a changed address restarts the proxy (connections drop).
+                was_enabled = mp.enabled
+                await mp.stop()
+                mp.listen, mp.upstream = listen, upstream
+                if enabled is None:
+                    enabled = was_enabled
+            if enabled is not None and enabled != mp.enabled:
+                await (mp.start() if enabled else mp.stop())
+            self.events.server.write("proxy_updated", name=name, **_brief(mp))
+            return mp
+
+    async def delete(self, name: str) -> None:
+        async with self._lock:
+            mp = self.get(name)
+            await mp.stop()
+            del self.proxies[name]
+            mp.close_log()
+            self.events.server.write("proxy_deleted", name=name)
+
+    async def populate(self, body: Any) -> tuple[list[ManagedProxy], ApiError | None]:
+        """Create or replace the listed proxies; keep the others.
+
+        All entries are checked before anything changes. An entry identical to an
+        existing proxy (same listen and upstream) leaves it as it is, toxics included; a
+        differing one replaces it. The first failure stops the run: the proxies done so
+        far and the error are returned.
+        """
+        if not isinstance(body, list):
+            raise bad_body(f"expected a JSON array of proxies, not {_json_type(body)}")
+        entries = []
+        for i, item in enumerate(body, 1):
+            name, upstream, listen, enabled = self._proxy_fields(item, f" at proxy {i}")
+            parse_address(upstream, "upstream")
+            entries.append((name, upstream, self._listen(listen), enabled is not False))
+        done: list[ManagedProxy] = []
+        async with self._lock:
+            for name, upstream, listen, enabled in entries:
+                existing = self.proxies.get(name)
+                if existing is not None:
+                    if _same_listen(existing.listen, listen) and existing.upstream == upstream:
+                        done.append(existing)
+                        continue
+                    await existing.stop()
+                    existing.close_log()
+                    del self.proxies[name]
+                mp = ManagedProxy(self, name, listen, upstream)
+                try:
+                    if enabled:
+                        await mp.start()
+                except ApiError as exc:
+                    self.events.server.write("populate_failed", name=name, error=exc.message)
+                    return done, exc
+                self.proxies[name] = mp
+                done.append(mp)
+            self.events.server.write("populated", names=[mp.name for mp in done])
+        return done, None
+
+    async def reset(self) -> None:
+        """Toxiproxy's reset: every proxy enabled, every toxic removed. faultnet also ends
+        its own modes (thaw, restore)."""
+        async with self._lock:
+            for mp in list(self.proxies.values()):
+                await mp.start()
+                mp.remove_all_toxics()
+                if mp.proxy is not None:
+                    await mp.proxy.thaw()
+                    await self._restore(mp.proxy)
+            self.events.server.write("reset", proxies=len(self.proxies))
+
+    # -- toxics --
+
+    async def add_toxic(self, proxy: str, body: Any) -> Toxic:
+        async with self._lock:
+            mp = self.get(proxy)
+            try:
+                toxic = toxic_from_json(body, taken=lambda n: mp.find_toxic(n) is not None)
+            except ToxicError as exc:
+                raise ApiError(exc.status, exc.message) from None
+            mp.add_toxic(toxic)
+            return toxic
+
+    async def update_toxic(self, proxy: str, name: str, body: Any) -> Toxic:
+        async with self._lock:
+            mp, toxic = self.get_toxic(proxy, name)
+            try:
+                attributes, toxicity = check_update(toxic, body)
+            except ToxicError as exc:
+                raise ApiError(exc.status, exc.message) from None
+            mp.update_toxic(toxic, attributes, toxicity)
+            return toxic
+
+    async def remove_toxic(self, proxy: str, name: str) -> None:
+        async with self._lock:
+            mp, toxic = self.get_toxic(proxy, name)
+            mp.remove_toxic(toxic.name)
+
+    # -- faultnet's modes --
+
+    def fault_state(self, name: str) -> dict[str, Any]:
+        mp = self.get(name)
+        state: dict[str, Any] = {"proxy": name, "enabled": mp.enabled}
+        if mp.proxy is not None:
+            state.update(mp.proxy.state)
+            counts: dict[str, int] = {}
+            for c in mp.proxy.connections():
+                counts[c.state] = counts.get(c.state, 0) + 1
+            state["connections"] = counts
+        return state
+
+    async def apply_fault(self, name: str, body: Any) -> dict[str, Any]:
+        """Apply one of :data:`FAULT_MODES` to a running proxy; return what it did."""
+        if not isinstance(body, Mapping):
+            raise bad_body(f"expected a JSON object, not {_json_type(body)}")
+        mode = body.get("mode")
+        if isinstance(mode, str):
+            mode = mode.replace("-", "_")
+        if mode not in FAULT_MODES:
+            raise ApiError(400, f"invalid fault mode: {mode!r}, one of {', '.join(FAULT_MODES)}")
+        stream = body.get("stream", "both")
+        if stream is None:
+            stream = "both"
+        if stream not in ("both", *STREAMS):
+            raise ApiError(400, "stream was invalid, can be either upstream, downstream or both")
+        if stream != "both" and mode not in ("freeze", "thaw"):
+            raise ApiError(400, f"stream applies to freeze and thaw only, not {mode}")
+        include_new = body.get("include_new", False)
+        if include_new is None:
+            include_new = False
+        if not isinstance(include_new, bool):
+            raise bad_body(f"include_new must be true or false, not {_json_type(include_new)}")
+        if include_new and mode not in ("freeze", "blackhole"):
+            raise ApiError(400, f"include_new applies to freeze and blackhole only, not {mode}")
+        async with self._lock:
+            mp = self.get(name)
+            p = mp.proxy
+            if p is None:
+                raise ApiError(409, "proxy is disabled")
+            affected: int | None = None
+            if mode == "freeze":
+                affected = await p.freeze(stream, include_new=include_new)
+            elif mode == "blackhole":
+                affected = await p.blackhole(include_new=include_new)
+            elif mode == "thaw":
+                affected = await p.thaw(stream)
+            elif mode == "sever":
+                affected = await p.sever()
+            elif mode == "reset":
+                affected = await p.reset()
+            elif mode == "drop_syn":
+                await p.drop_syn()
+            elif mode == "refuse":
+                await p.refuse()
+            else:
+                await self._restore(p)
+        result: dict[str, Any] = {"proxy": name, "mode": mode, "stream": stream}
+        if affected is not None:
+            result["connections"] = affected
+        result["state"] = self.fault_state(name)
+        return result
+
+    async def clear_faults(self, name: str) -> None:
+        """Undo every mode: thaw both ways, then restore the listener."""
+        async with self._lock:
+            mp = self.get(name)
+            if mp.proxy is not None:
+                await mp.proxy.thaw()
+                await self._restore(mp.proxy)
+
+    @staticmethod
+    async def _restore(proxy: Proxy) -> None:
+        try:
+            await proxy.restore()
+        except ProxyError as exc:
+            message = str(exc)
+            raise ApiError(500 if "already in use" in message else 400, message) from None
+
+    # -- lifecycle --
+
+    async def aclose(self) -> None:
+        async with self._lock:
+            for mp in list(self.proxies.values()):
+                await mp.stop()
+                mp.close_log()
+            self.events.server.close()
+
+
+def _same_listen(current: Address, wanted: Address) -> bool:
+    # Toxiproxy compares the bound address with the requested one: port 0 differs.
+    return current == wanted
+
+
+def _brief(mp: ManagedProxy) -> dict[str, Any]:
+    return {
+        "listen": format_address(mp.listen),
+        "upstream": mp.upstream,
+        "enabled": mp.enabled,
+    }
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+@asynccontextmanager
+async def open_registry(**kwargs: Any) -> AsyncIterator[ProxyRegistry]:
+    """Run a :class:`ProxyRegistry` for the block; every proxy is stopped on exit."""
+    registry = ProxyRegistry(**kwargs)
+    registry.events.server.write("server_seed", seed=registry.seed)
+    async with trio.open_nursery() as nursery:
+        registry._nursery = nursery
+        try:
+            yield registry
+        finally:
+            with trio.CancelScope(shield=True):
+                await registry.aclose()
+            nursery.cancel_scope.cancel()
