@@ -1,0 +1,798 @@
+"""The MCP stdio client: handshake, requests with bounded waits, and an inbox.
+
+One :class:`MCPDriver` drives one server process. Two background tasks (in the nursery
+:func:`open_mcp` owns) read the server's stdout and stderr for as long as it lives, so
+notifications, server-to-client requests and log lines are taken in even while no call
+is waiting.
+
+Requests are built with jsonrpcclient from a per-driver id counter (1, 2, 3...); answers
+are parsed with it. The server numbers its own requests independently (the official SDK
+from 0 or 1), so the same number can be in flight both ways at once: a message with a
+``method`` is the server's (a request if it has an ``id``, else a notification); a
+message without one is an answer to us, routed by id. The two spaces never meet.
+
+Timing semantics:
+
+* every request has a timeout (the driver's default, or per call). When it expires the
+  driver sends ``notifications/cancelled``, forgets the request and raises
+  :class:`CallTimeout`; a late answer is recorded and dropped. No reply never means
+  waiting forever;
+* if the caller's own cancel scope cancels a request, the driver sends
+  ``notifications/cancelled`` too (bounded, shielded), records ``cancelled`` and lets
+  the cancellation propagate;
+* when the server's stdout closes, every pending request fails at once with
+  :class:`ProcessExited`, carrying the exit code and the last stderr lines; later
+  requests fail with it immediately.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+from jsonrpcclient import Error, Ok, notification, parse
+from jsonrpcclient.id_generators import decimal
+from jsonrpcclient.requests import request_impure
+
+from faultnet._version import __version__
+from faultnet.eventlog import flatten
+from faultnet.procs import ProcessIdentity
+
+from ._errors import (
+    CallTimeout,
+    MCPDriverError,
+    ProcessExited,
+    ProtocolError,
+    ProtocolVersionError,
+    RPCError,
+)
+from ._framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
+from ._process import DEFAULT_CLOSE_TIMEOUTS, CloseReport, CloseTimeouts, ServerProcess, StderrLine
+from ._record import CallRecord
+
+__all__ = [
+    "HANDSHAKE_VERSIONS",
+    "LATEST_HANDSHAKE_VERSION",
+    "MCPDriver",
+    "Notification",
+    "StdoutProblem",
+    "ToolResult",
+    "open_mcp",
+]
+
+#: Protocol versions negotiated with the initialize handshake, oldest first. The next
+#: revision (2026-07-28) drops the handshake; a server counter-offering it, or anything
+#: not listed here, is refused.
+HANDSHAKE_VERSIONS: tuple[str, ...] = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+LATEST_HANDSHAKE_VERSION = HANDSHAKE_VERSIONS[-1]
+
+#: JSON-RPC "method not found": our answer to server requests we do not support.
+METHOD_NOT_FOUND = -32601
+
+#: After stdout closes, how long to wait for the exit status before failing the pending
+#: requests without it. A process that died has already exited when its pipe closes
+#: (measured: well under 10 ms), so this bound only matters for one that closed stdout
+#: and lives on.
+EXIT_GRACE_S = 2.0
+#: Bound on sending notifications/cancelled (the pipe may be full if the server stopped
+#: reading).
+CANCEL_SEND_S = 1.0
+#: Stdout problems kept in memory (the call record has them all).
+MAX_PROBLEMS = 1000
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """A tool's answer.
+
+    ``text`` joins the ``text`` of every text content item with newlines; ``is_error``
+    is the result's ``isError``; ``raw`` is the whole result object. ``progress`` holds
+    the params of every ``notifications/progress`` received for the call.
+    """
+
+    text: str
+    is_error: bool
+    raw: dict[str, Any]
+    progress: tuple[dict[str, Any], ...] = ()
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class Notification:
+    """A notification the server sent (any method), stamped when it was read."""
+
+    wall: float
+    mono: float
+    method: str
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StdoutProblem:
+    """A stdout line that was not a usable message: it was reported and skipped.
+
+    ``kind``: ``invalid_json``, ``invalid_utf8``, ``oversize_line``, ``not_jsonrpc``,
+    ``invalid_response``, ``unknown_response_id`` (or ``late_response``, an answer to a
+    request that had already timed out).
+    """
+
+    wall: float
+    kind: str
+    detail: str
+    excerpt: str
+
+
+@dataclass
+class _Pending:
+    request_id: int
+    method: str
+    progress_token: str | None
+    on_progress: Callable[[dict[str, Any]], None] | None
+    done: trio.Event = field(default_factory=trio.Event)
+    response: Ok | Error | None = None
+    failure: MCPDriverError | None = None
+    progress: list[dict[str, Any]] = field(default_factory=list)
+
+    def settle(
+        self, response: Ok | Error | None = None, failure: MCPDriverError | None = None
+    ) -> None:
+        if self.done.is_set():
+            return
+        self.response = response
+        self.failure = failure
+        self.done.set()
+
+
+class _Pulse:
+    """Wakes every waiter when something arrives (a fresh Event per arrival)."""
+
+    def __init__(self) -> None:
+        self._event = trio.Event()
+
+    def fire(self) -> None:
+        self._event.set()
+        self._event = trio.Event()
+
+    async def wait(self) -> None:
+        await self._event.wait()
+
+
+NotificationMatch = str | Callable[[Notification], bool]
+
+
+def _message_text(data: Any) -> str:
+    """A ``notifications/message`` data value rendered as text."""
+    if isinstance(data, str):
+        return data
+    if isinstance(data, Mapping) and isinstance(data.get("text"), str):
+        return data["text"]
+    return flatten(data)
+
+
+class MCPDriver:
+    """Drives one MCP server over stdio. Make one with :func:`open_mcp`."""
+
+    def __init__(
+        self,
+        proc: ServerProcess,
+        nursery: trio.Nursery,
+        *,
+        timeout: float,
+        call_log_dir: str | os.PathLike[str] | None,
+        max_line_bytes: int,
+        close_timeouts: CloseTimeouts,
+    ) -> None:
+        self._proc = proc
+        self._nursery = nursery
+        self.timeout = timeout
+        self.close_timeouts = close_timeouts
+        self._max_line_bytes = max_line_bytes
+        self._ids = decimal(1)
+        self._progress_ids = decimal(1)
+        self._pending: dict[int, _Pending] = {}
+        self._by_token: dict[str, _Pending] = {}
+        self._abandoned: set[int] = set()
+        self._send_lock = trio.Lock()
+        self._notifications: list[Notification] = []
+        self._problems: list[StdoutProblem] = []
+        self._problem_count = 0
+        self._pulse = _Pulse()
+        self.stdout_closed = trio.Event()
+        self._exited: ProcessExited | None = None
+        self._closed = False
+        self.record = CallRecord(call_log_dir, proc.identity, proc.argv)
+        #: The initialize result, once the handshake is done.
+        self.initialize_result: dict[str, Any] = {}
+
+    # -- identity and process state --------------------------------------------------
+
+    @property
+    def identity(self) -> ProcessIdentity:
+        """The exact server process (PID + start time)."""
+        return self._proc.identity
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
+    def process(self) -> ServerProcess:
+        return self._proc
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.returncode
+
+    def alive(self) -> bool:
+        return self._proc.alive()
+
+    def fd_count(self) -> int | None:
+        """Descriptors the server holds now (``/proc/PID/fd``); None once it is gone."""
+        return self._proc.fd_count()
+
+    @property
+    def call_log_path(self) -> os.PathLike[str] | None:
+        """The call-record file, or None when not recording."""
+        return self.record.path
+
+    @property
+    def protocol_version(self) -> str | None:
+        return self.initialize_result.get("protocolVersion")
+
+    @property
+    def server_info(self) -> dict[str, Any]:
+        return dict(self.initialize_result.get("serverInfo") or {})
+
+    @property
+    def server_capabilities(self) -> dict[str, Any]:
+        return dict(self.initialize_result.get("capabilities") or {})
+
+    # -- stdout ---------------------------------------------------------------------
+
+    async def _read_stdout(self) -> None:
+        framer = LineFramer(self._max_line_bytes)
+        stream = self._proc.stdout
+        try:
+            while True:
+                try:
+                    data = await stream.receive_some(65536)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    break
+                if not data:
+                    break
+                for item in framer.feed(data):
+                    self._on_line(item)
+            for item in framer.end():
+                self._on_line(item)
+        finally:
+            self.stdout_closed.set()
+            self._pulse.fire()
+        await self._on_stdout_closed()
+
+    async def _on_stdout_closed(self) -> None:
+        with trio.move_on_after(EXIT_GRACE_S):
+            await self._proc.wait()
+        # The exit closed stderr too; give the reader a moment to take the last lines.
+        with trio.move_on_after(0.5):
+            await self._proc.stderr_closed.wait()
+        self._exited = ProcessExited(self.pid, self._proc.returncode, self._proc.stderr_tail(5))
+        for pending in list(self._pending.values()):
+            pending.settle(failure=self._dead())
+
+    def _problem(self, kind: str, detail: str, raw: bytes | str) -> None:
+        text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
+        problem = StdoutProblem(time.time(), kind, detail, text[:200])
+        self._problem_count += 1
+        if len(self._problems) < MAX_PROBLEMS:
+            self._problems.append(problem)
+        self.record.event("stdout_problem", kind=kind, detail=detail, excerpt=problem.excerpt)
+
+    def _on_line(self, item: bytes | Oversize) -> None:
+        if isinstance(item, Oversize):
+            self._problem(
+                "oversize_line",
+                f"line of {item.size} bytes exceeds the {self._max_line_bytes}-byte limit; dropped",
+                item.head,
+            )
+            return
+        try:
+            text = item.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            self._problem("invalid_utf8", str(exc), item)
+            return
+        try:
+            message = json.loads(text)
+        except ValueError as exc:
+            self._problem("invalid_json", str(exc), text)
+            return
+        # A batch (2025-03-26 allowed them): each element is handled on its own.
+        for msg in message if isinstance(message, list) else [message]:
+            self._on_message(msg, text)
+
+    def _on_message(self, msg: Any, text: str) -> None:
+        if not isinstance(msg, dict) or msg.get("jsonrpc") != "2.0":
+            self._problem("not_jsonrpc", "not a JSON-RPC 2.0 object", text)
+            return
+        # "method" first: jsonrpcclient's parser only understands responses.
+        if "method" in msg:
+            if not isinstance(msg["method"], str):
+                self._problem("not_jsonrpc", "method is not a string", text)
+            elif "id" in msg:
+                self._nursery.start_soon(self._answer_server_request, msg)
+            else:
+                self._on_notification(msg)
+            return
+        if "result" not in msg and "error" not in msg:
+            self._problem("not_jsonrpc", "neither request, notification nor response", text)
+            return
+        rid = msg.get("id")
+        pending = self._pending.get(rid) if isinstance(rid, int) else None
+        if pending is None:
+            kind = "late_response" if rid in self._abandoned else "unknown_response_id"
+            self._problem(kind, f"answer to id {rid!r}, which is not pending", text)
+            return
+        try:
+            response = parse(msg)
+        except (KeyError, TypeError, AttributeError) as exc:
+            detail = f"malformed response: {type(exc).__name__} {exc}"
+            self._problem("invalid_response", detail, text)
+            pending.settle(failure=ProtocolError(f"{pending.method}: {detail}"))
+            return
+        if not isinstance(response, Ok | Error):  # parse() maps lists; we never pass one
+            raise AssertionError(type(response))
+        pending.settle(response=response)
+
+    def _on_notification(self, msg: dict[str, Any]) -> None:
+        params = msg.get("params")
+        params = params if isinstance(params, dict) else {}
+        note = Notification(time.time(), time.monotonic(), msg["method"], params)
+        self._notifications.append(note)
+        if note.method == "notifications/progress":
+            pending = self._by_token.get(str(params.get("progressToken")))
+            if pending is not None:
+                pending.progress.append(params)
+                if pending.on_progress is not None:
+                    pending.on_progress(params)
+        self._pulse.fire()
+
+    async def _answer_server_request(self, msg: dict[str, Any]) -> None:
+        method = msg["method"]
+        reply: dict[str, Any] = {"jsonrpc": "2.0", "id": msg["id"]}
+        if method == "ping":
+            reply["result"] = {}
+        elif method == "roots/list":
+            reply["result"] = {"roots": []}
+        else:  # sampling/createMessage, elicitation/create, anything else
+            reply["error"] = {
+                "code": METHOD_NOT_FOUND,
+                "message": f"{method} is not supported by this client",
+            }
+        outcome = "answered" if "result" in reply else "refused"
+        try:
+            with trio.move_on_after(self.timeout):
+                await self._send(reply)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            outcome = "process_exited"
+        self.record.event("server_request", method=method, id=flatten(msg["id"]), outcome=outcome)
+
+    # -- sending --------------------------------------------------------------------
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        # json.dumps escapes newlines inside strings: one message, one line.
+        data = (json.dumps(message, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+        async with self._send_lock:
+            await self._proc.stdin.send_all(data)
+
+    async def _notify(self, method: str, params: dict[str, Any] | None = None) -> None:
+        await self._send(notification(method, params))
+
+    async def _send_cancel(self, request_id: int, reason: str) -> bool:
+        with trio.CancelScope(shield=True), trio.move_on_after(CANCEL_SEND_S):
+            try:
+                await self._notify(
+                    "notifications/cancelled", {"requestId": request_id, "reason": reason}
+                )
+                return True
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return False
+        return False
+
+    def _dead(self) -> ProcessExited:
+        # A fresh instance per raise: one exception object raised from several tasks
+        # would accumulate all their tracebacks.
+        if self._exited is not None:
+            e = self._exited
+            return ProcessExited(e.pid, e.returncode, e.stderr_tail)
+        return ProcessExited(self.pid, self._proc.returncode, self._proc.stderr_tail(5))
+
+    # -- requests -------------------------------------------------------------------
+
+    async def request(
+        self,
+        method: str,
+        params: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
+        _want_progress: bool = False,
+    ) -> Any:
+        """Send one request and return its ``result``.
+
+        Raises :class:`RPCError` (a JSON-RPC error answer), :class:`CallTimeout` (no answer
+        within ``timeout`` seconds, default the driver's), :class:`ProcessExited`,
+        :class:`ProtocolError`. Each request appends one record to the call log.
+        """
+        timeout = self.timeout if timeout is None else timeout
+        params = dict(params) if params else {}
+        token: str | None = None
+        if on_progress is not None or _want_progress:
+            token = f"progress-{next(self._progress_ids)}"
+            meta = dict(params.get("_meta") or {})
+            meta["progressToken"] = token
+            params["_meta"] = meta
+        req = request_impure(self._ids, method, params or None)
+        rid: int = req["id"]
+        pending = _Pending(rid, method, token, on_progress)
+        self._pending[rid] = pending
+        if token is not None:
+            self._by_token[token] = pending
+        tool = params.get("name") if method == "tools/call" else None
+        logged_args = params.get("arguments", {}) if method == "tools/call" else params
+        if isinstance(logged_args, dict) and "_meta" in logged_args and method != "tools/call":
+            logged_args = {k: v for k, v in logged_args.items() if k != "_meta"}
+        outcome, code, message = "ok", None, None
+        t0 = time.monotonic()
+        try:
+            try:
+                if self._exited is not None or self._closed:
+                    raise self._dead()
+                with trio.move_on_after(timeout):
+                    try:
+                        await self._send(req)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        # The pipe broke: the reader will see EOF; let it fail us with
+                        # the exit code and stderr it collects.
+                        pass
+                    await pending.done.wait()
+                if not pending.done.is_set():
+                    self._abandoned.add(rid)
+                    note = self._problem_note(t0)
+                    if method != "initialize":  # the protocol forbids cancelling initialize
+                        await self._send_cancel(rid, f"timeout after {timeout:g} s")
+                    raise CallTimeout(method, timeout, rid, note)
+                if pending.failure is not None:
+                    raise pending.failure
+                response = pending.response
+                if isinstance(response, Error):
+                    raise RPCError(method, response.code, response.message, response.data)
+                assert isinstance(response, Ok)
+                result = response.result
+                if method == "tools/call" and isinstance(result, dict) and result.get("isError"):
+                    outcome = "is_error"
+                return result
+            except trio.Cancelled:
+                outcome = "cancelled"
+                if not pending.done.is_set() and method != "initialize":
+                    self._abandoned.add(rid)
+                    await self._send_cancel(rid, "cancelled by the caller")
+                raise
+        except CallTimeout as exc:
+            outcome, message = "timeout", str(exc)
+            raise
+        except ProcessExited as exc:
+            outcome, message = "process_exited", str(exc)
+            code = exc.returncode
+            raise
+        except RPCError as exc:
+            outcome, code, message = "error", exc.code, exc.message
+            raise
+        except ProtocolError as exc:
+            outcome, message = "error", str(exc)
+            raise
+        finally:
+            self._pending.pop(rid, None)
+            if token is not None:
+                self._by_token.pop(token, None)
+            self.record.request(
+                method=method,
+                request_id=rid,
+                tool=tool,
+                arguments=logged_args,
+                seconds=time.monotonic() - t0,
+                outcome=outcome,
+                error_code=code,
+                error_message=message,
+            )
+
+    def _problem_note(self, since_mono: float) -> str:
+        # The stdout problems since the request was sent: an oversize or garbled line may
+        # well have been its answer.
+        since_wall = time.time() - (time.monotonic() - since_mono)
+        recent = [p for p in self._problems if p.wall >= since_wall]
+        if not recent:
+            return ""
+        kinds = ", ".join(sorted({p.kind for p in recent}))
+        return f"; meanwhile {len(recent)} stdout line(s) were unusable ({kinds})"
+
+    async def initialize(
+        self,
+        *,
+        protocol_version: str = LATEST_HANDSHAKE_VERSION,
+        capabilities: dict[str, Any] | None = None,
+        client_name: str = "faultnet-mcp-driver",
+        timeout: float = 20.0,
+    ) -> dict[str, Any]:
+        """Run the handshake: ``initialize``, check the version, ``notifications/initialized``.
+
+        A counter-offer of another handshake-era version is accepted; anything else
+        raises :class:`ProtocolVersionError` (the caller should close the driver).
+        """
+        if protocol_version not in HANDSHAKE_VERSIONS:
+            raise ValueError(
+                f"protocol_version {protocol_version!r} is not a handshake-era version "
+                f"({', '.join(HANDSHAKE_VERSIONS)})"
+            )
+        result = await self.request(
+            "initialize",
+            {
+                "protocolVersion": protocol_version,
+                "capabilities": capabilities or {},
+                "clientInfo": {"name": client_name, "version": __version__},
+            },
+            timeout=timeout,
+        )
+        if not isinstance(result, dict):
+            raise ProtocolError(f"initialize: result is not an object: {flatten(result)[:200]}")
+        offered = result.get("protocolVersion")
+        if offered not in HANDSHAKE_VERSIONS:
+            raise ProtocolVersionError(protocol_version, offered, HANDSHAKE_VERSIONS)
+        self.initialize_result = result
+        try:
+            with trio.fail_after(timeout):
+                await self._notify("notifications/initialized")
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            raise self._dead() from None
+        except trio.TooSlowError:
+            raise CallTimeout("notifications/initialized", timeout, 0) from None
+        return result
+
+    async def list_tools(self, *, timeout: float | None = None) -> list[dict[str, Any]]:
+        """Every tool the server offers (``tools/list``, following ``nextCursor``)."""
+        tools: list[dict[str, Any]] = []
+        cursor: str | None = None
+        for _ in range(1000):  # a server that pages forever is a bug, not a reason to hang
+            result = await self.request(
+                "tools/list", {"cursor": cursor} if cursor else None, timeout=timeout
+            )
+            if not isinstance(result, dict) or not isinstance(result.get("tools"), list):
+                raise ProtocolError(f"tools/list: no tools array in {flatten(result)[:200]}")
+            tools.extend(result["tools"])
+            cursor = result.get("nextCursor")
+            if not cursor:
+                return tools
+        raise ProtocolError("tools/list: more than 1000 pages")
+
+    async def call(self, tool: str, /, **arguments: Any) -> ToolResult:
+        """Call ``tool`` with ``arguments`` (all keyword arguments go to the tool).
+
+        Returns the tool's answer, ``is_error`` included; raises :class:`RPCError` for a
+        JSON-RPC error, :class:`CallTimeout` after the driver's default timeout. For a
+        per-call timeout, a progress callback or argument names that are not Python
+        identifiers, use :meth:`call_tool`.
+        """
+        return await self.call_tool(tool, arguments)
+
+    async def call_tool(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any] | None = None,
+        *,
+        timeout: float | None = None,
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
+    ) -> ToolResult:
+        """Call ``tool``; see :meth:`call`. ``on_progress`` gets each progress params dict."""
+        progress: list[dict[str, Any]] = []
+
+        def collect(params: dict[str, Any]) -> None:
+            progress.append(params)
+            if on_progress is not None:
+                on_progress(params)
+
+        t0 = time.monotonic()
+        result = await self.request(
+            "tools/call",
+            {"name": tool, "arguments": dict(arguments or {})},
+            timeout=timeout,
+            on_progress=collect,
+        )
+        if not isinstance(result, dict) or not isinstance(result.get("content", []), list):
+            raise ProtocolError(f"tools/call {tool}: malformed result {flatten(result)[:200]}")
+        texts = [
+            item["text"]
+            for item in result.get("content", [])
+            if isinstance(item, dict)
+            and item.get("type") == "text"
+            and isinstance(item.get("text"), str)
+        ]
+        return ToolResult(
+            text="\n".join(texts),
+            is_error=bool(result.get("isError", False)),
+            raw=result,
+            progress=tuple(progress),
+            seconds=time.monotonic() - t0,
+        )
+
+    async def ping(self, *, timeout: float | None = None) -> float:
+        """Send ``ping``; return the round trip in seconds."""
+        t0 = time.monotonic()
+        await self.request("ping", timeout=timeout)
+        return time.monotonic() - t0
+
+    # -- observation ------------------------------------------------------------------
+
+    def notifications(self, method: str | None = None) -> list[Notification]:
+        """Every notification received so far (of ``method``, if given), oldest first."""
+        return [n for n in self._notifications if method is None or n.method == method]
+
+    def contents(self) -> list[str]:
+        """The text of every ``notifications/message`` received, oldest first.
+
+        ``data`` rendered as text: a string as is; a dict with a string ``text``, that
+        text; anything else, one line of JSON.
+        """
+        return [
+            _message_text(n.params.get("data"))
+            for n in self._notifications
+            if n.method == "notifications/message"
+        ]
+
+    async def wait_notification(
+        self, match: NotificationMatch, timeout: float, *, since: int = 0
+    ) -> Notification | None:
+        """The first notification (the ``since``-th received onward) that matches.
+
+        ``match`` is a method name or a predicate. Notifications already received count,
+        so there is no race with one that arrived just before the wait. Returns None
+        after ``timeout`` seconds, or at once when stdout has closed with no match: a
+        timeout is not an observation.
+        """
+        pred = (lambda n: n.method == match) if isinstance(match, str) else match
+        checked = since
+        with trio.move_on_after(timeout):
+            while True:
+                for note in self._notifications[checked:]:
+                    if pred(note):
+                        return note
+                checked = max(checked, len(self._notifications))
+                if self.stdout_closed.is_set():
+                    return None
+                await self._pulse.wait()
+        return None
+
+    def problems(self) -> list[StdoutProblem]:
+        """Stdout lines that were not usable messages, oldest first (first 1000 kept)."""
+        return list(self._problems)
+
+    @property
+    def problem_count(self) -> int:
+        return self._problem_count
+
+    def stderr_lines(self) -> list[StderrLine]:
+        return self._proc.stderr_lines()
+
+    def stderr_text(self) -> str:
+        """Everything the server wrote on stderr so far."""
+        return self._proc.stderr_text()
+
+    def grep_stderr(self, pattern: str | re.Pattern[str]) -> list[str]:
+        """The stderr lines so far in which the regex ``pattern`` is found."""
+        return self._proc.grep_stderr(pattern)
+
+    async def wait_stderr(
+        self, pattern: str | re.Pattern[str], timeout: float, *, since: int = 0
+    ) -> str | None:
+        """The first stderr line matching ``pattern`` (lines already read count).
+
+        None after ``timeout`` seconds or when stderr closed without a match.
+        """
+        return await self._proc.wait_stderr(pattern, timeout, since=since)
+
+    # -- close ----------------------------------------------------------------------
+
+    async def close(self) -> CloseReport:
+        """Stop the server (stdin EOF, SIGTERM, SIGKILL, each bounded; exact PID only).
+
+        Pending requests then fail with :class:`ProcessExited`. Idempotent. The close runs
+        shielded from cancellation; its total is bounded by ``close_timeouts``.
+        """
+        self._closed = True
+        with trio.CancelScope(shield=True):
+            first = self._proc.close_report is None
+            report = await self._proc.close(self.close_timeouts)
+            # Let the stdout reader settle the pending requests with the exit status.
+            with trio.move_on_after(EXIT_GRACE_S + 1.0):
+                await self.stdout_closed.wait()
+            dead = self._dead()
+            for pending in list(self._pending.values()):
+                pending.settle(failure=dead)
+            if first:
+                self.record.event(
+                    "exit",
+                    how=report.how,
+                    returncode=report.returncode,
+                    signals=list(report.signals),
+                    seconds=round(report.seconds, 6),
+                )
+        return report
+
+
+@asynccontextmanager
+async def open_mcp(
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    call_log_dir: str | os.PathLike[str] | None = None,
+    timeout: float = 10.0,
+    *,
+    handshake_timeout: float = 20.0,
+    protocol_version: str = LATEST_HANDSHAKE_VERSION,
+    capabilities: dict[str, Any] | None = None,
+    close_timeouts: CloseTimeouts = DEFAULT_CLOSE_TIMEOUTS,
+    max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+) -> AsyncIterator[MCPDriver]:
+    """Start the server ``argv``, run the handshake, yield the driver; close it on exit.
+
+    ``env`` replaces the child's environment (None: inherit). ``timeout`` is the default
+    per-request timeout; the handshake has its own, longer one (the official SDK takes
+    1-2.5 s to answer initialize on an idle machine). The call record goes to
+    ``call_log_dir`` or ``$FAULTNET_CALL_LOG_DIR`` (neither: no record).
+
+    Raises :class:`StartError`, :class:`ProtocolVersionError`, :class:`CallTimeout`,
+    :class:`ProcessExited`, :class:`RPCError` from the start and handshake (after
+    closing the process). Exceptions from the body propagate unchanged (not wrapped in
+    an exception group).
+    """
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise ValueError("timeout must be a positive number of seconds")
+    failure: BaseException | None = None
+    async with trio.open_nursery() as nursery:
+        drv: MCPDriver | None = None
+        try:
+            proc = await ServerProcess.start(argv, env, cwd)
+            drv = MCPDriver(
+                proc,
+                nursery,
+                timeout=timeout,
+                call_log_dir=call_log_dir,
+                max_line_bytes=max_line_bytes,
+                close_timeouts=close_timeouts,
+            )
+            nursery.start_soon(proc.read_stderr)
+            nursery.start_soon(drv._read_stdout)
+            await drv.initialize(
+                protocol_version=protocol_version,
+                capabilities=capabilities,
+                timeout=handshake_timeout,
+            )
+            yield drv
+        except BaseException as exc:
+            # Re-raised below, outside the nursery, so callers see the exception itself
+            # rather than an ExceptionGroup around it.
+            failure = exc
+        finally:
+            if drv is not None:
+                await drv.close()
+                drv.record.close()
+                with trio.CancelScope(shield=True):
+                    await drv.process.release_pipes()
+            nursery.cancel_scope.cancel()
+    if failure is not None:
+        raise failure

@@ -1,0 +1,99 @@
+"""The driver's exceptions: one class per way a request can end other than with a result.
+
+A tool that answers ``isError: true`` is *not* an exception: it is a result
+(:class:`~drivers.mcp.ToolResult` with ``is_error``), because the tool did answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = [
+    "CallTimeout",
+    "MCPDriverError",
+    "ProcessExited",
+    "ProtocolError",
+    "ProtocolVersionError",
+    "RPCError",
+    "StartError",
+]
+
+
+class MCPDriverError(Exception):
+    """Base class of every error the MCP driver raises."""
+
+
+class StartError(MCPDriverError):
+    """The server command could not be executed (not found, not executable...)."""
+
+
+class RPCError(MCPDriverError):
+    """The server answered the request with a JSON-RPC error object."""
+
+    def __init__(self, method: str, code: int, message: str, data: Any = None) -> None:
+        super().__init__(f"{method}: JSON-RPC error {code}: {message}")
+        self.method = method
+        self.code = code
+        self.message = message
+        self.data = data
+
+
+class ProtocolError(MCPDriverError):
+    """The server's answer is not a well-formed JSON-RPC response or MCP result."""
+
+
+class ProtocolVersionError(MCPDriverError):
+    """The server answered initialize with a protocol version this driver refuses."""
+
+    def __init__(self, requested: str, offered: object, accepted: Sequence[str]) -> None:
+        super().__init__(
+            f"server counter-offered protocol version {offered!r} to our {requested!r}; "
+            f"this driver speaks only the initialize-handshake versions {', '.join(accepted)}"
+        )
+        self.requested = requested
+        self.offered = offered
+
+
+class CallTimeout(MCPDriverError, TimeoutError):
+    """No answer within the request's timeout.
+
+    The driver has already sent ``notifications/cancelled`` for the request (except for
+    ``initialize``, which the protocol forbids cancelling) and forgotten it: a late
+    answer is recorded as such and otherwise ignored. The driver stays usable.
+    """
+
+    def __init__(self, method: str, timeout: float, request_id: int, note: str = "") -> None:
+        super().__init__(
+            f"{method}: no answer within {timeout:g} s (request id {request_id}); "
+            f"cancellation sent{note}"
+            if method != "initialize"
+            else f"initialize: no answer within {timeout:g} s{note}"
+        )
+        self.method = method
+        self.timeout = timeout
+        self.request_id = request_id
+
+
+class ProcessExited(MCPDriverError):
+    """The server process ended (or closed its stdout) before answering.
+
+    Every request pending at that moment fails with this at once, and every later
+    request fails with it immediately. ``returncode`` is None if the process closed its
+    stdout but had not exited within the grace period; negative means killed by that
+    signal.
+    """
+
+    def __init__(self, pid: int, returncode: int | None, stderr_tail: Sequence[str]) -> None:
+        status = (
+            "closed its stdout but is still running"
+            if returncode is None
+            else f"exited with code {returncode}"
+        )
+        tail = " | ".join(stderr_tail)
+        super().__init__(
+            f"server (pid {pid}) {status}" + (f"; last stderr: {tail}" if tail else "; no stderr")
+        )
+        self.pid = pid
+        self.returncode = returncode
+        self.stderr_tail = list(stderr_tail)
