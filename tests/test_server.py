@@ -1,0 +1,571 @@
+"""The HTTP API end to end: every route, every error response, on real loopback sockets.
+
+The server runs in the test (the plugin's ``faultnet_server`` fixture: hypercorn's trio
+worker on a free port) and is driven with httpx; proxied connections are real sockets to
+a real echo server.
+"""
+
+from __future__ import annotations
+
+import functools
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from faultnet.controls import (
+    assert_accepting,
+    assert_frozen,
+    assert_refusing,
+    assert_reset,
+    assert_severed,
+    assert_syn_dropped,
+)
+from faultnet.server import RunningServer, open_server
+
+Address = tuple[str, int]
+
+
+async def _echo(stream: trio.SocketStream) -> None:
+    try:
+        async for data in stream:
+            await stream.send_all(data)
+        await stream.send_eof()
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+
+
+async def start_echo(nursery: trio.Nursery) -> Address:
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, _echo, 0, host="127.0.0.1"))
+    return listeners[0].socket.getsockname()[:2]
+
+
+def addr(listen: str) -> Address:
+    host, _, port = listen.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+@pytest.fixture
+async def upstream(nursery: trio.Nursery) -> Address:
+    return await start_echo(nursery)
+
+
+@pytest.fixture
+async def api(faultnet_server: RunningServer) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=faultnet_server.url, timeout=10) as client:
+        yield client
+
+
+async def create(api: httpx.AsyncClient, name: str, up: Address, **extra: Any) -> dict[str, Any]:
+    r = await api.post("/proxies", json={"name": name, "upstream": f"{up[0]}:{up[1]}", **extra})
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+async def roundtrip(stream: trio.SocketStream, payload: bytes = b"ping") -> bytes:
+    await stream.send_all(payload)
+    got = b""
+    with trio.fail_after(5):
+        while len(got) < len(payload):
+            chunk = await stream.receive_some(65536)
+            assert chunk, "EOF before the echo came back"
+            got += chunk
+    return got
+
+
+def assert_error(r: httpx.Response, status: int, message: str) -> None:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert body["status"] == status
+    assert body["error"].startswith(message), body
+
+
+# -- version, documents, index --------------------------------------------------------
+
+
+async def test_version_openapi_and_empty_index(api: httpx.AsyncClient) -> None:
+    r = await api.get("/version")
+    assert r.status_code == 200 and isinstance(r.json()["version"], str)
+    assert (await api.get("/proxies")).json() == {}
+    doc = (await api.get("/openapi.json")).json()
+    assert doc["openapi"].startswith("3.")
+    for path in (
+        "/proxies",
+        "/populate",
+        "/proxies/{proxy}",
+        "/proxies/{proxy}/toxics",
+        "/proxies/{proxy}/toxics/{toxic}",
+        "/reset",
+        "/version",
+        "/proxies/{proxy}/faults",
+        "/proxies/{proxy}/connections",
+        "/proxies/{proxy}/events",
+        "/events",
+    ):
+        assert path in doc["paths"], path
+    assert set(doc["paths"]["/proxies/{proxy}"]) == {"get", "post", "patch", "delete"}
+
+
+async def test_unknown_route_method_and_browser(api: httpx.AsyncClient) -> None:
+    assert_error(await api.get("/nope"), 404, "not found")
+    r = await api.delete("/version")
+    assert_error(r, 405, "method not allowed")
+    assert "GET" in r.headers["allow"]
+    r = await api.get("/proxies", headers={"User-Agent": "Mozilla/5.0 (X11)"})
+    assert r.status_code == 403  # Toxiproxy's guard against web pages driving the API
+    r = await api.get("/openapi.json", headers={"User-Agent": "Mozilla/5.0 (X11)"})
+    assert r.status_code == 200
+
+
+# -- proxies ----------------------------------------------------------------------------
+
+
+async def test_create_show_and_proxy_through(api: httpx.AsyncClient, upstream: Address) -> None:
+    p = await create(api, "echo", upstream, listen="127.0.0.1:0")
+    assert set(p) == {"name", "listen", "upstream", "enabled", "toxics"}
+    assert p["enabled"] is True and p["toxics"] == []
+    assert addr(p["listen"])[1] != 0  # the bound address, not the requested one
+    assert (await api.get("/proxies/echo")).json() == p
+    assert (await api.get("/proxies")).json() == {"echo": p}
+    stream = await trio.open_tcp_stream(*addr(p["listen"]))
+    assert await roundtrip(stream, b"hello through the proxy") == b"hello through the proxy"
+    await stream.aclose()
+
+
+async def test_create_defaults_listen_and_can_start_disabled(
+    api: httpx.AsyncClient, upstream: Address
+) -> None:
+    p = await create(api, "d", upstream, enabled=False)
+    assert p["enabled"] is False and p["listen"] == "127.0.0.1:0"
+    p = await create(api, "e", upstream)  # no listen: loopback, any port
+    assert addr(p["listen"])[0] == "127.0.0.1"
+    await assert_accepting(addr(p["listen"]))
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        (b"{bad json", 400, "bad request body: "),
+        (b"", 400, "bad request body: EOF"),
+        (b"[1, 2]", 400, "bad request body: expected a JSON object"),
+        (b'{"name": "x", "upstream": "127.0.0.1:1", "x": NaN}', 400, "bad request body"),
+        (b"[" * 100_000, 400, "bad request body"),
+        (b'{"upstream": "127.0.0.1:1"}', 400, "missing required field: name"),
+        (b'{"name": "", "upstream": "127.0.0.1:1"}', 400, "missing required field: name"),
+        (b'{"name": "x"}', 400, "missing required field: upstream"),
+        (b'{"name": 5, "upstream": "127.0.0.1:1"}', 400, "bad request body: name must be"),
+        (b'{"name": "x", "upstream": "127.0.0.1:1", "enabled": "yes"}', 400, "bad request body"),
+        (b'{"name": "x", "upstream": "nowhere"}', 400, "bad request body: upstream address"),
+        (b'{"name": "x", "upstream": "h:99999"}', 400, "bad request body: upstream address"),
+        (b'{"name": "x", "upstream": "h:1", "listen": "::1:5"}', 400, "bad request body: listen"),
+        (b'{"name": "x", "upstream": "h:1", "listen": "10.0.0.1:0"}', 400, "listen address"),
+        (b"\xff\xfe\x00", 400, "bad request body"),
+    ],
+)
+async def test_create_bad_input(
+    api: httpx.AsyncClient, body: bytes, status: int, message: str
+) -> None:
+    assert_error(await api.post("/proxies", content=body), status, message)
+    assert (await api.get("/proxies")).json() == {}  # nothing half-created
+
+
+async def test_create_conflicts(api: httpx.AsyncClient, upstream: Address) -> None:
+    await create(api, "p", upstream)
+    r = await api.post("/proxies", json={"name": "p", "upstream": "127.0.0.1:1"})
+    assert_error(r, 409, "proxy already exists")
+    # A listen address in use: Toxiproxy's 500, with a message naming the address.
+    with trio.socket.socket() as taken:
+        await taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        r = await api.post(
+            "/proxies", json={"name": "q", "upstream": "127.0.0.1:1", "listen": f"127.0.0.1:{port}"}
+        )
+        assert_error(r, 500, f"listen address 127.0.0.1:{port} is already in use")
+    assert set((await api.get("/proxies")).json()) == {"p"}
+
+
+async def test_unknown_proxy_is_404_everywhere(api: httpx.AsyncClient) -> None:
+    for method, path in [
+        ("GET", "/proxies/x"),
+        ("POST", "/proxies/x"),
+        ("PATCH", "/proxies/x"),
+        ("DELETE", "/proxies/x"),
+        ("GET", "/proxies/x/toxics"),
+        ("POST", "/proxies/x/toxics"),
+        ("GET", "/proxies/x/toxics/t"),
+        ("PATCH", "/proxies/x/toxics/t"),
+        ("POST", "/proxies/x/toxics/t"),
+        ("DELETE", "/proxies/x/toxics/t"),
+        ("GET", "/proxies/x/faults"),
+        ("POST", "/proxies/x/faults"),
+        ("DELETE", "/proxies/x/faults"),
+        ("GET", "/proxies/x/connections"),
+        ("GET", "/proxies/x/events"),
+    ]:
+        # A bad body does not hide the missing proxy (Toxiproxy looks the proxy up first).
+        r = await api.request(method, path, content=b"{not json")
+        assert_error(r, 404, "proxy not found")
+
+
+async def test_disable_closes_listener_and_connections_enable_relistens(
+    api: httpx.AsyncClient, upstream: Address
+) -> None:
+    p = await create(api, "p", upstream)
+    where = addr(p["listen"])
+    live = await trio.open_tcp_stream(*where)
+    await roundtrip(live)
+    r = await api.post("/proxies/p", json={"enabled": False})
+    assert r.status_code == 200 and r.json()["enabled"] is False
+    assert r.json()["listen"] == p["listen"]
+    await assert_refusing(where)  # the listener is closed when the answer arrives
+    await assert_severed(live)  # and the live connection was closed
+    r = await api.patch("/proxies/p", json={"enabled": True})
+    assert r.json()["enabled"] is True and r.json()["listen"] == p["listen"]
+    await assert_accepting(where)  # the same address again
+    # Updating with nothing (or the same values) changes nothing.
+    assert (await api.patch("/proxies/p", json={"name": "ignored"})).json() == r.json()
+
+
+async def test_update_changes_upstream_and_listen(
+    api: httpx.AsyncClient, upstream: Address, nursery: trio.Nursery
+) -> None:
+    p = await create(api, "p", upstream)
+    other = await start_echo(nursery)
+    r = await api.patch("/proxies/p", json={"upstream": f"127.0.0.1:{other[1]}"})
+    assert r.status_code == 200 and r.json()["upstream"] == f"127.0.0.1:{other[1]}"
+    assert r.json()["listen"] == p["listen"]  # restarted on the same address
+    stream = await trio.open_tcp_stream(*addr(p["listen"]))
+    await roundtrip(stream)
+    await stream.aclose()
+    r = await api.post("/proxies/p", json={"listen": "127.0.0.1:0"})
+    new_listen = r.json()["listen"]
+    assert new_listen != p["listen"]
+    await assert_refusing(addr(p["listen"]))
+    await assert_accepting(addr(new_listen))
+    # Errors: body shape, types, address syntax; the proxy is unchanged by them.
+    assert_error(await api.patch("/proxies/p", json=[1]), 400, "bad request body")
+    assert_error(await api.patch("/proxies/p", json={"enabled": 1}), 400, "bad request body")
+    assert_error(await api.patch("/proxies/p", json={"listen": "nope"}), 400, "bad request body")
+    assert_error(await api.patch("/proxies/p", content=b""), 400, "bad request body: EOF")
+    assert (await api.get("/proxies/p")).json()["listen"] == new_listen
+
+
+async def test_enable_when_address_taken_is_500_and_stays_disabled(
+    api: httpx.AsyncClient, upstream: Address
+) -> None:
+    p = await create(api, "p", upstream)
+    await api.post("/proxies/p", json={"enabled": False})
+    with trio.socket.socket() as thief:
+        thief.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        await thief.bind(addr(p["listen"]))
+        thief.listen(1)
+        r = await api.post("/proxies/p", json={"enabled": True})
+        assert_error(r, 500, f"listen address {p['listen']} is already in use")
+        assert (await api.get("/proxies/p")).json()["enabled"] is False
+    assert (await api.post("/proxies/p", json={"enabled": True})).json()["enabled"] is True
+
+
+async def test_delete(api: httpx.AsyncClient, upstream: Address) -> None:
+    p = await create(api, "p", upstream)
+    live = await trio.open_tcp_stream(*addr(p["listen"]))
+    r = await api.delete("/proxies/p")
+    assert r.status_code == 204 and r.content == b""
+    await assert_refusing(addr(p["listen"]))
+    await assert_severed(live)
+    assert_error(await api.get("/proxies/p"), 404, "proxy not found")
+
+
+# -- toxics -----------------------------------------------------------------------------
+
+
+async def test_toxic_crud(api: httpx.AsyncClient, upstream: Address) -> None:
+    await create(api, "p", upstream)
+    assert (await api.get("/proxies/p/toxics")).json() == []
+    r = await api.post("/proxies/p/toxics", json={"type": "latency", "attributes": {"latency": 5}})
+    assert r.status_code == 200  # Toxiproxy answers 200 here, not 201
+    lat = r.json()
+    assert lat == {
+        "name": "latency_downstream",
+        "type": "latency",
+        "stream": "downstream",
+        "toxicity": 1.0,
+        "attributes": {"latency": 5, "jitter": 0},
+    }
+    up = (
+        await api.post(
+            "/proxies/p/toxics",
+            json={"name": "cut", "type": "limit_data", "stream": "upstream", "toxicity": 0.5},
+        )
+    ).json()
+    # Listing: the upstream chain first, then downstream (Toxiproxy's order).
+    assert (await api.get("/proxies/p/toxics")).json() == [up, lat]
+    assert (await api.get("/proxies/p")).json()["toxics"] == [up, lat]
+    assert (await api.get("/proxies/p/toxics/cut")).json() == up
+    r = await api.patch(
+        "/proxies/p/toxics/latency_downstream", json={"attributes": {"jitter": 2}, "type": "x"}
+    )
+    assert r.json()["attributes"] == {"latency": 5, "jitter": 2}  # merged; type ignored
+    r = await api.post("/proxies/p/toxics/latency_downstream", json={"toxicity": 0.25})
+    assert r.json()["toxicity"] == 0.25 and r.json()["attributes"]["jitter"] == 2
+    assert (await api.delete("/proxies/p/toxics/cut")).status_code == 204
+    assert [t["name"] for t in (await api.get("/proxies/p/toxics")).json()] == [
+        "latency_downstream"
+    ]
+
+
+async def test_toxic_errors(api: httpx.AsyncClient, upstream: Address) -> None:
+    await create(api, "p", upstream)
+    await api.post("/proxies/p/toxics", json={"type": "latency"})
+    cases = [
+        ({"type": "latency"}, 409, "toxic already exists"),
+        ({"type": "latency", "name": "x", "stream": "up"}, 400, "stream was invalid"),
+        ({"type": "bogus"}, 400, "invalid toxic type"),
+        ({"type": "latency", "name": "y", "attributes": {"latency": "1"}}, 400, "bad request"),
+        ({"type": "latency", "name": "y", "attributes": {"latency": -1}}, 400, "bad request"),
+        ({"type": "latency", "name": "y", "toxicity": 2}, 400, "bad request body"),
+        ({"type": 7}, 400, "bad request body"),
+    ]
+    for body, status, message in cases:
+        assert_error(await api.post("/proxies/p/toxics", json=body), status, message)
+    assert_error(await api.post("/proxies/p/toxics", content=b"{"), 400, "bad request body")
+    for method in ("GET", "PATCH", "POST", "DELETE"):
+        r = await api.request(method, "/proxies/p/toxics/nope", json={})
+        assert_error(r, 404, "toxic not found")
+    path = "/proxies/p/toxics/latency_downstream"
+    assert_error(await api.patch(path, json={"attributes": {"latency": 1.5}}), 400, "bad request")
+    assert_error(await api.patch(path, json={"toxicity": "1"}), 400, "bad request body")
+    assert_error(await api.patch(path, json=None), 400, "bad request body")
+    assert (await api.get(path)).json()["attributes"] == {"latency": 0, "jitter": 0}
+
+
+async def test_toxic_via_api_applies_live_and_survives_disable(
+    api: httpx.AsyncClient, upstream: Address
+) -> None:
+    p = await create(api, "p", upstream)
+    stream = await trio.open_tcp_stream(*addr(p["listen"]))
+    await roundtrip(stream)
+    await api.post("/proxies/p/toxics", json={"type": "latency", "attributes": {"latency": 150}})
+    t0 = trio.current_time()
+    await roundtrip(stream)
+    assert trio.current_time() - t0 >= 0.15  # on the connection that was already open
+    await api.post("/proxies/p", json={"enabled": False})
+    await api.post("/proxies/p", json={"enabled": True})
+    assert len((await api.get("/proxies/p/toxics")).json()) == 1
+    stream = await trio.open_tcp_stream(*addr(p["listen"]))
+    t0 = trio.current_time()
+    await roundtrip(stream)
+    assert trio.current_time() - t0 >= 0.15
+    await stream.aclose()
+
+
+# -- populate and reset -----------------------------------------------------------------
+
+
+async def test_populate(api: httpx.AsyncClient, upstream: Address) -> None:
+    up = f"127.0.0.1:{upstream[1]}"
+    keep = await create(api, "keep", upstream)
+    same = await create(api, "same", upstream)
+    await api.post("/proxies/same/toxics", json={"type": "latency"})
+    await create(api, "changed", upstream)
+    body = [
+        {"name": "same", "upstream": up, "listen": same["listen"]},
+        {"name": "changed", "upstream": "127.0.0.1:1"},
+        {"name": "new", "upstream": up, "enabled": False},
+    ]
+    r = await api.post("/populate", json=body)
+    assert r.status_code == 201
+    got = {p["name"]: p for p in r.json()["proxies"]}
+    assert list(got) == ["same", "changed", "new"]
+    assert got["same"]["toxics"] and got["same"]["listen"] == same["listen"]  # untouched
+    assert got["changed"]["upstream"] == "127.0.0.1:1" and got["changed"]["toxics"] == []
+    assert got["new"]["enabled"] is False
+    index = (await api.get("/proxies")).json()
+    assert set(index) == {"keep", "same", "changed", "new"} and index["keep"] == keep
+
+
+async def test_populate_errors(api: httpx.AsyncClient, upstream: Address) -> None:
+    assert_error(await api.post("/populate", json={"a": 1}), 400, "bad request body")
+    r = await api.post("/populate", json=[{"name": "a", "upstream": "h:1"}, {"name": "b"}])
+    assert_error(r, 400, "missing required field: upstream at proxy 2")
+    r = await api.post("/populate", json=[{"upstream": "h:1"}])
+    assert_error(r, 400, "missing required field: name at proxy 1")
+    assert (await api.get("/proxies")).json() == {}  # checked before anything changed
+    with trio.socket.socket() as taken:
+        await taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        body = [
+            {"name": "ok", "upstream": "h:1"},
+            {"name": "clash", "upstream": "h:1", "listen": f"127.0.0.1:{port}"},
+            {"name": "never", "upstream": "h:1"},
+        ]
+        r = await api.post("/populate", json=body)
+    assert_error(r, 500, f"listen address 127.0.0.1:{port} is already in use")
+    assert [p["name"] for p in r.json()["proxies"]] == ["ok"]
+    assert set((await api.get("/proxies")).json()) == {"ok"}
+
+
+async def test_reset(api: httpx.AsyncClient, upstream: Address) -> None:
+    a = await create(api, "a", upstream)
+    await create(api, "b", upstream, enabled=False)
+    await api.post("/proxies/a/toxics", json={"type": "latency"})
+    await api.post("/proxies/b/toxics", json={"type": "timeout"})
+    await api.post("/proxies/a/faults", json={"mode": "refuse"})
+    await assert_refusing(addr(a["listen"]))
+    r = await api.post("/reset")
+    assert r.status_code == 204
+    index = (await api.get("/proxies")).json()
+    assert all(p["enabled"] and p["toxics"] == [] for p in index.values())
+    await assert_accepting(addr(a["listen"]))
+    await assert_accepting(addr(index["b"]["listen"]))
+
+
+# -- faultnet's modes -------------------------------------------------------------------
+
+
+async def test_fault_modes_through_the_api(api: httpx.AsyncClient, upstream: Address) -> None:
+    p = await create(api, "p", upstream)
+    where = addr(p["listen"])
+    a = await trio.open_tcp_stream(*where)
+    await roundtrip(a)
+    r = await api.post("/proxies/p/faults", json={"mode": "freeze", "stream": "upstream"})
+    assert r.status_code == 200 and r.json()["connections"] == 1
+    assert r.json()["state"]["connections"] == {"frozen-upstream": 1}
+    await assert_frozen(a, a, window=0.2)
+    r = await api.post("/proxies/p/faults", json={"mode": "thaw"})
+    assert r.json()["connections"] == 1
+    with trio.fail_after(2):  # the held bytes arrive after thaw
+        assert await a.receive_some() == b"faultnet frozen probe\n"
+    await roundtrip(a)
+
+    await api.post("/proxies/p/faults", json={"mode": "refuse"})
+    assert (await api.get("/proxies/p/faults")).json()["refusing"] is True
+    await assert_refusing(where)
+    await roundtrip(a)  # open connections are untouched
+    await api.post("/proxies/p/faults", json={"mode": "restore"})
+    await assert_accepting(where)
+    await api.post("/proxies/p/faults", json={"mode": "drop-syn"})
+    await assert_syn_dropped(where, timeout=0.3)
+    assert (await api.delete("/proxies/p/faults")).status_code == 204
+    await assert_accepting(where)
+
+    r = await api.post("/proxies/p/faults", json={"mode": "sever"})
+    assert r.json()["connections"] == 1
+    await assert_severed(a)
+    b = await trio.open_tcp_stream(*where)
+    await roundtrip(b)
+    await api.post("/proxies/p/faults", json={"mode": "reset"})
+    await assert_reset(b)
+
+    c = await trio.open_tcp_stream(*where)
+    await roundtrip(c)
+    r = await api.post("/proxies/p/faults", json={"mode": "blackhole"})
+    conns = (await api.get("/proxies/p/connections")).json()
+    assert [x["state"] for x in conns] == ["blackholed"]
+    await assert_frozen(c, c, window=0.2)
+    await api.post("/proxies/p/faults", json={"mode": "thaw"})
+    await c.aclose()
+
+
+async def test_fault_errors(api: httpx.AsyncClient, upstream: Address) -> None:
+    await create(api, "p", upstream)
+    cases = [
+        ({"mode": "melt"}, 400, "invalid fault mode"),
+        ({}, 400, "invalid fault mode"),
+        ({"mode": "freeze", "stream": "sideways"}, 400, "stream was invalid"),
+        ({"mode": "sever", "stream": "upstream"}, 400, "stream applies to freeze and thaw"),
+        ({"mode": "freeze", "include_new": "yes"}, 400, "bad request body"),
+        ({"mode": "refuse", "include_new": True}, 400, "include_new applies to"),
+    ]
+    for body, status, message in cases:
+        assert_error(await api.post("/proxies/p/faults", json=body), status, message)
+    assert_error(await api.post("/proxies/p/faults", json=["freeze"]), 400, "bad request body")
+    await api.post("/proxies/p", json={"enabled": False})
+    r = await api.post("/proxies/p/faults", json={"mode": "freeze"})
+    assert_error(r, 409, "proxy is disabled")
+    assert (await api.get("/proxies/p/faults")).json() == {"proxy": "p", "enabled": False}
+    assert (await api.get("/proxies/p/connections")).json() == []
+
+
+async def test_connections_listing(api: httpx.AsyncClient, upstream: Address) -> None:
+    p = await create(api, "p", upstream)
+    a = await trio.open_tcp_stream(*addr(p["listen"]))
+    await roundtrip(a, b"x" * 1000)
+    conns = (await api.get("/proxies/p/connections")).json()
+    assert len(conns) == 1
+    c = conns[0]
+    assert c["peer"] == f"127.0.0.1:{a.socket.getsockname()[1]}"
+    assert (c["bytes_upstream"], c["bytes_downstream"], c["state"]) == (1000, 1000, "open")
+    await a.aclose()
+    for _ in range(200):  # poll the listing (2 s bound): the proxy notices the close
+        if not (await api.get("/proxies/p/connections")).json():
+            break
+        await trio.sleep(0.01)
+    else:
+        raise AssertionError("the closed connection is still listed after 2 s")
+
+
+async def test_events(api: httpx.AsyncClient, upstream: Address) -> None:
+    await create(api, "p", upstream)
+    await api.post("/proxies/p/toxics", json={"type": "latency"})
+    everything = (await api.get("/events")).json()
+    kinds = [e["event"] for e in everything["events"]]
+    assert "server_seed" in kinds and "proxy_created" in kinds and "toxic_added" in kinds
+    mine = (await api.get("/proxies/p/events")).json()["events"]
+    assert mine and all(e["proxy"] == "p" for e in mine)
+    assert [e["event"] for e in mine][:2] == ["listening", "toxic_added"]
+    seqs = [e["seq"] for e in everything["events"]]
+    assert seqs == sorted(seqs)
+    later = (await api.get(f"/events?since={seqs[1]}&limit=2")).json()["events"]
+    assert [e["seq"] for e in later] == seqs[2:4]
+    for bad in ("since=-1", "since=x", "limit=0", "limit=10001"):
+        assert_error(await api.get(f"/events?{bad}"), 400, "bad request")
+
+
+async def test_a_handler_bug_is_a_500_and_the_server_keeps_serving(
+    faultnet_server: RunningServer, api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken() -> dict[str, Any]:
+        raise RuntimeError("deliberate")
+
+    monkeypatch.setattr(faultnet_server.registry, "index", broken)
+    assert_error(await api.get("/proxies"), 500, "internal error: RuntimeError('deliberate')")
+    monkeypatch.undo()
+    assert (await api.get("/proxies")).json() == {}
+    errors = [e for e in (await api.get("/events")).json()["events"] if e["event"] == "api_error"]
+    assert errors and errors[0]["path"] == "/proxies"
+
+
+# -- seeds ------------------------------------------------------------------------------
+
+
+async def _affected_pattern(seed: int, up: Address, n: int = 16) -> list[bool]:
+    """Which of n connections a toxicity-0.5 limit_data toxic picks, under *seed*."""
+    async with open_server(seed=seed) as server, httpx.AsyncClient(base_url=server.url) as api:
+        p = await create(api, "p", up)
+        body = {"type": "limit_data", "toxicity": 0.5, "attributes": {"bytes": 1}}
+        await api.post("/proxies/p/toxics", json=body)
+        pattern = []
+        for _ in range(n):
+            s = await trio.open_tcp_stream(*addr(p["listen"]))
+            await s.send_all(b"hello")
+            got = b""
+            with trio.fail_after(5):
+                while len(got) < 5 and (chunk := await s.receive_some()):
+                    got += chunk
+            pattern.append(got == b"h")
+            await s.aclose()
+        events = (await api.get("/events")).json()["events"]
+        assert {"event": "server_seed", "seed": seed}.items() <= events[0].items()
+    return pattern
+
+
+async def test_seed_makes_toxicity_decisions_reproducible(upstream: Address) -> None:
+    a = await _affected_pattern(1234, upstream)
+    assert a == await _affected_pattern(1234, upstream)
+    assert a != await _affected_pattern(99, upstream)
+    assert 0 < sum(a) < len(a)
