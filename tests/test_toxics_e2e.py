@@ -1,0 +1,306 @@
+"""The toxics' effects measured through the real proxy, on real loopback sockets.
+
+Proxies come from the plugin's ``faultnet_proxy`` fixture. Timings are measured with
+trio's clock; tolerances allow for a noisy 2-core machine (lower bounds are strict: a
+toxic never makes things faster than it says).
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+import trio
+
+from faultnet.controls import assert_reset
+from faultnet.proxy import Proxy
+from faultnet.toxics import (
+    Bandwidth,
+    Latency,
+    LimitData,
+    ResetPeer,
+    Slicer,
+    SlowClose,
+    Timeout,
+)
+
+Address = tuple[str, int]
+Factory = Callable[..., Awaitable[Proxy]]
+
+
+async def _echo(stream: trio.SocketStream) -> None:
+    try:
+        async for data in stream:
+            await stream.send_all(data)
+        await stream.send_eof()
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+
+
+def _source(payload: bytes) -> Callable[[trio.SocketStream], Awaitable[None]]:
+    """A server that sends *payload* at once, then closes."""
+
+    async def handler(stream: trio.SocketStream) -> None:
+        try:
+            await stream.send_all(payload)
+            await stream.aclose()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            pass
+
+    return handler
+
+
+async def serve(nursery: trio.Nursery, handler: Any) -> Address:
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
+    return listeners[0].socket.getsockname()[:2]
+
+
+@pytest.fixture
+async def echo(nursery: trio.Nursery) -> Address:
+    return await serve(nursery, _echo)
+
+
+async def connect(proxy: Proxy) -> trio.SocketStream:
+    assert proxy.address is not None
+    return await trio.open_tcp_stream(*proxy.address)
+
+
+async def receive_exactly(stream: trio.SocketStream, n: int, timeout: float = 10) -> bytes:
+    got = bytearray()
+    with trio.fail_after(timeout):
+        while len(got) < n:
+            chunk = await stream.receive_some(65536)
+            assert chunk, f"EOF after {len(got)} of {n} bytes"
+            got += chunk
+    return bytes(got)
+
+
+async def read_to_eof(stream: trio.SocketStream, timeout: float = 10) -> bytes:
+    got = bytearray()
+    with trio.fail_after(timeout):
+        while chunk := await stream.receive_some(65536):
+            got += chunk
+    return bytes(got)
+
+
+async def rtt(stream: trio.SocketStream, payload: bytes = b"ping") -> float:
+    t0 = trio.current_time()
+    await stream.send_all(payload)
+    assert await receive_exactly(stream, len(payload)) == payload
+    return trio.current_time() - t0
+
+
+def pattern(n: int, salt: int = 0) -> bytes:
+    return bytes((i * 7 + salt) % 251 for i in range(n))
+
+
+# -- each toxic's effect ----------------------------------------------------------------
+
+
+async def test_latency_delays_each_way_within_tolerance(
+    faultnet_proxy: Factory, echo: Address
+) -> None:
+    proxy = await faultnet_proxy(echo)
+    proxy.add_toxic(Latency("down", "downstream", latency=100))
+    stream = await connect(proxy)
+    times = [await rtt(stream) for _ in range(4)]
+    assert min(times) >= 0.100 and statistics.median(times) < 0.100 + 0.06, times
+    proxy.add_toxic(Latency("up", "upstream", latency=50))  # the two ways add up
+    times = [await rtt(stream) for _ in range(3)]
+    assert min(times) >= 0.150 and statistics.median(times) < 0.150 + 0.06, times
+
+
+async def test_latency_and_jitter_keep_bytes_exact(faultnet_proxy: Factory, echo: Address) -> None:
+    proxy = await faultnet_proxy(echo)
+    proxy.add_toxic(Latency("down", "downstream", latency=10, jitter=10))
+    proxy.add_toxic(Latency("up", "upstream", latency=5, jitter=5))
+    stream = await connect(proxy)
+    data = pattern(512 * 1024)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stream.send_all, data)
+        assert await receive_exactly(stream, len(data)) == data
+
+
+async def test_bandwidth_near_its_rate(faultnet_proxy: Factory, echo: Address) -> None:
+    rate_kb = 2000  # KB/s, KB = 1000 bytes
+    proxy = await faultnet_proxy(echo)
+    proxy.add_toxic(Bandwidth("bw", "downstream", rate=rate_kb))
+    stream = await connect(proxy)
+    data = pattern(1_000_000)  # 0.5 s at the rate
+    t0 = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stream.send_all, data)
+        assert await receive_exactly(stream, len(data)) == data
+    measured = len(data) / 1000 / (trio.current_time() - t0)
+    assert 0.7 * rate_kb <= measured <= 1.05 * rate_kb, f"{measured:.0f} KB/s"
+
+
+async def test_slicer_splits_and_keeps_bytes_exact(faultnet_proxy: Factory, echo: Address) -> None:
+    proxy = await faultnet_proxy(echo)
+    proxy.add_toxic(Slicer("s", "downstream", average_size=100, size_variation=50, delay=500))
+    stream = await connect(proxy)
+    data = pattern(20_000)
+    await stream.send_all(data)
+    got, reads = bytearray(), 0
+    with trio.fail_after(10):
+        while len(got) < len(data):
+            got += await stream.receive_some(65536)
+            reads += 1
+    assert bytes(got) == data
+    assert reads > 40  # 20 KB arrived in small pieces, not in one or two reads
+
+
+async def test_limit_data_forwards_exactly_n_bytes_then_fin(
+    faultnet_proxy: Factory, nursery: trio.Nursery
+) -> None:
+    source = await serve(nursery, _source(pattern(50_000)))
+    proxy = await faultnet_proxy(source)
+    proxy.add_toxic(LimitData("cut", "downstream", bytes=1000))
+    stream = await connect(proxy)
+    assert await read_to_eof(stream) == pattern(50_000)[:1000]  # then a clean EOF
+
+
+async def test_timeout_black_holes_then_closes_after_its_time(
+    faultnet_proxy: Factory, echo: Address
+) -> None:
+    proxy = await faultnet_proxy(echo)
+    stream = await connect(proxy)
+    await rtt(stream)
+    t0 = trio.current_time()
+    proxy.add_toxic(Timeout("t", "downstream", timeout=300))
+    await stream.send_all(b"into the void")
+    assert await read_to_eof(stream) == b""  # nothing came back, then EOF
+    elapsed = trio.current_time() - t0
+    assert 0.300 <= elapsed < 0.300 + 0.3, elapsed
+
+
+async def test_timeout_zero_holds_the_fin_too(faultnet_proxy: Factory, echo: Address) -> None:
+    proxy = await faultnet_proxy(echo)
+    proxy.add_toxic(Timeout("t", "upstream", timeout=0))
+    stream = await connect(proxy)
+    await stream.send_all(b"dropped")
+    await stream.send_eof()  # Toxiproxy would forward this FIN; the echo would then close
+    with trio.move_on_after(0.3) as scope:
+        await stream.receive_some()
+    assert scope.cancelled_caught  # no byte, no EOF, no error: a true black hole
+
+
+async def test_reset_peer_resets_an_existing_idle_connection(
+    faultnet_proxy: Factory, echo: Address
+) -> None:
+    proxy = await faultnet_proxy(echo)
+    stream = await connect(proxy)
+    await rtt(stream)  # opened and used before the toxic exists
+    t0 = trio.current_time()
+    proxy.add_toxic(ResetPeer("r", "downstream", timeout=100))
+    await assert_reset(stream, timeout=2)
+    assert trio.current_time() - t0 >= 0.100
+
+
+async def test_slow_close_delays_the_fin_not_the_data(
+    faultnet_proxy: Factory, nursery: trio.Nursery
+) -> None:
+    source = await serve(nursery, _source(b"last words"))
+    proxy = await faultnet_proxy(source)
+    proxy.add_toxic(SlowClose("sc", "downstream", delay=300))
+    t0 = trio.current_time()
+    stream = await connect(proxy)
+    assert await receive_exactly(stream, 10) == b"last words"
+    assert trio.current_time() - t0 < 0.2
+    assert await read_to_eof(stream) == b""
+    assert trio.current_time() - t0 >= 0.300
+
+
+async def test_toxicity_zero_leaves_connections_untouched(
+    faultnet_proxy: Factory, echo: Address
+) -> None:
+    proxy = await faultnet_proxy(echo)
+    old = await connect(proxy)
+    await rtt(old)
+    for toxic in (
+        Latency("lat", "downstream", 0.0, latency=500),
+        ResetPeer("rst", "upstream", 0.0, timeout=0),
+        Timeout("to", "downstream", 0.0, timeout=1),
+        LimitData("lim", "upstream", 0.0, bytes=0),
+    ):
+        proxy.add_toxic(toxic)
+    new = await connect(proxy)
+    await trio.sleep(0.2)  # the scenario: give the would-be reset and timeout their time
+    for stream in (old, new):
+        for _ in range(3):
+            assert await rtt(stream, pattern(1000)) < 0.4  # never the 500 ms latency
+    assert [c.state for c in proxy.connections()] == ["open", "open"]
+
+
+# -- live changes on a connection carrying data ----------------------------------------
+
+
+async def test_live_add_update_remove_while_data_flows(
+    faultnet_proxy: Factory, echo: Address
+) -> None:
+    proxy = await faultnet_proxy(echo)
+    stream = await connect(proxy)
+    sent = received = 0
+
+    async def phase(n: int) -> list[float]:
+        nonlocal sent, received
+        out = []
+        for i in range(n):
+            payload = pattern(2000, salt=sent % 251)
+            out.append(await rtt(stream, payload))
+            sent += len(payload)
+            received += len(payload)
+            del i
+        return out
+
+    before = await phase(5)
+    proxy.add_toxic(Latency("lat", "downstream", latency=100))
+    during = await phase(3)
+    proxy.update_toxic("lat", {"latency": 200})
+    updated = await phase(2)
+    proxy.remove_toxic("lat")
+    after = await phase(5)
+    assert max(before) < 0.1 and min(during) >= 0.1 and min(updated) >= 0.2
+    assert statistics.median(after) < 0.1, after
+    assert sent == received == 15 * 2000
+
+
+async def test_bandwidth_added_and_removed_mid_transfer_keeps_bytes(
+    faultnet_proxy: Factory, echo: Address
+) -> None:
+    proxy = await faultnet_proxy(echo)
+    stream = await connect(proxy)
+    data = pattern(3_000_000)
+    got = bytearray()
+    flowing = trio.Event()
+
+    async def toggle() -> None:
+        # The toxic comes and goes while the bytes are in flight.
+        await flowing.wait()
+        proxy.add_toxic(Bandwidth("bw", "downstream", rate=5000))
+        await trio.sleep(0.1)
+        proxy.remove_toxic("bw")
+
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stream.send_all, data)
+            nursery.start_soon(toggle)
+            while len(got) < len(data):
+                got += await stream.receive_some(65536)
+                if len(got) >= 200_000:
+                    flowing.set()
+    assert bytes(got) == data
+
+
+async def test_half_close_kept_through_a_chain(faultnet_proxy: Factory, echo: Address) -> None:
+    proxy = await faultnet_proxy(echo)
+    proxy.add_toxic(Latency("a", "upstream", latency=20))
+    proxy.add_toxic(Slicer("b", "downstream", average_size=500, size_variation=100))
+    stream = await connect(proxy)
+    data = pattern(30_000)
+    await stream.send_all(data)
+    await stream.send_eof()  # the reply must still come back, then the echo's EOF
+    assert await read_to_eof(stream) == data
