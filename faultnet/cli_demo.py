@@ -1,5 +1,131 @@
-"""Placeholder: `faultnet demo` (issue 5) register here."""
+"""``faultnet demo``: the whole idea in under two minutes.
+
+Runs the silent_loss experiment as a matched pair against the reference bot, both arms
+``python -m harness.bot`` with this interpreter: arm a with its ``no-confirm`` defect (a
+post claims delivery as soon as it is written), arm b as shipped (a post waits for the
+server's confirmation). Each arm gets a fresh environment (the enclave server, brought up
+and torn down by its exact PID), a faultnet proxy in front of the worker, and a leader on
+a direct link that scores what it RECEIVED. The two arms print side by side.
+
+Exit 0 when the pair shows what it should: arm a fails the targeted check (it claimed
+deliveries that never arrived) while its controls pass, arm b passes every check, and
+the internal control holds between them. Exit 1 otherwise; 2 for usage or environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["demo_verdict", "register"]
+
+DEFAULT_SCALE = 0.05
+TARGET = "no post claimed a delivery it did not achieve"
 
 
-def register(sub) -> None:  # noqa: ANN001
-    pass
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="run the silent-loss pair: the reference bot with and without its defect",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=DEFAULT_SCALE,
+        metavar="F",
+        help=f"scale every wait and bot timing (default {DEFAULT_SCALE}; 1.0 is real time, "
+        "about 8 minutes per arm)",
+    )
+    p.add_argument("--seed", type=int, metavar="S", help="replay this seed")
+    p.add_argument("--run-dir", type=Path, metavar="DIR", help="keep the evidence here")
+    p.add_argument("--keep", action="store_true", help="keep the run directory even on success")
+    p.add_argument("--json", action="store_true", help="print the pair's JSON result on stdout")
+    p.set_defaults(func=_run)
+
+
+def demo_verdict(outcome: Any) -> tuple[bool, str]:
+    """Did the pair show what the demo promises? (ok, one-line reason)."""
+    a, b = outcome.a, outcome.b
+    if a.error or b.error:
+        return False, f"an arm did not complete: {a.error or b.error}"
+    target_a = a.find(TARGET)
+    if target_a is None or target_a.passed:
+        return (
+            False,
+            "arm a (no-confirm) did NOT fail the silent-loss check: the demo showed nothing",
+        )
+    bad_a = [c.name for c in a.by_role("control") if not c.passed]
+    if bad_a:
+        return False, f"arm a's controls failed ({', '.join(bad_a)}): its failure means nothing"
+    if not b.passed:
+        return False, "arm b (fixed) failed: " + "; ".join(c.name for c in b.failed_checks())
+    if not outcome.steady:
+        return False, "the internal control moved between arms: not comparable"
+    return True, (
+        "arm a claimed deliveries that never arrived; arm b said UNCONFIRMED instead; "
+        "both arms' controls passed"
+    )
+
+
+def _run(args: argparse.Namespace) -> int:
+    import trio
+
+    from faultnet.cli import UsageError
+
+    try:
+        from harness import _runner, pair
+        from harness._timescale import TimeScale
+    except ImportError as exc:  # pragma: no cover - the harness ships with faultnet
+        raise UsageError(f"the harness is not importable: {exc}") from None
+    try:
+        scale = TimeScale(args.time_scale)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    out = sys.stderr if args.json else sys.stdout
+    exp = pair.load_experiment("silent_loss")
+    exp_args = _runner.build_parser(exp).parse_args(["--env", "auto"])
+    argv_a = [sys.executable, "-m", "harness.bot", "--defect", "no-confirm"]
+    argv_b = [sys.executable, "-m", "harness.bot"]
+    seed = args.seed if args.seed is not None else _runner.attempt_seeds(1, None)[0]
+    base = args.run_dir or _runner.default_run_dir("demo")
+    print(
+        "faultnet demo: does a post made during an outage claim a delivery it never achieved?\n"
+        f"  arm a (no-confirm): {' '.join(argv_a)}\n"
+        f"  arm b (fixed):      {' '.join(argv_b)}\n"
+        f"  time scale {scale.factor:g}, seed {seed}, evidence in {base}",
+        file=out,
+        flush=True,
+    )
+    outcome = trio.run(
+        lambda: pair.run_pair(
+            exp,
+            exp_args,
+            argv_a=argv_a,
+            argv_b=argv_b,
+            names=("no-confirm", "fixed"),
+            scale=scale,
+            seed=seed,
+            run_dir=base,
+            out=out,
+        )
+    )
+    print("", file=out)
+    print(pair.render_pair(outcome), file=out, flush=True)
+    ok, why = demo_verdict(outcome)
+    env_problem = 2 in (outcome.a.exit_code, outcome.b.exit_code)
+    print(f"\n{'DEMO OK' if ok else 'DEMO FAILED'}: {why}", file=out, flush=True)
+    _runner.finish_attempt_dir(
+        base, ok, args.keep or args.run_dir is not None, lambda m: print(m, file=out)
+    )
+    if args.json:
+        doc = outcome.to_json()
+        doc["demo_ok"], doc["demo_reason"] = ok, why
+        print(json.dumps(doc, default=str))
+    if env_problem:
+        return 2
+    return 0 if ok else 1

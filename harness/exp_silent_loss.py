@@ -1,0 +1,229 @@
+"""silent_loss: does a post made during an outage claim a delivery it never achieved?
+
+The worker under test reaches the server through a faultnet proxy; the leader (an IRC
+observer on a direct link) scores delivery by what it RECEIVED, never by what the worker
+reported, because the worker's report is the thing under test.
+
+Phases:
+
+1. CONTROL A: one post on the healthy link. The observer must receive it and the worker
+   must claim it. Without this, "nothing arrived" would equally fit a broken observer.
+2. The worker's idle clock is synced (the observer posts; the worker must hear it), then
+   its link is frozen both ways: no byte, no FIN, no RST crosses.
+3. POSTS posts, one every 10 s (scaled), into the dead link. Each result is kept.
+4. A 30 s (scaled) wait for any late delivery, link still frozen; then scoring: a post
+   whose result claimed delivery ("Broadcast to", no UNCONFIRMED) that the observer never
+   received is a SILENT LOSS.
+5. Thaw; wait for the worker to be back (its reconnect, if it made one).
+6. CONTROL B: one post after recovery must again be claimed and received. A bot that
+   reported failure for everything would pass phase 4 perfectly; this catches it.
+
+Also controls: the freeze held (not one byte crossed a frozen link while scoring) and at
+least one post entered the dead link before the worker reconnected (else phase 4 would
+pass vacuously). The worker's own detection (BOTEVENT pong_timeout) and its reconnects are
+reported separately: faultnet's freeze holds the server's FIN, so no close leaks through
+to rescue it, but the two are still different claims.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+
+from harness import _runner
+from harness._runner import Context, EnvironmentProblem, RunProblem, claims_delivery
+from harness._scenario import (
+    first_after,
+    freeze_held,
+    freeze_links,
+    observed,
+    observer_texts,
+    rel,
+    sync_inbound,
+)
+
+NAME = "silent_loss"
+DESCRIPTION = __doc__
+#: Longest scenario at time scale 1.0: 14 posts x (10 s + a 3 s confirm) + 30 s late
+#: wait + detection (90 s) + reconnect backoff (16 s) + controls.
+MAX_REAL_S = 500.0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--posts", type=int, default=14, metavar="N", help="posts into the frozen link (14)"
+    )
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    if args.posts < 1:
+        raise ValueError("--posts must be at least 1")
+
+
+async def run(ctx: Context) -> None:
+    r = ctx.result
+    s = ctx.scale
+    interval = s.real("outage_post_interval")
+    call_bound = s.bound(30, floor=15)
+    seen_bound = s.bound(10, floor=10)
+    async with ctx.leader() as obs, ctx.proxy() as proxy:
+        nick, token = await ctx.spawn(obs, "sl")
+        ctx.phase(f"worker {nick} starting, through the proxy at {proxy.address[1]}")
+        async with ctx.bot(nick, token, "worker", via=proxy) as w:
+            await ctx.connected(w)
+            await ctx.countdown(s.real("settle"), "the worker settles")
+
+            ctx.phase("CONTROL A: a post before the freeze")
+            text_a = ctx.payload("silent loss control before freeze")
+            res_a, _ = await w.send(text_a, call_bound)
+            got_a = await observed(obs, text_a, seen_bound)
+            ctx.say(f"   worker was told: {res_a[:120]!r}")
+            ctx.say(f"   observer received it: {got_a}")
+
+            if await sync_inbound(ctx, obs, [w]) is None:
+                raise RunProblem("the worker never reported the observer's sync line")
+            ctx.phase("freezing the worker's link both ways (no byte, no FIN, no RST)")
+            rec = await freeze_links(ctx, proxy)
+            if rec.count < 1:
+                raise EnvironmentProblem("the proxy had no live link to freeze")
+            rows: list[dict] = []
+            for i in range(1, ctx.args.posts + 1):
+                at = time.monotonic() - rec.mono
+                tag = f"loss probe {i:03d}"
+                text = ctx.payload(tag, f"at t plus {at:.1f}s")
+                res, wall = await w.send(text, call_bound)
+                claimed = claims_delivery(res)
+                rows.append(
+                    {"i": i, "at": round(at, 3), "text": text, "result": res, "claimed": claimed}
+                )
+                ctx.say(
+                    f"   t+{at:6.2f}s post {i:2d}/{ctx.args.posts}: "
+                    f"{'claims delivery' if claimed else 'no claim'} ({wall * 1000:.0f} ms) "
+                    f"{res[:60]!r}"
+                )
+                ctx.log.write("outage_post", i=i, at=at, claimed=claimed, result=res)
+                if i < ctx.args.posts:
+                    await ctx.countdown(interval, "next post", quiet=True)
+
+            ctx.phase("waiting for any late delivery (link still frozen)")
+            await ctx.countdown(s.real("late_delivery_wait"), "late delivery")
+            held, held_detail = freeze_held(proxy, rec)
+
+            # Score by what the observer received, matched on the whole unique text.
+            got = observer_texts(obs, nick)
+            first_reconnect = first_after(w.events("reconnected"), rec.mono)
+            own = first_after(w.events("pong_timeout"), rec.mono)
+            silent = 0
+            into_dead = 0
+            for row in rows:
+                row["received"] = any(row["text"] in t for t in got)
+                row["into_dead_link"] = first_reconnect is None or (
+                    rec.mono + row["at"] < first_reconnect
+                )
+                into_dead += row["into_dead_link"]
+                row["silent_loss"] = row["claimed"] and not row["received"]
+                silent += row["silent_loss"]
+            _print_rows(ctx, rows)
+
+            ctx.phase("thawing; waiting for the worker to be back")
+            await proxy.thaw("both")
+            t_thaw = time.monotonic()
+            back_bound = s.bound(s.detection_window + s.real("reconnect_max") + 30, floor=15)
+            if first_reconnect is None:
+                # Not yet reconnected: the thaw delivers the held FIN (if the server gave
+                # up on the link) and the worker reconnects, or the old link just resumes.
+                ev = await w.wait_event("reconnected", min(back_bound, s.bound(5, floor=3)))
+                if ev is not None:
+                    ctx.say("   the worker reconnected after the thaw")
+            await ctx.countdown(s.real("settle"), "the worker settles")
+
+            ctx.phase("CONTROL B: a post after recovery")
+            text_b = ctx.payload("silent loss control after recovery")
+            res_b, _ = await w.send(text_b, call_bound)
+            got_b = await observed(obs, text_b, seen_bound)
+            ctx.say(f"   worker was told: {res_b[:120]!r}")
+            ctx.say(f"   observer received it: {got_b}")
+            got = observer_texts(obs, nick)
+            late_after_thaw = sum(
+                1 for row in rows if not row["received"] and any(row["text"] in t for t in got)
+            )
+
+    n = len(rows)
+    claimed_n = sum(row["claimed"] for row in rows)
+    delivered_n = sum(row["received"] for row in rows)
+    r.headline.update(
+        {
+            "posts into the outage": n,
+            "posts into the dead link (before any reconnect)": into_dead,
+            "claimed delivery": claimed_n,
+            "observer received (scored before thaw)": delivered_n,
+            "SILENT LOSSES": f"{silent}/{n}",
+            "own detection (pong_timeout) t+ s": rel(own, rec.mono),
+            "first reconnect t+ s": rel(first_reconnect, rec.mono),
+            "outage posts arriving after the thaw (not scored)": late_after_thaw,
+        }
+    )
+    r.details["posts"] = rows
+    r.details["thaw_mono"] = t_thaw
+    r.check(
+        "control A: the observer sees a post made before the freeze",
+        got_a and claims_delivery(res_a),
+        f"claimed={claims_delivery(res_a)} received={got_a}; if this fails nothing below means anything",
+        role="control",
+    )
+    r.check("the freeze held while scoring", held, held_detail, role="control")
+    r.check(
+        "posts entered the dead link",
+        into_dead >= 1,
+        f"{into_dead} of {n} posts were made before the worker's first reconnect",
+        role="control",
+    )
+    r.check(
+        "no post claimed a delivery it did not achieve",
+        silent == 0,
+        f"{silent}/{n} claimed delivery and never reached the observer",
+        role="target",
+    )
+    r.check(
+        "control B: a post after recovery is claimed and delivered",
+        got_b and claims_delivery(res_b),
+        f"claimed={claims_delivery(res_b)} received={got_b}; a bot that reports failure "
+        "for everything would pass the check above",
+        role="control",
+    )
+    r.control("control A delivered", float(got_a and claims_delivery(res_a)))
+    r.control("control B delivered", float(got_b and claims_delivery(res_b)))
+    r.control("frozen link held", float(held))
+    # The worker's own detection after the synced freeze is idle + PONG timeout whatever
+    # it does with its posts (outbound traffic does not touch the idle clock in either
+    # arm), so it must not move between arms; a fifth of the window + 0.1 s of slack.
+    r.control(
+        "own detection (pong_timeout) after the freeze",
+        rel(own, rec.mono),
+        "s",
+        tolerance=round(0.2 * s.detection_window + 0.1, 3),
+    )
+
+
+def _print_rows(ctx: Context, rows: list[dict]) -> None:
+    ctx.say("    t+ s   post              claimed  observer got it")
+    for row in rows:
+        flag = "  <-- SILENT LOSS" if row["silent_loss"] else ""
+        ctx.say(
+            f"   {row['at']:6.2f}  loss probe {row['i']:03d}    "
+            f"{'YES' if row['claimed'] else 'no':<8} {'YES' if row['received'] else 'no'}{flag}"
+        )
+
+
+async def amain(argv: Sequence[str] | None = None) -> int:
+    return await _runner.amain(sys.modules[__name__], argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return _runner.main(sys.modules[__name__], argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
