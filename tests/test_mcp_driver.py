@@ -37,7 +37,7 @@ SDK = [sys.executable, str(SERVERS / "sdk_server.py")]
 RAW = [sys.executable, str(SERVERS / "raw_server.py")]
 TIME = [sys.executable, "-m", "mcp_server_time", "--local-timezone", "UTC"]
 # Short close steps: the scenarios that need escalation should not cost 5 s each.
-FAST_CLOSE = CloseTimeouts(eof=1.5, term=1.5, kill=3.0)
+FAST_CLOSE = CloseTimeouts(eof=1.0, term=1.0, kill=3.0)
 
 
 def request_records(path: Path) -> list[dict]:
@@ -189,9 +189,10 @@ async def test_sdk_server_session(tmp_path: Path) -> None:
 
 
 async def test_close_escalates_by_exact_pid(tmp_path: Path) -> None:
-    """stdin EOF ignored -> SIGTERM; SIGTERM ignored too -> SIGKILL; a sibling started
-    with the very same command line is never signalled."""
-    stubborn = [*SDK, "--ignore-eof", "--ignore-term"]
+    """stdin EOF ignored -> SIGTERM (the SDK server); SIGTERM ignored too -> SIGKILL (the
+    scripted peer, cheaper to start); a sibling started with the very same command line
+    as the one killed is never signalled."""
+    stubborn = [*RAW, "--ignore-eof", "--ignore-term"]
     sibling = await trio.lowlevel.open_process(
         stubborn, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -212,6 +213,7 @@ async def test_close_escalates_by_exact_pid(tmp_path: Path) -> None:
         term, kill = reports["term"], reports["kill"]
         assert (term.how, term.signals, term.returncode) == ("sigterm", ("SIGTERM",), -15)
         assert (kill.how, kill.signals, kill.returncode) == ("sigkill", ("SIGTERM", "SIGKILL"), -9)
+        # Each saw its stdin close (and chose to ignore it) before any signal.
         assert "eof ignored" in stderr["term"] and "eof ignored" in stderr["kill"]
         assert sibling_id.is_alive() and sibling.poll() is None
         exits = [
@@ -311,7 +313,8 @@ async def test_protocol_version_negotiation(tmp_path: Path) -> None:
             async with open_mcp([*RAW, "--version", offered], call_log_dir=log_dir):
                 raise AssertionError("must not get here")
         records = read_jsonl(only_file(log_dir)).records
-        assert records[0]["outcome"] == "ok" and records[-1]["event"] == "exit"
+        assert [r["event"] for r in records] == ["request", "handshake_refused", "exit"]
+        assert records[1]["offered"] == offered
         assert not ProcessIdentity(records[0]["pid"], records[0]["start_time"]).is_alive()
     with pytest.raises(ValueError, match="handshake-era"):
         async with open_mcp(RAW, protocol_version="2026-07-28"):

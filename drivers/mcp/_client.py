@@ -55,6 +55,7 @@ from ._errors import (
     RPCError,
 )
 from ._framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
+from ._inbox import Inbox, Notification, NotificationMatch, StdoutProblem
 from ._process import DEFAULT_CLOSE_TIMEOUTS, CloseReport, CloseTimeouts, ServerProcess, StderrLine
 from ._record import CallRecord
 
@@ -79,14 +80,12 @@ METHOD_NOT_FOUND = -32601
 
 #: After stdout closes, how long to wait for the exit status before failing the pending
 #: requests without it. A process that died has already exited when its pipe closes
-#: (measured: well under 10 ms), so this bound only matters for one that closed stdout
-#: and lives on.
+#: (measured here: pending calls fail ~10 ms after an os._exit), so this bound only
+#: matters for a server that closed its stdout and lives on.
 EXIT_GRACE_S = 2.0
 #: Bound on sending notifications/cancelled (the pipe may be full if the server stopped
 #: reading).
 CANCEL_SEND_S = 1.0
-#: Stdout problems kept in memory (the call record has them all).
-MAX_PROBLEMS = 1000
 
 
 @dataclass(frozen=True)
@@ -103,31 +102,6 @@ class ToolResult:
     raw: dict[str, Any]
     progress: tuple[dict[str, Any], ...] = ()
     seconds: float = 0.0
-
-
-@dataclass(frozen=True)
-class Notification:
-    """A notification the server sent (any method), stamped when it was read."""
-
-    wall: float
-    mono: float
-    method: str
-    params: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class StdoutProblem:
-    """A stdout line that was not a usable message: it was reported and skipped.
-
-    ``kind``: ``invalid_json``, ``invalid_utf8``, ``oversize_line``, ``not_jsonrpc``,
-    ``invalid_response``, ``unknown_response_id`` (or ``late_response``, an answer to a
-    request that had already timed out).
-    """
-
-    wall: float
-    kind: str
-    detail: str
-    excerpt: str
 
 
 @dataclass
@@ -149,32 +123,6 @@ class _Pending:
         self.response = response
         self.failure = failure
         self.done.set()
-
-
-class _Pulse:
-    """Wakes every waiter when something arrives (a fresh Event per arrival)."""
-
-    def __init__(self) -> None:
-        self._event = trio.Event()
-
-    def fire(self) -> None:
-        self._event.set()
-        self._event = trio.Event()
-
-    async def wait(self) -> None:
-        await self._event.wait()
-
-
-NotificationMatch = str | Callable[[Notification], bool]
-
-
-def _message_text(data: Any) -> str:
-    """A ``notifications/message`` data value rendered as text."""
-    if isinstance(data, str):
-        return data
-    if isinstance(data, Mapping) and isinstance(data.get("text"), str):
-        return data["text"]
-    return flatten(data)
 
 
 class MCPDriver:
@@ -201,11 +149,9 @@ class MCPDriver:
         self._by_token: dict[str, _Pending] = {}
         self._abandoned: set[int] = set()
         self._send_lock = trio.Lock()
-        self._notifications: list[Notification] = []
-        self._problems: list[StdoutProblem] = []
-        self._problem_count = 0
-        self._pulse = _Pulse()
-        self.stdout_closed = trio.Event()
+        self._inbox = Inbox()
+        #: Set when the server's stdout has closed (nothing more will arrive).
+        self.stdout_closed = self._inbox.closed
         self._exited: ProcessExited | None = None
         self._closed = False
         self.record = CallRecord(call_log_dir, proc.identity, proc.argv)
@@ -273,8 +219,7 @@ class MCPDriver:
             for item in framer.end():
                 self._on_line(item)
         finally:
-            self.stdout_closed.set()
-            self._pulse.fire()
+            self._inbox.close()
         await self._on_stdout_closed()
 
     async def _on_stdout_closed(self) -> None:
@@ -290,9 +235,7 @@ class MCPDriver:
     def _problem(self, kind: str, detail: str, raw: bytes | str) -> None:
         text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
         problem = StdoutProblem(time.time(), kind, detail, text[:200])
-        self._problem_count += 1
-        if len(self._problems) < MAX_PROBLEMS:
-            self._problems.append(problem)
+        self._inbox.add_problem(problem)
         self.record.event("stdout_problem", kind=kind, detail=detail, excerpt=problem.excerpt)
 
     def _on_line(self, item: bytes | Oversize) -> None:
@@ -354,14 +297,13 @@ class MCPDriver:
         params = msg.get("params")
         params = params if isinstance(params, dict) else {}
         note = Notification(time.time(), time.monotonic(), msg["method"], params)
-        self._notifications.append(note)
         if note.method == "notifications/progress":
             pending = self._by_token.get(str(params.get("progressToken")))
             if pending is not None:
                 pending.progress.append(params)
                 if pending.on_progress is not None:
                     pending.on_progress(params)
-        self._pulse.fire()
+        self._inbox.add(note)
 
     async def _answer_server_request(self, msg: dict[str, Any]) -> None:
         method = msg["method"]
@@ -422,18 +364,23 @@ class MCPDriver:
         *,
         timeout: float | None = None,
         on_progress: Callable[[dict[str, Any]], None] | None = None,
-        _want_progress: bool = False,
     ) -> Any:
         """Send one request and return its ``result``.
 
         Raises :class:`RPCError` (a JSON-RPC error answer), :class:`CallTimeout` (no answer
-        within ``timeout`` seconds, default the driver's), :class:`ProcessExited`,
-        :class:`ProtocolError`. Each request appends one record to the call log.
+        within ``timeout`` seconds, default the driver's; the timeout covers writing the
+        request too), :class:`ProcessExited`, :class:`ProtocolError`. Each request
+        appends one record to the call log. Safe to call from several tasks at once:
+        writes are serialised, answers routed by id.
+
+        A request cut off while its line is still being written (the server stopped
+        reading and the pipe is full) may leave a partial line on the server's stdin;
+        a pipe with room takes a line in one write.
         """
         timeout = self.timeout if timeout is None else timeout
         params = dict(params) if params else {}
         token: str | None = None
-        if on_progress is not None or _want_progress:
+        if on_progress is not None:
             token = f"progress-{next(self._progress_ids)}"
             meta = dict(params.get("_meta") or {})
             meta["progressToken"] = token
@@ -515,8 +462,7 @@ class MCPDriver:
     def _problem_note(self, since_mono: float) -> str:
         # The stdout problems since the request was sent: an oversize or garbled line may
         # well have been its answer.
-        since_wall = time.time() - (time.monotonic() - since_mono)
-        recent = [p for p in self._problems if p.wall >= since_wall]
+        recent = self._inbox.problems(since_wall=time.time() - (time.monotonic() - since_mono))
         if not recent:
             return ""
         kinds = ", ".join(sorted({p.kind for p in recent}))
@@ -553,6 +499,7 @@ class MCPDriver:
             raise ProtocolError(f"initialize: result is not an object: {flatten(result)[:200]}")
         offered = result.get("protocolVersion")
         if offered not in HANDSHAKE_VERSIONS:
+            self.record.event("handshake_refused", requested=protocol_version, offered=offered)
             raise ProtocolVersionError(protocol_version, offered, HANDSHAKE_VERSIONS)
         self.initialize_result = result
         try:
@@ -639,8 +586,12 @@ class MCPDriver:
     # -- observation ------------------------------------------------------------------
 
     def notifications(self, method: str | None = None) -> list[Notification]:
-        """Every notification received so far (of ``method``, if given), oldest first."""
-        return [n for n in self._notifications if method is None or n.method == method]
+        """Every notification received so far (of ``method``, if given), oldest first.
+
+        ``len(drv.notifications())`` is a mark to pass as ``since`` to
+        :meth:`wait_notification`.
+        """
+        return self._inbox.notifications(method)
 
     def contents(self) -> list[str]:
         """The text of every ``notifications/message`` received, oldest first.
@@ -648,11 +599,7 @@ class MCPDriver:
         ``data`` rendered as text: a string as is; a dict with a string ``text``, that
         text; anything else, one line of JSON.
         """
-        return [
-            _message_text(n.params.get("data"))
-            for n in self._notifications
-            if n.method == "notifications/message"
-        ]
+        return self._inbox.contents()
 
     async def wait_notification(
         self, match: NotificationMatch, timeout: float, *, since: int = 0
@@ -664,26 +611,16 @@ class MCPDriver:
         after ``timeout`` seconds, or at once when stdout has closed with no match: a
         timeout is not an observation.
         """
-        pred = (lambda n: n.method == match) if isinstance(match, str) else match
-        checked = since
-        with trio.move_on_after(timeout):
-            while True:
-                for note in self._notifications[checked:]:
-                    if pred(note):
-                        return note
-                checked = max(checked, len(self._notifications))
-                if self.stdout_closed.is_set():
-                    return None
-                await self._pulse.wait()
-        return None
+        return await self._inbox.wait(match, timeout, since=since)
 
     def problems(self) -> list[StdoutProblem]:
         """Stdout lines that were not usable messages, oldest first (first 1000 kept)."""
-        return list(self._problems)
+        return self._inbox.problems()
 
     @property
     def problem_count(self) -> int:
-        return self._problem_count
+        """Every unusable stdout line so far, including those not kept in memory."""
+        return self._inbox.problem_count
 
     def stderr_lines(self) -> list[StderrLine]:
         return self._proc.stderr_lines()

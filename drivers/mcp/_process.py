@@ -24,6 +24,7 @@ from faultnet.procs import ProcessIdentity, fd_count, signal_exact
 
 from ._errors import StartError
 from ._framing import LineFramer
+from ._inbox import Pulse
 
 __all__ = [
     "DEFAULT_CLOSE_TIMEOUTS",
@@ -99,7 +100,7 @@ class ServerProcess:
         #: Lines dropped from the front of the capture to keep it under STDERR_KEEP_BYTES.
         self.stderr_dropped = 0
         self._stderr_count = 0
-        self._stderr_changed = trio.Event()
+        self._stderr_changed = Pulse()
         self.stderr_closed = trio.Event()
         self._close_report: CloseReport | None = None
         self._close_lock = trio.Lock()
@@ -187,7 +188,7 @@ class ServerProcess:
             self._add_stderr(framer.end())
         finally:
             self.stderr_closed.set()
-            self._fire_stderr()
+            self._stderr_changed.fire()
 
     def _add_stderr(self, items: list) -> None:
         if not items:
@@ -198,17 +199,13 @@ class ServerProcess:
                 continue
             line = StderrLine(now_wall, now_mono, item.decode("utf-8", errors="replace"))
             self._stderr.append(line)
-            self._stderr_bytes += len(item) + 1
+            self._stderr_bytes += len(line.text.encode()) + 1  # the same measure as below
             self._stderr_count += 1
         while self._stderr_bytes > STDERR_KEEP_BYTES and len(self._stderr) > 1:
             old = self._stderr.popleft()
             self._stderr_bytes -= len(old.text.encode()) + 1
             self.stderr_dropped += 1
-        self._fire_stderr()
-
-    def _fire_stderr(self) -> None:
-        self._stderr_changed.set()
-        self._stderr_changed = trio.Event()
+        self._stderr_changed.fire()
 
     def stderr_lines(self) -> list[StderrLine]:
         """Every captured stderr line, oldest first (see ``stderr_dropped``)."""

@@ -13,6 +13,7 @@ Every record has ``wall``, ``mono``, ``event``, ``pid``, ``start_time`` and
   ``timeout``, ``cancelled``, ``process_exited``), ``error_code``, ``error_message``;
 * ``server_request``: a request the server sent us and how it was answered;
 * ``stdout_problem``: a stdout line that was not a usable JSON-RPC message;
+* ``handshake_refused``: the server counter-offered a version outside the handshake era;
 * ``exit``: how the process was closed (``how``, ``returncode``, ``signals``).
 
 JSON encoding escapes every newline and tab inside strings, so no record spans lines.
