@@ -1,0 +1,117 @@
+"""The reference bot under test: an MCP stdio server that lives in the enclave.
+
+Run it as ``enclave-bot [--defect NAME ...]`` or ``python -m harness.bot``. It speaks MCP
+(official SDK, low-level ``Server``, on trio) on stdin/stdout and IRC to the enclave
+server; the two run concurrently in one trio nursery, so a dead IRC link never stalls
+the MCP loop and every tool call returns within its own budget.
+
+Environment (times are seconds, floats allowed, so experiments can scale them down):
+
+=========================  ===========  ==================================================
+``ENCLAVE_HOST``           127.0.0.1    server host
+``ENCLAVE_PORT``           (required)   server port
+``ENCLAVE_TOKEN``          (required)   this bot's token (SASL PLAIN password)
+``ENCLAVE_NICK``           (required)   this bot's registered nick (SASL authcid)
+``ENCLAVE_CHANNEL``        #enclave     channel joined and posted to
+``BOT_KEEPALIVE_IDLE_S``   60           PING after this long with no INBOUND traffic
+``BOT_PONG_TIMEOUT_S``     30           no PONG in this long: ``pong_timeout``, reconnect
+``BOT_CONFIRM_BUDGET_S``   3            a post waits this long for its confirming PONG
+``BOT_RECONNECT_BASE_S``   1            first back-off after a failed attempt; doubles ...
+``BOT_RECONNECT_MAX_S``    16           ... up to this ceiling
+``BOT_REGISTER_TIMEOUT_S`` 10           bound on one attempt: connect, CAP, SASL, JOIN
+``BOT_SERVICE_TIMEOUT_S``  10           spawn-/revoke-worker wait for EnclaveServ
+``BOT_EVENT_LOG``          (none)       also append the BOTEVENT records to this JSONL file
+=========================  ===========  ==================================================
+
+A missing or malformed variable is one line on stderr and exit status 2.
+
+MCP tools: ``status`` (JSON: connected, session, caps, reconnects, timings, counters),
+``send-channel {text}`` ("Broadcast to #chan (1 line); confirmed ..." or a text
+containing ``UNCONFIRMED``, then with ``isError``), ``spawn-worker {nick, expires-in}``
+(returns the worker's 64-hex token), ``revoke-worker {nick}``. Each channel PRIVMSG the
+bot receives (its own too, while echo-message is active) becomes the notification
+``notifications/message {level: "info", logger: "channel", data: {channel, from, text,
+time}}``.
+
+stderr carries one ``BOTEVENT {json}`` line per transport event (see
+:mod:`harness.bot._events`): connected, reconnected, disconnected, pong_timeout,
+connect_failed, post_confirm.
+
+Defects (``--defect NAME``, repeatable, each off by default): outbound-refreshes-idle,
+no-confirm, leak-fd-on-reconnect, drop-caps-on-reconnect; see :data:`DEFECTS`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from harness.bot._config import DEFECTS, ENV_DOC, BotConfig, ConfigError, config_from_env
+    from harness.bot._events import EventSink
+    from harness.bot._irc_link import (
+        SERVICE_NICK,
+        WANTED_CAPS,
+        ChannelMessage,
+        ConnectFailed,
+        IrcLink,
+        PostResult,
+        ServiceReply,
+    )
+    from harness.bot._server import BotServer, parse_expires_in, serve
+
+# Names are loaded on first use: the MCP SDK takes ~1 s to import, and `--help` or a
+# configuration error must not pay for it.
+_WHERE = {
+    "DEFECTS": "_config",
+    "ENV_DOC": "_config",
+    "BotConfig": "_config",
+    "ConfigError": "_config",
+    "config_from_env": "_config",
+    "EventSink": "_events",
+    "SERVICE_NICK": "_irc_link",
+    "WANTED_CAPS": "_irc_link",
+    "ChannelMessage": "_irc_link",
+    "ConnectFailed": "_irc_link",
+    "IrcLink": "_irc_link",
+    "PostResult": "_irc_link",
+    "ServiceReply": "_irc_link",
+    "BotServer": "_server",
+    "parse_expires_in": "_server",
+    "serve": "_server",
+}
+
+__all__ = [
+    "DEFECTS",
+    "ENV_DOC",
+    "SERVICE_NICK",
+    "WANTED_CAPS",
+    "BotConfig",
+    "BotServer",
+    "ChannelMessage",
+    "ConfigError",
+    "ConnectFailed",
+    "EventSink",
+    "IrcLink",
+    "PostResult",
+    "ServiceReply",
+    "config_from_env",
+    "parse_expires_in",
+    "serve",
+]
+
+
+assert set(__all__) == set(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))
