@@ -87,6 +87,13 @@ async def test_sdk_server_session(tmp_path: Path) -> None:
             [p["progress"] for p in seen] == [1, 2, 3] == [p["progress"] for p in result.progress]
         )
 
+        # A callback that raises fails its own call, not the driver.
+        def bad_callback(params: dict) -> None:
+            raise LookupError("callback bug")
+
+        with pytest.raises(LookupError, match="callback bug"):
+            await drv.call_tool("progress", {"steps": 2}, on_progress=bad_callback)
+
         # Message notifications: the inbox and contents().
         mark = len(drv.notifications())
         await drv.call("say", text="hello channel, two words", as_dict=True)
@@ -169,7 +176,7 @@ async def test_sdk_server_session(tmp_path: Path) -> None:
     assert echo["arguments"] == flatten({"text": text}) and echo["outcome"] == "ok"
     by_outcome = {r["outcome"] for r in requests}
     assert by_outcome == {"ok", "is_error", "error", "timeout", "cancelled", "process_exited"}
-    err = next(r for r in requests if r["outcome"] == "error")
+    err = next(r for r in requests if r["outcome"] == "error" and r["error_code"] is not None)
     assert (err["method"], err["error_code"]) == ("no/such/method", -32601)
     assert [r["method"] for r in requests[:2]] == ["initialize", "tools/list"]
     served = {r["method"]: r["outcome"] for r in records if r["event"] == "server_request"}

@@ -114,6 +114,9 @@ class _Pending:
     response: Ok | Error | None = None
     failure: MCPDriverError | None = None
     progress: list[dict[str, Any]] = field(default_factory=list)
+    #: The first exception the caller's on_progress raised (it runs in the reader task,
+    #: which must not die of it); re-raised to the caller once the request ends.
+    callback_error: Exception | None = None
 
     def settle(
         self, response: Ok | Error | None = None, failure: MCPDriverError | None = None
@@ -301,8 +304,11 @@ class MCPDriver:
             pending = self._by_token.get(str(params.get("progressToken")))
             if pending is not None:
                 pending.progress.append(params)
-                if pending.on_progress is not None:
-                    pending.on_progress(params)
+                if pending.on_progress is not None and pending.callback_error is None:
+                    try:
+                        pending.on_progress(params)
+                    except Exception as exc:
+                        pending.callback_error = exc
         self._inbox.add(note)
 
     async def _answer_server_request(self, msg: dict[str, Any]) -> None:
@@ -417,6 +423,9 @@ class MCPDriver:
                     raise CallTimeout(method, timeout, rid, note)
                 if pending.failure is not None:
                     raise pending.failure
+                if pending.callback_error is not None:
+                    outcome, message = "error", f"on_progress raised {pending.callback_error!r}"
+                    raise pending.callback_error
                 response = pending.response
                 if isinstance(response, Error):
                     raise RPCError(method, response.code, response.message, response.data)
