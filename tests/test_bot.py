@@ -28,6 +28,7 @@ import trio
 
 from drivers.irc import open_observer
 from drivers.mcp import MCPDriver, open_mcp
+from faultnet.eventlog import read_jsonl
 from faultnet.proxy import open_proxy
 from harness.bot import DEFECTS, ConfigError, config_from_env, parse_expires_in
 from harness.bot._irc_proto import LineSplitter, parse, render
@@ -75,7 +76,10 @@ async def enclave(tmp_path: Path) -> AsyncIterator[Enclave]:
         yield Enclave(host, port, server, "lead", token, events)
 
 
-def bot_env(addr: tuple[str, int], nick: str, token: str, **timings: float) -> dict[str, str]:
+def bot_env(
+    addr: tuple[str, int], nick: str, token: str, **settings: float | str
+) -> dict[str, str]:
+    """The bot's environment; each keyword ``name=value`` becomes ``BOT_NAME=value``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ENCLAVE_", "BOT_"))}
     env.update(
         ENCLAVE_HOST=addr[0],
@@ -84,16 +88,16 @@ def bot_env(addr: tuple[str, int], nick: str, token: str, **timings: float) -> d
         ENCLAVE_TOKEN=token,
         ENCLAVE_CHANNEL=CHANNEL,
     )
-    env.update({f"BOT_{k.upper()}": str(v) for k, v in timings.items()})
+    env.update({f"BOT_{k.upper()}": str(v) for k, v in settings.items()})
     return env
 
 
 @asynccontextmanager
 async def open_bot(
-    addr: tuple[str, int], nick: str, token: str, *defects: str, **timings: float
+    addr: tuple[str, int], nick: str, token: str, *defects: str, **settings: float | str
 ) -> AsyncIterator[MCPDriver]:
     argv = [*BOT, *(a for d in defects for a in ("--defect", d))]
-    async with open_mcp(argv, env=bot_env(addr, nick, token, **timings), timeout=10) as drv:
+    async with open_mcp(argv, env=bot_env(addr, nick, token, **settings), timeout=10) as drv:
         assert await wait_event(drv, "connected", 10), drv.stderr_text()
         yield drv
 
@@ -117,10 +121,12 @@ async def wait_event(
         return hits[count - 1] if len(hits) >= count else None
 
     with trio.move_on_after(timeout):
-        while (hit := found()) is None:
-            since = drv.process.stderr_count()
-            await drv.wait_stderr(r"^BOTEVENT ", timeout, since=since)
-        return hit
+        while True:
+            since = drv.process.stderr_count()  # before looking: no line slips between
+            if (hit := found()) is not None:
+                return hit
+            if await drv.wait_stderr(r"^BOTEVENT ", timeout, since=since) is None:
+                return None  # stderr closed (the bot exited) or the time is up
     return None
 
 
@@ -227,10 +233,13 @@ async def test_help_and_configuration_errors_exit_2() -> None:
 
 
 async def test_connects_posts_confirms_notifies_and_manages_workers(tmp_path: Path) -> None:
+    event_log = tmp_path / "bot-events.jsonl"
     async with (
         enclave(tmp_path) as env,
         open_observer(env.host, env.port, "obs", CHANNEL) as obs,
-        open_bot((env.host, env.port), env.leader, env.leader_token) as bot,
+        open_bot(
+            (env.host, env.port), env.leader, env.leader_token, event_log=str(event_log)
+        ) as bot,
     ):
         tools = {t["name"] for t in await bot.list_tools()}
         assert tools == {"status", "send-channel", "spawn-worker", "revoke-worker"}
@@ -275,6 +284,10 @@ async def test_connects_posts_confirms_notifies_and_manages_workers(tmp_path: Pa
         assert bad.is_error and "expires-in" in bad.text
 
         assert bot.problems() == []  # nothing but MCP on stdout
+        # BOT_EVENT_LOG holds the same records as the BOTEVENT lines.
+        logged = read_jsonl(event_log).records
+        assert [r["event"] for r in logged] == [e["event"] for e in bot_events(bot)]
+        assert all(r["nick"] == "lead" for r in logged)
 
 
 # ---------------------------------------------------------------------- frozen link
