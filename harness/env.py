@@ -1,0 +1,749 @@
+"""Environment lifecycle: start, inspect and stop one enclave server per state directory.
+
+    python -m harness.env up [--state DIR] [--json]      # prints the state directory
+    python -m harness.env status [--state DIR] [--json]
+    python -m harness.env down [--state DIR] [--json] [--by-port]
+
+``up`` mints the leader's token into a fresh registry, starts ``python -m
+harness.enclave`` detached (its own session, so it outlives ``up``; stderr to
+``DIR/server.log``) on a free loopback port chosen by the kernel (``--port 0`` plus
+``--port-file``: no probe-then-bind race), waits until the port accepts a connection,
+and writes ``DIR/state.env``::
+
+    HOST=127.0.0.1
+    PORT=41234
+    PID=12345
+    START_TIME=987654       # /proc/PID/stat field 22: PID + this names one process
+    CMDLINE=["/usr/bin/python3", "-m", "harness.enclave", ...]
+    STATE_DIR=/tmp/enclave-env-abc
+    LEADER_NICK=leader
+    LEADER_TOKEN=<64 hex>
+    CHANNEL=#enclave
+
+Values are raw (split each line at its first ``=``); the file is written atomically
+(temp file + rename) with mode 0600 because it holds a token.
+
+Safety rules:
+
+* ``up`` refuses to start over a live environment in the same directory (exit 2). A
+  stale one (its server is gone) is replaced; its log is kept as ``server.log.prev``.
+  Concurrent ``up`` calls on one directory are serialised by a lock file.
+* ``down`` signals exactly the recorded process: the PID must still have the recorded
+  start time AND command line, and the signal goes through a pidfd
+  (:func:`faultnet.procs.signal_exact`), so a recycled PID is never signalled. SIGTERM,
+  then SIGKILL after ``term_timeout``; a process already gone is reported, not an error.
+* ``down --by-port`` is the fallback when the recorded PID no longer names the server:
+  it finds the process listening on the recorded port (``/proc/net/tcp{,6}`` LISTEN
+  entries matched to ``/proc/PID/fd`` socket inodes) and signals it only if its command
+  line is exactly the recorded one (which names this state directory).
+
+Environments in different state directories are independent and can run side by side.
+Exit codes: 0 ok, 1 check failed (``status``: not running; ``down``: survived SIGKILL),
+2 usage or environment error (one line, never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from faultnet.procs import ProcessIdentity, read_cmdline, read_start_time, signal_exact
+from harness.enclave._registry import REGISTRY_FILE, Registry, RegistryError
+
+__all__ = [
+    "DEFAULT_CHANNEL",
+    "DEFAULT_LEADER_NICK",
+    "STATE_FILE",
+    "DownReport",
+    "EnvError",
+    "EnvState",
+    "StatusReport",
+    "down",
+    "listeners_on_port",
+    "main",
+    "read_state",
+    "status",
+    "up",
+]
+
+STATE_FILE = "state.env"
+LOG_FILE = "server.log"
+PORT_FILE = "port"
+LOCK_FILE = ".env.lock"
+DEFAULT_LEADER_NICK = "leader"
+DEFAULT_CHANNEL = "#enclave"
+#: Environment variable naming the state directory when --state is not given.
+STATE_ENV_VAR = "ENCLAVE_STATE_DIR"
+_KEYS = (
+    "HOST",
+    "PORT",
+    "PID",
+    "START_TIME",
+    "CMDLINE",
+    "STATE_DIR",
+    "LEADER_NICK",
+    "LEADER_TOKEN",
+    "CHANNEL",
+)
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+
+#: Server processes started by this Python process, so ``down`` can reap them (no zombie).
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
+
+class EnvError(Exception):
+    """An environment problem (missing state, live env in the way, server failed to
+    start): printed as one line, exit 2."""
+
+
+@dataclass(frozen=True)
+class EnvState:
+    """What ``state.env`` records about one running environment."""
+
+    host: str
+    port: int
+    pid: int
+    start_time: int
+    cmdline: tuple[str, ...]
+    state_dir: Path
+    leader_nick: str
+    leader_token: str
+    channel: str
+
+    @property
+    def identity(self) -> ProcessIdentity:
+        return ProcessIdentity(self.pid, self.start_time, self.cmdline)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return (self.host, self.port)
+
+    @property
+    def log_path(self) -> Path:
+        return self.state_dir / LOG_FILE
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "port": self.port,
+            "pid": self.pid,
+            "start_time": self.start_time,
+            "cmdline": list(self.cmdline),
+            "state_dir": str(self.state_dir),
+            "leader_nick": self.leader_nick,
+            "leader_token": self.leader_token,
+            "channel": self.channel,
+        }
+
+    def to_env_text(self) -> str:
+        values = {
+            "HOST": self.host,
+            "PORT": str(self.port),
+            "PID": str(self.pid),
+            "START_TIME": str(self.start_time),
+            "CMDLINE": json.dumps(list(self.cmdline)),
+            "STATE_DIR": str(self.state_dir),
+            "LEADER_NICK": self.leader_nick,
+            "LEADER_TOKEN": self.leader_token,
+            "CHANNEL": self.channel,
+        }
+        return "".join(f"{k}={values[k]}\n" for k in _KEYS)
+
+
+def read_state(state_dir: str | os.PathLike[str]) -> EnvState:
+    """Parse ``DIR/state.env``. Raises EnvError if it is missing or malformed."""
+    path = Path(state_dir) / STATE_FILE
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise EnvError(f"no environment in {state_dir} ({STATE_FILE} not found)") from None
+    except OSError as exc:
+        raise EnvError(f"cannot read {path}: {exc}") from None
+    values: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        key, eq, value = line.partition("=")
+        if eq:
+            values[key.strip()] = value
+    missing = [k for k in _KEYS if k not in values]
+    if missing:
+        raise EnvError(f"{path}: missing {', '.join(missing)}")
+    try:
+        cmdline = json.loads(values["CMDLINE"])
+        if not isinstance(cmdline, list) or not all(isinstance(x, str) for x in cmdline):
+            raise ValueError("CMDLINE is not a JSON list of strings")
+        return EnvState(
+            host=values["HOST"],
+            port=int(values["PORT"]),
+            pid=int(values["PID"]),
+            start_time=int(values["START_TIME"]),
+            cmdline=tuple(cmdline),
+            state_dir=Path(values["STATE_DIR"]),
+            leader_nick=values["LEADER_NICK"],
+            leader_token=values["LEADER_TOKEN"],
+            channel=values["CHANNEL"],
+        )
+    except ValueError as exc:
+        raise EnvError(f"{path}: malformed: {exc}") from None
+
+
+def _write_state(state: EnvState) -> None:
+    path = state.state_dir / STATE_FILE
+    tmp = path.with_name(f".{STATE_FILE}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(state.to_env_text())
+    os.replace(tmp, path)
+
+
+def _is_server(ident: ProcessIdentity) -> bool:
+    """True iff *ident*'s PID is alive with the recorded start time and command line."""
+    return ident.is_alive() and tuple(read_cmdline(ident.pid) or ()) == ident.cmdline
+
+
+@contextmanager
+def _dir_lock(state_dir: Path) -> Iterator[None]:
+    fd = os.open(state_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise EnvError(f"another `up` is in progress in {state_dir}") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _accepts(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _log_tail(path: Path, lines: int = 5) -> str:
+    try:
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return " | ".join(tail)
+
+
+def up(
+    state_dir: str | os.PathLike[str] | None = None,
+    *,
+    ping_interval: float = 90.0,
+    ping_timeout: float = 60.0,
+    leader_nick: str = DEFAULT_LEADER_NICK,
+    channel: str = DEFAULT_CHANNEL,
+    host: str = "127.0.0.1",
+    timeout: float = 15.0,
+) -> EnvState:
+    """Start a fresh environment in *state_dir* (default: a new temp dir); return it.
+
+    Returns once the server accepts connections and ``state.env`` is written. Raises
+    EnvError if a live environment already runs there or the server fails to start
+    within *timeout* seconds (the server is then stopped).
+    """
+    if state_dir is None:
+        root = Path(tempfile.mkdtemp(prefix="enclave-env-"))
+    else:
+        root = Path(state_dir)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise EnvError(f"cannot create state directory {root}: {exc}") from None
+    root = root.resolve()
+    with _dir_lock(root):
+        if (root / STATE_FILE).exists():
+            try:
+                old = read_state(root)
+            except EnvError:
+                old = None
+            if old is not None and _is_server(old.identity):
+                raise EnvError(
+                    f"a live environment already runs in {root} (pid {old.pid}, "
+                    f"port {old.port}); run `python -m harness.env down --state {root}` first"
+                )
+            _clear_stale(root)
+        try:
+            registry = Registry(root)
+            try:
+                token = registry.mint_leader(leader_nick)
+            finally:
+                registry.close()
+        except RegistryError as exc:
+            raise EnvError(f"cannot mint leader {leader_nick!r}: {exc}") from None
+        return _start_server(
+            root, token, leader_nick, channel, host, ping_interval, ping_timeout, timeout
+        )
+
+
+def _clear_stale(root: Path) -> None:
+    """Remove what a previous, dead environment left, keeping its log as .prev."""
+    log = root / LOG_FILE
+    if log.exists():
+        os.replace(log, root / (LOG_FILE + ".prev"))
+    for name in (
+        STATE_FILE,
+        PORT_FILE,
+        REGISTRY_FILE,
+        REGISTRY_FILE + "-journal",
+        REGISTRY_FILE + "-wal",
+        REGISTRY_FILE + "-shm",
+    ):
+        try:
+            (root / name).unlink()
+        except FileNotFoundError:
+            pass
+
+
+def _identity_after_exec(
+    proc: subprocess.Popen[bytes], argv: list[str], deadline: float, root: Path
+) -> ProcessIdentity:
+    """The child's identity, read once its command line is the one we exec'd.
+
+    Measured here: for a short window after ``Popen`` returns, ``/proc/PID/cmdline`` of
+    the new process reads EMPTY (the kernel has not yet set up the new image's argv), in
+    4 of 40 spawns. Recording that empty command line would make every later identity
+    check fail, so we wait (bounded) until it reads as *argv*.
+    """
+    while True:
+        if proc.poll() is not None:
+            raise EnvError(
+                f"server exited with {proc.returncode} at once: {_log_tail(root / LOG_FILE)}"
+            )
+        try:
+            ident = ProcessIdentity.of(proc.pid)
+        except ProcessLookupError:
+            ident = None
+        if ident is not None and list(ident.cmdline) == argv:
+            return ident
+        if time.monotonic() >= deadline:
+            proc.kill()  # our own child, through its Popen: exact by construction
+            proc.wait()
+            raise EnvError(f"server pid {proc.pid} never showed its command line")
+        time.sleep(0.005)  # a window of microseconds to milliseconds; bounded above
+
+
+def _start_server(
+    root: Path,
+    token: str,
+    leader_nick: str,
+    channel: str,
+    host: str,
+    ping_interval: float,
+    ping_timeout: float,
+    timeout: float,
+) -> EnvState:
+    port_file = root / PORT_FILE
+    port_file.unlink(missing_ok=True)
+    argv = [
+        sys.executable, "-m", "harness.enclave",
+        "--host", host, "--port", "0", "--state", str(root),
+        "--port-file", str(port_file),
+        "--ping-interval", repr(float(ping_interval)),
+        "--ping-timeout", repr(float(ping_timeout)),
+    ]  # fmt: skip
+    env = os.environ.copy()
+    # The server must import this very checkout, installed or not, from any cwd.
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(_REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
+    with open(root / LOG_FILE, "ab") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            cwd=root,
+            env=env,
+            start_new_session=True,  # its own session: outlives `up`, no terminal signals
+            close_fds=True,
+        )
+    _children[proc.pid] = proc
+    deadline = time.monotonic() + timeout
+    ident = _identity_after_exec(proc, argv, deadline, root)
+    port: int | None = None
+    while True:
+        if proc.poll() is not None:
+            raise EnvError(
+                f"server exited with {proc.returncode} before listening: "
+                f"{_log_tail(root / LOG_FILE)}"
+            )
+        if port is None and port_file.exists():
+            port = int(port_file.read_text().strip())
+        if port is not None and _accepts(host, port):
+            break
+        if time.monotonic() >= deadline:
+            _stop(ident, term_timeout=2.0, kill_timeout=2.0)
+            raise EnvError(f"server did not accept connections within {timeout} s; stopped it")
+        time.sleep(0.02)  # polling another process's progress, bounded by the deadline
+    state = EnvState(
+        host=host,
+        port=port,
+        pid=ident.pid,
+        start_time=ident.start_time,
+        cmdline=ident.cmdline,
+        state_dir=root,
+        leader_nick=leader_nick,
+        leader_token=token,
+        channel=channel,
+    )
+    _write_state(state)
+    return state
+
+
+# ------------------------------------------------------------------------------ down
+
+
+@dataclass
+class DownReport:
+    """What ``down`` did. ``outcome`` is one of:
+
+    * ``"stopped"``: SIGTERM sent, the process exited within ``term_timeout``;
+    * ``"killed"``: it survived SIGTERM, SIGKILL sent, it exited;
+    * ``"gone"``: the recorded process no longer exists; nothing was signalled;
+    * ``"not-ours"``: the recorded PID now names another process (different start time
+      or command line); it was NOT signalled;
+    * ``"survived"``: still alive after SIGKILL and ``kill_timeout`` (exit 1).
+    """
+
+    state_dir: Path
+    pid: int
+    outcome: str
+    message: str
+    signals: list[str] = field(default_factory=list)
+    found_by: str | None = None  # "pid" | "port" | None (nothing signalled)
+    elapsed_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome != "survived"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "state_dir": str(self.state_dir),
+            "pid": self.pid,
+            "outcome": self.outcome,
+            "message": self.message,
+            "signals": self.signals,
+            "found_by": self.found_by,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "ok": self.ok,
+        }
+
+
+def _wait_exit(ident: ProcessIdentity, pidfd: int | None, timeout: float) -> bool:
+    """Wait up to *timeout* for *ident* to exit; True if it did."""
+    deadline = time.monotonic() + timeout
+    while True:
+        _reap(ident.pid)
+        if not ident.is_alive():
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if pidfd is not None:
+            # A pidfd polls readable when the process exits: no busy wait.
+            select.select([pidfd], [], [], min(left, 0.2))
+        else:
+            time.sleep(min(left, 0.02))
+
+
+def _reap(pid: int) -> None:
+    """Reap *pid* if this process started it with :func:`up` (never a bare waitpid:
+    that would steal the exit status from whoever else owns the child)."""
+    proc = _children.get(pid)
+    if proc is not None and proc.poll() is not None:
+        del _children[pid]
+
+
+def _stop(
+    ident: ProcessIdentity, term_timeout: float, kill_timeout: float
+) -> tuple[str, list[str]]:
+    """SIGTERM, wait, SIGKILL, wait. Returns (outcome, signals sent)."""
+    try:
+        pidfd: int | None = os.pidfd_open(ident.pid)
+    except (ProcessLookupError, OSError):
+        pidfd = None
+    sent: list[str] = []
+    try:
+        if read_start_time(ident.pid) != ident.start_time:
+            return "gone", sent
+        if not signal_exact(ident, signal.SIGTERM):
+            return "gone", sent
+        sent.append("SIGTERM")
+        if _wait_exit(ident, pidfd, term_timeout):
+            return "stopped", sent
+        if signal_exact(ident, signal.SIGKILL):
+            sent.append("SIGKILL")
+        if _wait_exit(ident, pidfd, kill_timeout):
+            return "killed", sent
+        return "survived", sent
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _tcp_listen_inodes(port: int) -> set[str]:
+    """Socket inodes of TCP sockets in LISTEN state on *port* (any local address)."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10:
+                continue
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                inodes.add(inode)
+    return inodes
+
+
+def listeners_on_port(port: int) -> list[int]:
+    """PIDs holding a TCP socket that listens on *port* (those whose fds we can read)."""
+    wanted = {f"socket:[{inode}]" for inode in _tcp_listen_inodes(port)}
+    if not wanted:
+        return []
+    pids: list[int] = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fds = os.scandir(f"/proc/{entry.name}/fd")
+        except OSError:
+            continue
+        with fds:
+            for fd in fds:
+                try:
+                    if os.readlink(fd.path) in wanted:
+                        pids.append(int(entry.name))
+                        break
+                except OSError:
+                    continue
+    return pids
+
+
+def down(
+    state_dir: str | os.PathLike[str],
+    *,
+    by_port: bool = False,
+    term_timeout: float = 5.0,
+    kill_timeout: float = 5.0,
+) -> DownReport:
+    """Stop the environment recorded in *state_dir* (see the module docstring)."""
+    t0 = time.monotonic()
+    st = read_state(state_dir)
+    ident = st.identity
+    target: ProcessIdentity | None = None
+    found_by: str | None = None
+    now_start = read_start_time(ident.pid)
+    if _is_server(ident):
+        target, found_by = ident, "pid"
+        why = ""
+    elif now_start is None or not ProcessIdentity(ident.pid, now_start).is_alive():
+        why = f"recorded server pid {ident.pid} is gone"
+        outcome = "gone"
+    else:
+        cmd = read_cmdline(ident.pid) or []
+        why = (
+            f"pid {ident.pid} now belongs to another process (start time {now_start} vs "
+            f"recorded {ident.start_time}; command {' '.join(cmd)[:80]!r}): not signalled"
+        )
+        outcome = "not-ours"
+    if target is None and by_port:
+        for pid in listeners_on_port(st.port):
+            try:
+                candidate = ProcessIdentity.of(pid)
+            except ProcessLookupError:
+                continue
+            if candidate.cmdline == ident.cmdline:
+                target = candidate
+                found_by = "port"
+                why += f"; found the recorded server by port {st.port}: pid {pid}"
+                break
+        else:
+            why += f"; no process listening on port {st.port} is the recorded server"
+    if target is None:
+        return DownReport(
+            st.state_dir, ident.pid, outcome, why.lstrip("; "), elapsed_s=time.monotonic() - t0
+        )
+    result, sent = _stop(target, term_timeout, kill_timeout)
+    messages = {
+        "stopped": f"stopped server pid {target.pid} (SIGTERM)",
+        "killed": f"killed server pid {target.pid} (SIGKILL after {term_timeout} s of SIGTERM)",
+        "gone": f"server pid {target.pid} exited before it was signalled",
+        "survived": f"server pid {target.pid} is still alive after SIGKILL",
+    }
+    return DownReport(
+        st.state_dir,
+        target.pid,
+        result,
+        (why.lstrip("; ") + "; " if why else "") + messages[result],
+        sent,
+        found_by,
+        time.monotonic() - t0,
+    )
+
+
+# ------------------------------------------------------------------------------ status
+
+
+@dataclass
+class StatusReport:
+    state: EnvState
+    alive: bool  # the recorded process (pid + start time + command line) is running
+    accepting: bool  # its port accepts a TCP connection now
+
+    @property
+    def running(self) -> bool:
+        return self.alive and self.accepting
+
+    def to_json(self) -> dict[str, Any]:
+        d = self.state.to_json()
+        d.update(alive=self.alive, accepting=self.accepting, running=self.running)
+        return d
+
+
+def status(state_dir: str | os.PathLike[str]) -> StatusReport:
+    st = read_state(state_dir)
+    alive = _is_server(st.identity)
+    return StatusReport(st, alive, alive and _accepts(st.host, st.port))
+
+
+# ------------------------------------------------------------------------------ CLI
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--state",
+        type=Path,
+        default=None,
+        help=f"state directory (default: ${STATE_ENV_VAR}; for up, a new temp dir)",
+    )
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+    p = argparse.ArgumentParser(
+        prog="python -m harness.env",
+        description="Start, inspect and stop an enclave server environment.",
+    )
+    sub = p.add_subparsers(dest="command", metavar="{up,down,status}")
+    u = sub.add_parser("up", parents=[common], help="start a fresh environment")
+    u.add_argument("--ping-interval", type=_positive, default=90.0)
+    u.add_argument("--ping-timeout", type=_positive, default=60.0)
+    u.add_argument("--leader-nick", default=DEFAULT_LEADER_NICK)
+    u.add_argument("--channel", default=DEFAULT_CHANNEL)
+    u.add_argument(
+        "--timeout",
+        type=_positive,
+        default=15.0,
+        help="seconds to wait for the server to accept (default 15)",
+    )
+    d = sub.add_parser("down", parents=[common], help="stop exactly the recorded server")
+    d.add_argument(
+        "--by-port",
+        action="store_true",
+        help="if the recorded PID is not the server, find it by its port",
+    )
+    d.add_argument("--term-timeout", type=_positive, default=5.0)
+    d.add_argument("--kill-timeout", type=_positive, default=5.0)
+    sub.add_parser("status", parents=[common], help="is the recorded server running?")
+    return p
+
+
+def _state_dir(args: argparse.Namespace) -> Path:
+    if args.state is not None:
+        return args.state
+    env = os.environ.get(STATE_ENV_VAR)
+    if env:
+        return Path(env)
+    raise EnvError(f"--state DIR is required (or set ${STATE_ENV_VAR})")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        if args.command == "up":
+            where = args.state if args.state is not None else os.environ.get(STATE_ENV_VAR)
+            st = up(
+                where,
+                ping_interval=args.ping_interval,
+                ping_timeout=args.ping_timeout,
+                leader_nick=args.leader_nick,
+                channel=args.channel,
+                timeout=args.timeout,
+            )
+            if args.json:
+                print(json.dumps(st.to_json()))
+            else:
+                print(f"enclave up: {st.host}:{st.port} pid {st.pid}")
+                print(f"state: {st.state_dir}")
+                print(f"leader: {st.leader_nick} (token in {st.state_dir / STATE_FILE})")
+                print(f"channel: {st.channel}  log: {st.log_path}")
+            return 0
+        state_dir = _state_dir(args)
+        if args.command == "down":
+            report = down(
+                state_dir,
+                by_port=args.by_port,
+                term_timeout=args.term_timeout,
+                kill_timeout=args.kill_timeout,
+            )
+            if args.json:
+                print(json.dumps(report.to_json()))
+            else:
+                print(f"enclave down ({report.outcome}): {report.message}")
+            return 0 if report.ok else 1
+        rep = status(state_dir)
+        if args.json:
+            print(json.dumps(rep.to_json()))
+        else:
+            st = rep.state
+            what = "running" if rep.running else ("not accepting" if rep.alive else "down")
+            print(f"enclave {what}: {st.host}:{st.port} pid {st.pid} state {st.state_dir}")
+        return 0 if rep.running else 1
+    except EnvError as exc:
+        if getattr(args, "json", False):
+            print(json.dumps({"ok": False, "error": str(exc)}))
+        print(f"harness.env: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
