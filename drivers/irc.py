@@ -289,7 +289,7 @@ async def open_observer(
         stream = await trio.open_tcp_stream(host, port)
     obs = Observer(stream, nick, channel)
     try:
-        async with trio.open_nursery() as nursery:
+        async with _unwrapped_nursery() as nursery:
             nursery.start_soon(obs._reader)
             await _register(obs, nick, sasl=sasl, password=password, caps=caps, timeout=timeout)
             if channel is not None:
@@ -315,6 +315,20 @@ async def open_observer(
                 nursery.cancel_scope.cancel()
     finally:
         await trio.aclose_forcefully(stream)
+
+
+@asynccontextmanager
+async def _unwrapped_nursery() -> AsyncIterator[trio.Nursery]:
+    """A nursery whose lone exception is re-raised as itself, not in an ExceptionGroup,
+    so ``pytest.raises(IrcError)`` and ``except TimeoutError`` work on the context
+    manager. Several concurrent errors still arrive as a group."""
+    try:
+        async with trio.open_nursery() as nursery:
+            yield nursery
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1 and not isinstance(group.exceptions[0], BaseExceptionGroup):
+            raise group.exceptions[0] from None
+        raise
 
 
 async def _register(

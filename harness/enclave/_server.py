@@ -983,5 +983,10 @@ async def open_server(
             await nursery.start(server.serve)
             yield server
             nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # The block's own lone exception comes out as itself, not wrapped in a group.
+        if len(group.exceptions) == 1 and not isinstance(group.exceptions[0], BaseExceptionGroup):
+            raise group.exceptions[0] from None
+        raise
     finally:
         server.registry.close()
