@@ -462,9 +462,10 @@ async def test_idle_client_is_pinged_and_a_frozen_one_dropped(tmp_path: Path) ->
             # The live client answers PINGs; the frozen one never reads or writes again.
             with trio.fail_after(T):
                 answered = 0
+                mark = live.mark()
                 while answered < 3:
-                    mark = live.mark()
                     line = await live.expect(r"^PING :", since=mark)
+                    mark = live.lines.index(line, mark) + 1
                     await live.send("PONG :" + line.split(":", 1)[1])
                     answered += 1
             await frozen.expect(r"^ERROR :Closing Link: .*\(Ping timeout: \d+ seconds\)$")
@@ -609,3 +610,46 @@ def test_bad_usage_is_one_line_exit_2(tmp_path: Path) -> None:
         timeout=30,
     )
     assert r.returncode == 0 and "--ping-interval" in r.stdout
+
+
+async def test_client_behind_frozen_proxy_is_given_up_on(tmp_path: Path) -> None:
+    """A real blackhole-like freeze (faultnet proxy): the server's keepalive drops the
+    client, and its channel peers see the QUIT."""
+    from faultnet import open_proxy
+
+    async with server(tmp_path, ping_interval=0.2, ping_timeout=0.3) as (srv, events):
+        async with open_proxy(upstream=srv.address) as proxy, raw(srv) as peer:
+            stream = await trio.open_tcp_stream(*proxy.address)
+            try:
+                victim = Raw(stream)
+                await register(victim, "victim")
+                await join(victim, "victim")
+                await register(peer, "peer")
+                await join(peer, "peer")
+                t0 = trio.current_time()
+                await proxy.freeze(stream="both")
+                # The peer keeps answering PINGs while it waits for the victim's QUIT.
+                mark = peer.mark()
+                with trio.fail_after(T):
+                    while True:
+                        line = await peer.expect(r"^PING :|QUIT :Ping timeout", since=mark)
+                        mark = peer.lines.index(line, mark) + 1
+                        if "QUIT" in line:
+                            break
+                        await peer.send("PONG :" + line.split(":", 1)[1])
+                assert line.startswith(":victim!")
+                waited = trio.current_time() - t0
+                assert 0.3 <= waited < 0.2 + 0.3 + 2.0, waited
+            finally:
+                await trio.aclose_forcefully(stream)
+    assert [e["nick"] for e in events if e["event"] == "ping_timeout"] == ["victim"]
+
+
+def test_spawn_duration_forms() -> None:
+    from harness.enclave._server import parse_duration
+
+    assert parse_duration("30") == 30 and parse_duration("1.5") == 1.5
+    assert parse_duration("30m") == 1800 and parse_duration("2h") == 7200
+    assert parse_duration("1d") == 86400 and parse_duration("1e-05") == 1e-05
+    with pytest.raises(ValueError):
+        parse_duration("soon")

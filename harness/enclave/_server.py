@@ -98,11 +98,17 @@ class ServerConfig:
 
 
 def parse_duration(text: str) -> float:
-    """``"30"``, ``"1.5"``, ``"30s"``, ``"30m"``, ``"2h"``, ``"1d"`` -> seconds."""
+    """``"30"``, ``"1.5"``, ``"1e3"``, ``"30s"``, ``"30m"``, ``"2h"``, ``"1d"`` -> seconds.
+
+    Range (positive, finite) is the registry's to check.
+    """
     m = _DURATION_RE.match(text.strip().lower())
-    if not m:
-        raise ValueError(f"not a duration: {text!r}")
-    return float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+    if m:
+        return float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+    try:
+        return float(text)  # what str(float) prints, e.g. "1e-05"
+    except ValueError:
+        raise ValueError(f"not a duration: {text!r}") from None
 
 
 @dataclass(eq=False)
