@@ -1,0 +1,133 @@
+"""scripts/bench (``python -m faultnet.bench``): it runs end to end at tiny sizes and writes
+valid JSON, and its checks go red when what they guard is broken. No timing is asserted
+here: speed is what the benchmark measures, never what a test requires."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from faultnet.bench import human_size, make_block, matches_block, parse_size, watch_silence
+
+REPO = Path(__file__).resolve().parent.parent
+# Tiny sizes: each run is a few seconds, mostly process start-up.
+TINY = [
+    "--bytes", "3M", "--pings", "100", "--connections", "20", "--rounds", "1",
+    "--freeze-window", "0.05",
+]  # fmt: skip
+
+
+def bench(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "faultnet.bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
+
+
+def checks_by_name(doc: dict[str, Any]) -> dict[str, bool]:
+    return {c["name"]: c["ok"] for c in doc["checks"]}
+
+
+def test_tiny_run_end_to_end_writes_valid_json(tmp_path: Path) -> None:
+    out_path = tmp_path / "bench.json"
+    out = bench(*TINY, "--json", str(out_path))
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out_path.read_text())
+    assert doc["schema"] == "faultnet.bench/1" and doc["ok"] is True
+    assert doc["params"]["bytes"] == 3 << 20
+    for arm in ("direct", "faultnet"):
+        rounds = doc["arms"][arm]["bulk"]["rounds"]
+        assert [r["bytes"] for r in rounds] == [3 << 20] and rounds[0]["verified"]
+        assert doc["arms"][arm]["rtt"]["samples"] == 100
+        assert doc["arms"][arm]["hold"]["held"] == 20
+    freeze = doc["arms"]["faultnet"]["freeze"]
+    assert freeze["connections"] == 20 and freeze["zero_bytes_crossed"] is True
+    assert freeze["delivered_after_thaw"]["right"] == 20
+    assert doc["checks"] and all(c["ok"] for c in doc["checks"])
+    statuses = {t["status"] for t in doc["targets"]}
+    assert statuses <= {"MET", "MISSED", "N/A"} and len(doc["targets"]) == 5
+    # The table: three arms, the ratios, every target with its status.
+    assert "fn/direct" in out.stdout and "fn/socat" in out.stdout
+    assert out.stdout.count("MET") + out.stdout.count("MISSED") + out.stdout.count("N/A") >= 5
+    if Path("/usr/bin/socat").exists():
+        assert doc["arms"]["socat"]["bulk"]["rounds"][0]["verified"]
+        assert doc["arms"]["socat"]["hold"] == {"n/a": "socat forks one process per connection"}
+
+
+def test_checks_go_red_when_the_proxy_leaks_or_corrupts(tmp_path: Path) -> None:
+    # Sabotage: the proxy runner ignores freeze, and the sender flips one byte of the
+    # faultnet arm's stream. socat points at a missing binary: its arm is skipped.
+    out_path = tmp_path / "bench.json"
+    out = bench(
+        *TINY,
+        "--sabotage", "freeze,corrupt",
+        "--socat", str(tmp_path / "no-socat"),
+        "--json", str(out_path),
+    )  # fmt: skip
+    assert out.returncode == 1, out.stderr
+    doc = json.loads(out_path.read_text())
+    checks = checks_by_name(doc)
+    assert checks["bulk direct: byte count and content"] is True  # the internal control
+    assert checks["bulk faultnet: byte count and content"] is False
+    assert checks["freeze: zero bytes crossed either way after freeze() returned"] is False
+    assert doc["arms"]["faultnet"]["freeze"]["upstream_bytes_received"] > 0
+    assert "not found" in doc["arms"]["socat"]["skipped"]
+    assert "apt-get install socat" in out.stdout and "FAILED" in out.stdout
+
+
+def test_usage_errors_are_one_line_exit_2() -> None:
+    for args, why in (
+        (["--bytes", "lots"], "not a size"),
+        (["--connections", "0"], "--connections must be"),
+        (["--freeze-window", "-1"], "--freeze-window"),
+    ):
+        out = bench(*args)
+        assert out.returncode == 2, out
+        assert why in out.stderr and "Traceback" not in out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_script_wrapper_help() -> None:
+    out = subprocess.run(
+        [str(REPO / "scripts" / "bench"), "--help"], capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0 and "--quick" in out.stdout and "socat" in out.stdout
+
+
+def test_parse_size_and_human_size() -> None:
+    assert parse_size("1G") == 1 << 30 and parse_size("256M") == 256 << 20
+    assert parse_size("64KiB") == 64 << 10 and parse_size("1000") == 1000
+    assert human_size(1 << 30) == "1 GiB" and human_size(3 << 20) == "3 MiB"
+
+
+def test_content_check_sees_one_flipped_byte_at_any_offset() -> None:
+    block = make_block(7)
+    stream = block * 2
+    for offset in (0, 5, len(block) - 3, len(block) + 11):
+        chunk = bytearray(stream[offset : offset + 4096])
+        assert matches_block(memoryview(chunk), block, offset)
+        chunk[100] ^= 1
+        assert not matches_block(memoryview(chunk), block, offset)
+    # A chunk lost from the stream shifts what follows: seen.
+    assert not matches_block(stream[4096 : 4096 + 512], block, 0)
+
+
+@pytest.mark.parametrize("leak", [False, True])
+def test_silence_watch_counts_a_socket_that_got_bytes(leak: bool) -> None:
+    a, b = socket.socketpair()
+    c, d = socket.socketpair()
+    try:
+        if leak:
+            a.send(b"x")  # this is what a leaking freeze looks like to the client
+        assert watch_silence([b, d], 0.05) == (1 if leak else 0)
+    finally:
+        for s in (a, b, c, d):
+            s.close()
