@@ -167,3 +167,56 @@ async def test_registration_errors(tmp_path: Path) -> None:
                 await b.privmsg("#t", "stamped message")
                 got = await a.wait_for("stamped message", 5)
                 assert got is not None and got.tags.get("time", "").endswith("Z")
+
+
+async def test_a_stock_irc_client_interoperates(tmp_path: Path) -> None:
+    """jaraco's ``irc`` library, unmodified, logs in with SASL PLAIN, joins, and
+    exchanges channel messages (a one-word one included) with the observer."""
+    irc_client = pytest.importorskip("irc.client")
+    async with open_server(tmp_path, events=lambda r: None) as srv:
+        host, port = srv.address  # type: ignore[misc]
+        token = srv.registry.mint_leader("stock")
+        reactor = irc_client.Reactor()
+        state: dict[str, object] = {"joined": False, "texts": [], "account": None}
+
+        def on_welcome(conn, event) -> None:  # noqa: ANN001
+            conn.join("#enclave")
+
+        def on_join(conn, event) -> None:  # noqa: ANN001
+            if event.source.nick == "stock":
+                state["joined"] = True
+
+        def on_pubmsg(conn, event) -> None:  # noqa: ANN001
+            state["texts"].append(event.arguments[0])  # type: ignore[union-attr]
+
+        def on_loggedin(conn, event) -> None:  # noqa: ANN001
+            state["account"] = event.arguments[-2] if len(event.arguments) > 1 else True
+
+        reactor.add_global_handler("welcome", on_welcome)
+        reactor.add_global_handler("join", on_join)
+        reactor.add_global_handler("pubmsg", on_pubmsg)
+        reactor.add_global_handler("loggedin", on_loggedin)
+
+        def pump_until(cond, limit: float = 10.0) -> bool:  # noqa: ANN001
+            deadline = time.monotonic() + limit
+            while not cond() and time.monotonic() < deadline:
+                reactor.process_once(0.02)
+            return bool(cond())
+
+        conn = reactor.server().connect(host, port, "stock", password=token, sasl_login="stock")
+        try:
+            assert await trio.to_thread.run_sync(pump_until, lambda: state["joined"])
+            assert state["account"] == "stock"
+            async with open_observer(host, port, "watcher", "#enclave") as obs:
+                await obs.privmsg("#enclave", "single")
+                await obs.privmsg("#enclave", "two words")
+                assert await trio.to_thread.run_sync(
+                    pump_until,
+                    lambda: len(state["texts"]) >= 2,  # type: ignore[arg-type]
+                )
+                assert state["texts"] == ["single", "two words"]
+                conn.privmsg("#enclave", "hello from a stock client")
+                got = await obs.wait_for("hello from a stock client", 5, sender="stock")
+                assert got is not None
+        finally:
+            conn.close()
