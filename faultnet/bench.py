@@ -1161,21 +1161,33 @@ def _freeze_phase(
     fds_frozen = fd_count(proxy.pid)
     up1 = upstream.request("stats")
     after = proxy.request("stats")
+    # The proxy's counters sum over its live connections: comparable only if none closed.
+    lost = fr["connections"] - after["connections"]
     crossed_up = after["bytes_upstream"] - fr["bytes_upstream"]
     crossed_down = after["bytes_downstream"] - fr["bytes_downstream"]
+    proxy_moved = lost == 0 and (crossed_up or crossed_down)
     upstream_got = up1["bytes_in"] - up0["bytes_in"]
     th = proxy.request("thaw")
     delivered = collect(socks, PUSH + UP, THAW_DELIVERY_S)
-    zero = noisy == 0 and upstream_got == 0 and crossed_up == 0 and crossed_down == 0
+    zero = noisy == 0 and upstream_got == 0 and not proxy_moved
     checks.append(
         {
             "name": "freeze: zero bytes crossed either way after freeze() returned",
             "ok": zero and fr["affected"] == n and pushed == n and unsent == 0,
             "detail": (
-                f"{fr['affected']}/{n} frozen; within {window:g} s: {noisy} client sockets "
-                f"readable, upstream received {upstream_got} B, proxy moved "
-                f"{crossed_up} B up / {crossed_down} B down"
+                f"{fr['affected']}/{n} frozen, {pushed} pushed down, {n - unsent} sent up; "
+                f"within {window:g} s: {noisy} client sockets readable, upstream received "
+                f"{upstream_got} B, proxy moved "
+                + (f"{crossed_up} B up / {crossed_down} B down" if lost == 0 else "(n/a)")
             ),
+        }
+    )
+    checks.append(
+        {
+            "name": "freeze: every frozen connection still open after the window",
+            "ok": lost == 0,
+            "detail": f"{after['connections']} of {fr['connections']} open in the proxy "
+            f"(descriptors in use while frozen: {fds_frozen})",
         }
     )
     checks.append(
@@ -1216,6 +1228,7 @@ def _freeze_phase(
         "proxy_bytes_upstream": crossed_up,
         "proxy_bytes_downstream": crossed_down,
         "zero_bytes_crossed": zero,
+        "connections_lost": lost,
         "proxy_fds_while_frozen": fds_frozen,
         "delivered_after_thaw": delivered,
         **cpu,
@@ -1321,6 +1334,10 @@ def _leak(v: Any) -> str:
     return "0" if v is True else "SOME"
 
 
+def _delivered(d: Any) -> str:
+    return f"{d['right']}/{d['right'] + d['wrong'] + d['missing']}"
+
+
 def _cpu_pair(freeze: Any) -> str:
     return f"{freeze['idle_cpu_pct']:.1f} / {freeze['frozen_cpu_pct']:.1f}"
 
@@ -1363,7 +1380,13 @@ def format_report(res: dict[str, Any]) -> str:
          None, None),
         ("freeze all: ms inside the proxy", ("freeze", "elapsed_ms"), _num(".2f"), None, None),
         ("  bytes crossed after freeze", ("freeze", "zero_bytes_crossed"), _leak, None, None),
+        ("  connections lost while frozen", ("freeze", "connections_lost"), _num("d"),
+         None, None),
+        ("  proxy descriptors while frozen", ("freeze", "proxy_fds_while_frozen"), _num("d"),
+         None, None),
         ("  proxy CPU % idle / frozen", ("freeze", ""), _cpu_pair, None, None),
+        ("  thaw: connections given their held bytes", ("freeze", "delivered_after_thaw"),
+         _delivered, None, None),
     ]  # fmt: skip
     rows = [("", "direct", "socat", "faultnet", "fn/direct", "fn/socat")]
     for label, path, show, rd, rs in spec:
