@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -179,17 +181,17 @@ async def test_a_stock_irc_client_interoperates(tmp_path: Path) -> None:
         reactor = irc_client.Reactor()
         state: dict[str, object] = {"joined": False, "texts": [], "account": None}
 
-        def on_welcome(conn, event) -> None:  # noqa: ANN001
+        def on_welcome(conn: Any, event: Any) -> None:
             conn.join("#enclave")
 
-        def on_join(conn, event) -> None:  # noqa: ANN001
+        def on_join(conn: Any, event: Any) -> None:
             if event.source.nick == "stock":
                 state["joined"] = True
 
-        def on_pubmsg(conn, event) -> None:  # noqa: ANN001
+        def on_pubmsg(conn: Any, event: Any) -> None:
             state["texts"].append(event.arguments[0])  # type: ignore[union-attr]
 
-        def on_loggedin(conn, event) -> None:  # noqa: ANN001
+        def on_loggedin(conn: Any, event: Any) -> None:
             state["account"] = event.arguments[-2] if len(event.arguments) > 1 else True
 
         reactor.add_global_handler("welcome", on_welcome)
@@ -197,7 +199,7 @@ async def test_a_stock_irc_client_interoperates(tmp_path: Path) -> None:
         reactor.add_global_handler("pubmsg", on_pubmsg)
         reactor.add_global_handler("loggedin", on_loggedin)
 
-        def pump_until(cond, limit: float = 10.0) -> bool:  # noqa: ANN001
+        def pump_until(cond: Callable[[], object], limit: float = 10.0) -> bool:
             deadline = time.monotonic() + limit
             while not cond() and time.monotonic() < deadline:
                 reactor.process_once(0.02)

@@ -826,8 +826,9 @@ class EnclaveServer:
             return
         client_tags = {k: v for k, v in msg.tags.items() if k.startswith("+")}
         msgid = f"enc-{next(self._msgids)}"
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime())
-        stamp += f".{int(time.time() * 1000) % 1000:03d}Z"
+        now = time.time()  # one reading for both parts, so the stamp cannot go backwards
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now))
+        stamp += f".{int(now * 1000) % 1000:03d}Z"
         for target in msg.params[0].split(",")[:8]:
             key = casefold(target)
             if key == casefold(SERVICE_NICK):
