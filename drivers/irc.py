@@ -47,12 +47,12 @@ class IrcError(Exception):
 
 @dataclass(frozen=True)
 class Line:
-    """One received line, parsed (tags unescaped only loosely: values kept raw)."""
+    """One received line, parsed (tag values unescaped)."""
 
     command: str
     params: tuple[str, ...]
     prefix: str | None
-    tags: dict[str, str]
+    tags: dict[str, str] = field(compare=False, hash=False)
     time: float
     mono: float
     raw: str
@@ -72,7 +72,23 @@ class Message:
     text: str
     kind: str = "PRIVMSG"
     mono: float = 0.0
-    tags: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
+
+
+_TAG_UNESCAPES = {":": ";", "s": " ", "\\": "\\", "r": "\r", "n": "\n"}
+
+
+def _unescape_tag(raw: str) -> str:
+    """IRCv3 message-tags value unescaping (``\\:`` is ``;``, ``\\s`` a space, ...)."""
+    out: list[str] = []
+    chars = iter(raw)
+    for ch in chars:
+        if ch == "\\":
+            nxt = next(chars, "")
+            out.append(_TAG_UNESCAPES.get(nxt, nxt))
+        else:
+            out.append(ch)
+    return "".join(out)
 
 
 def parse(raw: str, now: float | None = None, mono: float | None = None) -> Line | None:
@@ -84,7 +100,7 @@ def parse(raw: str, now: float | None = None, mono: float | None = None) -> Line
         for item in tag_text.split(";"):
             key, _, value = item.partition("=")
             if key:
-                tags[key] = value
+                tags[key] = _unescape_tag(value)
     prefix = None
     rest = rest.lstrip(" ")
     if rest.startswith(":"):

@@ -27,6 +27,8 @@ def test_parse() -> None:
     one = parse(":n!u@h PRIVMSG #c :single")
     assert one is not None and one.params[-1] == "single"
     assert parse("") is None
+    tagged = parse(r"@+x=a\sb\:c :n PRIVMSG #c :t")
+    assert tagged is not None and tagged.tags == {"+x": "a b;c"}
 
 
 async def test_wait_for_finds_message_and_none_on_timeout(tmp_path: Path) -> None:
