@@ -76,7 +76,9 @@ One JSON object per line on stderr per connection event (``listening``, ``accept
 ``registered``, ``auth_failed``, ``joined``, ``ping_sent``, ``ping_timeout``,
 ``ghost_replaced``, ``spawned``, ``revoked``, ``expired``, ``service_error``,
 ``closed``, ``signal``, ``stopped``), plus one plain line ``LISTENING <host> <port>``.
-:func:`read_events` reads them back.
+:func:`read_events` reads them back. Records are written synchronously, so stderr must
+be a file (``harness.env`` uses ``DIR/server.log``) or a pipe that someone drains: a full
+pipe would stall the server.
 """
 
 from harness.enclave._client import (
