@@ -579,9 +579,16 @@ def test_server_process_port_file_log_and_mint_leader(tmp_path: Path) -> None:
             await c.send("QUIT :done")
             await c.expect_eof()
             await stream.aclose()
+            # A client still connected at SIGTERM is told why before the close.
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            c = Raw(stream)
+            await register(c, "stayer")
+            proc.terminate()
+            await c.expect(r"^ERROR :Closing Link: .*\(Server shutting down\)$")
+            await c.expect_eof()
+            await stream.aclose()
 
         trio.run(session)
-        proc.terminate()
         assert proc.wait(timeout=10) == 0
     finally:
         if proc.poll() is None:

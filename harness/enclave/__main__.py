@@ -135,6 +135,7 @@ async def _run(config: ServerConfig) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
                 server.emit("signal", signum=int(signum), name=signal.Signals(signum).name)
+                await server.close_all("Server shutting down")
                 nursery.cancel_scope.cancel()
                 break
 

@@ -177,6 +177,8 @@ class EnclaveServer:
         self.channels: dict[str, Channel] = {}
         self.address: tuple[str, int] | None = None
         self.started_wall = time.time()
+        #: Set whenever a connection finishes (see close_all).
+        self._gone = trio.Event()
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -245,6 +247,7 @@ class EnclaveServer:
         finally:
             self.close(c, c.close_reason or "Connection closed", error=False)
             self.clients.pop(c.id, None)
+            self._gone.set()
             self.emit(
                 "closed",
                 conn=c.id,
@@ -343,6 +346,17 @@ class EnclaveServer:
             with trio.move_on_at(wake):
                 await c.poke.wait()
             c.poke = trio.Event()
+
+    async def close_all(self, reason: str) -> None:
+        """Close every client with ``ERROR :Closing Link: ... (reason)`` and wait, at
+        most ``close_grace`` seconds, until all are gone. New connections are still
+        accepted meanwhile; cancel :meth:`serve` afterwards to stop."""
+        for c in list(self.clients.values()):
+            self.close(c, reason)
+        with trio.move_on_after(self.config.close_grace):
+            while self.clients:
+                await self._gone.wait()
+                self._gone = trio.Event()
 
     # ---------------------------------------------------------------- output
 
