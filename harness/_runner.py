@@ -35,6 +35,7 @@ import re
 import secrets
 import shlex
 import shutil
+import signal
 import sys
 import time
 import traceback
@@ -47,6 +48,7 @@ from typing import Any, TextIO
 import trio
 
 from faultnet.eventlog import JsonlWriter, flatten
+from faultnet.procs import ProcessIdentity, signal_exact
 from harness._report import EXIT_ENV, EXIT_FAILED, EXIT_OK, Result, render_result
 from harness._timescale import REAL, TimeScale, time_scale_from
 
@@ -623,7 +625,37 @@ async def environment(
                 rep = await trio.to_thread.run_sync(envmod.down, env_dir)
                 say(f"-- environment down: {_down_text(rep, st)}")
             except Exception as exc:
+                rep = None
                 say(f"-- environment down FAILED: {type(exc).__name__}: {exc}")
+            if getattr(rep, "outcome", None) not in ("stopped", "killed", "gone"):
+                await trio.to_thread.run_sync(_stop_started_server, st, say)
+
+
+def _stop_started_server(st: Any, say: Callable[[str], None]) -> None:
+    """Backstop when env.down declined to stop the server this run brought up.
+
+    Seen: env.up recording an empty CMDLINE (read while the child was still between fork
+    and exec), after which down refuses because the command line does not match. The
+    PID plus its recorded start time still pin the one process env.up started, which
+    is all faultnet.procs needs to signal it safely; nothing else is ever signalled.
+    """
+    ident = ProcessIdentity(int(st.pid), int(st.start_time))
+    if not ident.is_alive():
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if not signal_exact(ident, sig):
+            break
+        deadline = time.monotonic() + 5.0
+        while ident.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)  # polling another process's exit, bounded
+        if not ident.is_alive():
+            break
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(ident.pid, os.WNOHANG)  # reap it if it was our child
+    say(
+        f"-- environment down (backstop): stopped server pid {ident.pid} by its recorded "
+        f"PID and start time{'' if not ident.is_alive() else ' -- IT SURVIVED'}"
+    )
 
 
 def _down_text(rep: Any, st: Any) -> str:

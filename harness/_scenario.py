@@ -15,6 +15,7 @@ from harness._runner import BotHandle, Context
 __all__ = [
     "FreezeRecord",
     "first_after",
+    "link_works",
     "freeze_held",
     "freeze_links",
     "observed",
@@ -68,13 +69,32 @@ async def sync_inbound(ctx: Context, obs: Any, bots: list[BotHandle]) -> float |
     text = ctx.payload("idle clock sync line")
     t0 = time.monotonic()
     await obs.privmsg(ctx.env.channel, text)
-    bound = ctx.scale.bound(10, floor=10)
+    bound = ctx.scale.bound(10, floor=5)
     ok = True
     for b in bots:
         ok &= await wait_notified(b, text, bound)
     took = time.monotonic() - t0
     ctx.log.write("sync_inbound", text=text, ok=ok, took_s=round(took, 4))
     return took if ok else None
+
+
+async def link_works(ctx: Context, obs: Any, bot: BotHandle, bound: float) -> float | None:
+    """Wait until *bot* hears the observer again: post a fresh line every half second
+    (a bot that is still reconnecting misses lines sent before it rejoined) until one is
+    reported. Returns the seconds it took, or None if none was heard within *bound*."""
+    t0 = time.monotonic()
+    deadline = t0 + bound
+    attempt = 0
+    while time.monotonic() < deadline:
+        attempt += 1
+        text = ctx.payload(f"link check {attempt}")
+        await obs.privmsg(ctx.env.channel, text)
+        if await wait_notified(bot, text, min(0.5, max(0.05, deadline - time.monotonic()))):
+            took = time.monotonic() - t0
+            ctx.log.write("link_works", attempts=attempt, took_s=round(took, 4))
+            return took
+    ctx.log.write("link_works", attempts=attempt, took_s=None)
+    return None
 
 
 @dataclass

@@ -25,6 +25,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import trio
 
@@ -126,19 +127,16 @@ async def run(ctx: Context) -> None:
 
             ctx.phase("reconnects (reported separately: NOT the same claim as detection)")
             rescue: dict[str, float | None] = {}
-            rescued_without_detection: list[str] = []
             for role, b in bots.items():
                 if detect[role] is not None:
                     # A bot that detected reconnects right after; give it a bounded moment.
                     await b.wait_event("reconnected", s.bound(5, floor=3), after_mono=t0)
                 rc = first_after(b.events("reconnected"), t0)
                 rescue[role] = None if rc is None else rc - t0
-                own = detect[role]
-                if rc is not None and (own is None or own > rc - t0):
-                    rescued_without_detection.append(role)
                 ctx.say(
                     f"   {role}: reconnected " + ("no" if rc is None else f"at t+{rc - t0:.2f} s")
                 )
+            rescued = rescued_without_detection(detect, rescue)
             await proxy.thaw("both")
 
     r.headline.update(
@@ -177,8 +175,7 @@ async def run(ctx: Context) -> None:
     # Measured, not assumed: the largest gap between the starts of consecutive posts
     # (each includes the post's own confirmation wait) until detection or the end.
     until = detect["chatty"] if detect["chatty"] is not None else watch
-    starts = [p["at"] for p in posts if p["at"] <= until]
-    max_gap = max((b - a for a, b in zip(starts, starts[1:], strict=False)), default=None)
+    max_gap = max_post_gap(posts, until)
     idle = s.real("keepalive_idle")
     r.check(
         "the chatty worker posted more often than its idle threshold",
@@ -188,9 +185,9 @@ async def run(ctx: Context) -> None:
     )
     r.check(
         "no reconnect without the bot's own detection first",
-        not rescued_without_detection,
+        not rescued,
         "a reconnect with no PONG timeout before it means a close leaked through the freeze: "
-        + (", ".join(rescued_without_detection) or "none"),
+        + (", ".join(rescued) or "none"),
         role="control",
     )
     r.check(
@@ -211,6 +208,25 @@ async def run(ctx: Context) -> None:
         "s",
         tolerance=round(0.2 * window + 0.1, 3),
     )
+
+
+def max_post_gap(posts: list[dict[str, Any]], until: float) -> float | None:
+    """The largest gap (s) between the starts (``at``) of consecutive posts made up to
+    *until*; None with fewer than two."""
+    starts = sorted(p["at"] for p in posts if p["at"] <= until)
+    return max((b - a for a, b in zip(starts, starts[1:], strict=False)), default=None)
+
+
+def rescued_without_detection(
+    detect: dict[str, float | None], reconnect: dict[str, float | None]
+) -> list[str]:
+    """Roles that reconnected with no own detection (pong_timeout) at or before it."""
+    out = []
+    for role, rc in reconnect.items():
+        own = detect.get(role)
+        if rc is not None and (own is None or own > rc):
+            out.append(role)
+    return out
 
 
 def _r(v: float | None) -> float | None:

@@ -57,7 +57,7 @@ async def run(ctx: Context) -> None:
     r = ctx.result
     s = ctx.scale
     call_bound = s.bound(30, floor=15)
-    back_bound = s.bound(s.detection_window + s.real("reconnect_max") + 30, floor=15)
+    back_bound = s.bound(s.detection_window + s.real("reconnect_max") + 30, floor=8)
     counts: dict[str, int | None] = {}
     async with ctx.leader() as obs, ctx.proxy() as proxy:
         nick, token = await ctx.spawn(obs, "fd")
@@ -129,17 +129,9 @@ async def run(ctx: Context) -> None:
 
     base = counts.get("connect")
 
-    def delta(stage: str) -> int | None:
-        v = counts.get(stage)
-        return None if v is None or base is None else v - base
-
-    def flat(stage: str) -> bool:
-        d = delta(stage)
-        return d is not None and abs(d) <= TOLERANCE
-
     def says(stage: str, what: str) -> str:
-        v, d = counts.get(stage), delta(stage)
-        if v is None:
+        v, d = counts.get(stage), stage_delta(counts, stage)
+        if v is None or d is None:
             return f"not measured ({what} did not happen)"
         return f"{base} -> {v} (delta {d:+d}) {what}"
 
@@ -170,21 +162,33 @@ async def run(ctx: Context) -> None:
     )
     r.check(
         "fd count flat across the confirmation path",
-        flat("posts"),
+        is_flat(counts, "posts"),
         says("posts", f"over {ctx.args.posts} posts"),
     )
     r.check(
         "fd count flat across posts into a dead link",
-        flat("outage"),
+        is_flat(counts, "outage"),
         says("outage", f"over {outage_posts} posts"),
     )
     r.check(
         "fd count flat across detection and reconnects",
-        flat("cycles"),
+        is_flat(counts, "cycles"),
         says("cycles", f"over {reconnects} reconnects (tolerance {TOLERANCE})"),
         role="target",
     )
     r.control("fds after connect", None if base is None else float(base), "fds", TOLERANCE)
+
+
+def stage_delta(counts: dict[str, int | None], stage: str) -> int | None:
+    """Descriptors at *stage* minus at "connect"; None if either was not measured."""
+    base, v = counts.get("connect"), counts.get(stage)
+    return None if v is None or base is None else v - base
+
+
+def is_flat(counts: dict[str, int | None], stage: str, tolerance: int = TOLERANCE) -> bool:
+    """Was *stage* measured, and within *tolerance* descriptors of the baseline?"""
+    d = stage_delta(counts, stage)
+    return d is not None and abs(d) <= tolerance
 
 
 async def amain(argv: Sequence[str] | None = None) -> int:

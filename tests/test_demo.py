@@ -1,0 +1,78 @@
+"""`faultnet demo`: the silent-loss pair, run for real as the README's command; and its
+verdict goes red whenever the pair does not show what the demo promises."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from faultnet import cli
+from faultnet.cli_demo import TARGET, demo_verdict
+from harness import pair
+from harness._report import Check, ControlValue, Result
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_demo_shows_the_defect_in_under_two_minutes(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "faultnet", "demo", "--time-scale", "0.03", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=110,
+    )
+    took = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert doc["demo_ok"], doc["demo_reason"]
+    a, b = Result.from_json(doc["a"]), Result.from_json(doc["b"])
+    assert [c.name for c in a.failed_checks()] == [TARGET]
+    assert b.passed and doc["steady"]
+    # Both environments were brought up and torn down by PID.
+    assert proc.stderr.count("environment up") == 2
+    assert proc.stderr.count("environment down: stopped server pid") == 2
+    assert "DEMO OK" in proc.stderr
+    assert took < 120
+
+
+def test_demo_usage() -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["demo", "--help"])
+    assert exc.value.code == 0
+    assert cli.main(["demo", "--time-scale", "0"]) == 2
+    proc = subprocess.run(
+        [str(REPO / "scripts" / "demo"), "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0 and "silent" in proc.stdout
+
+
+def _arm(name: str, target: bool, control: bool = True, value: float = 1.0) -> Result:
+    r = Result(experiment="silent_loss", arm=name)
+    r.checks = [
+        Check("control A", control, role="control"),
+        Check(TARGET, target, role="target"),
+    ]
+    r.controls = [ControlValue("own detection", value, "s", 0.5)]
+    return r
+
+
+def test_demo_verdict_goes_red_unless_the_pair_shows_the_defect() -> None:
+    ok, _ = demo_verdict(pair.judge(_arm("no-confirm", False), _arm("fixed", True)))
+    assert ok
+    cases = {
+        "arm a did not fail": (_arm("no-confirm", True), _arm("fixed", True)),
+        "arm a's control failed": (_arm("no-confirm", False, False), _arm("fixed", True)),
+        "arm b failed": (_arm("no-confirm", False), _arm("fixed", False)),
+        "control moved": (_arm("no-confirm", False), _arm("fixed", True, value=3.0)),
+    }
+    for why, (a, b) in cases.items():
+        ok, reason = demo_verdict(pair.judge(a, b))
+        assert not ok, why
+        assert reason

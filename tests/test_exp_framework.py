@@ -1,0 +1,316 @@
+"""The experiments' shared machinery: time scale, results, BOT_BIN, the repeat loop with
+logged seeds, kept run directories, exit codes. Real processes where a process is the
+point (the missing-BOT_BIN exit code, a real environment for the repeat loop)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import trio
+from netutil import echo_server
+
+from faultnet import open_proxy
+from faultnet.eventlog import read_jsonl
+from harness import _runner, env
+from harness._report import Check, ControlValue, Result, control_drift, render_result
+from harness._runner import (
+    EnvironmentProblem,
+    attempt_seeds,
+    claims_delivery,
+    parse_botevents,
+    pct,
+    resolve_bot_argv,
+)
+from harness._scenario import FreezeRecord, freeze_held, freeze_links
+from harness._timescale import REAL, TimeScale, time_scale_from
+
+REPO = Path(__file__).resolve().parent.parent
+EXPERIMENTS = ("confirm_latency", "silent_loss", "chatty_vs_silent", "fd_flatness")
+
+
+# ----------------------------------------------------------------- time scale
+
+
+def test_real_time_hands_the_bot_the_contract_defaults() -> None:
+    got = TimeScale(1.0).bot_env()
+    assert got == {
+        "BOT_KEEPALIVE_IDLE_S": "60",
+        "BOT_PONG_TIMEOUT_S": "30",
+        "BOT_CONFIRM_BUDGET_S": "3",
+        "BOT_RECONNECT_BASE_S": "1",
+        "BOT_RECONNECT_MAX_S": "16",
+    }
+    ts = TimeScale(1.0)
+    assert (ts.real("chat_interval"), ts.real("outage_post_interval")) == (20, 10)
+    assert ts.real("late_delivery_wait") == 30
+
+
+def test_scale_shrinks_scenario_and_bot_timings_together_with_floors() -> None:
+    ts = TimeScale(0.02)
+    assert ts.real("keepalive_idle") == pytest.approx(1.2)
+    assert ts.real("pong_timeout") == pytest.approx(0.6)
+    assert ts.real("chat_interval") == pytest.approx(0.4)
+    # The ratio the chatty experiment depends on holds at every scale.
+    assert ts.real("chat_interval") < ts.real("keepalive_idle")
+    # Floored: 60 ms of budget would measure the machine, not the bot.
+    assert ts.real("confirm_budget") == 0.25
+    assert ts.real("confirm_budget") < ts.real("pong_timeout")
+    assert ts.bound(30, floor=10) == 10
+    assert TimeScale(1.0).bound(30, floor=10) == 30
+    assert ts.detection_window == pytest.approx(1.8)
+
+
+def test_time_scale_from_flag_env_and_bad_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("HARNESS_TIME_SCALE", raising=False)
+    assert time_scale_from(None).factor == 1.0
+    monkeypatch.setenv("HARNESS_TIME_SCALE", "0.05")
+    assert time_scale_from(None).factor == 0.05
+    assert time_scale_from("0.1").factor == 0.1  # the flag wins
+    for bad in ("fast", "0", "-1", "nan", "100"):
+        with pytest.raises(ValueError):
+            time_scale_from(bad)
+    assert set(REAL) >= {"keepalive_idle", "pong_timeout", "confirm_budget"}
+
+
+# ----------------------------------------------------------------- helpers
+
+
+def test_claims_delivery_never_counts_unconfirmed() -> None:
+    assert claims_delivery("Broadcast to #enclave (1 line); confirmed by the server in 2 ms")
+    assert not claims_delivery("Broadcast to #enclave (1 line) UNCONFIRMED")
+    assert not claims_delivery("UNCONFIRMED: 1 line written toward #enclave")
+    assert not claims_delivery("<NO ANSWER>")
+    assert not claims_delivery("")
+
+
+def test_parse_botevents_and_pct() -> None:
+    text = (
+        "starting\n"
+        'BOTEVENT {"event":"connected","mono":1.5}\n'
+        "BOTEVENT {not json}\n"
+        'BOTEVENT {"event":"pong_timeout","mono":3.0}\n'
+    )
+    evs = parse_botevents(text)
+    assert [e["event"] for e in evs] == ["connected", "pong_timeout"]
+    assert pct([], 50) is None
+    assert pct([3.0, 1.0, 2.0], 50) == 2.0
+    assert pct(list(range(101)), 95) == 95
+
+
+def test_bot_bin_is_required_and_aliased() -> None:
+    with pytest.raises(EnvironmentProblem, match="BOT_BIN is required"):
+        resolve_bot_argv(None, {})
+    with pytest.raises(EnvironmentProblem, match="BOT_BIN is required"):
+        resolve_bot_argv(None, {"BOT_BIN": "  "})
+    assert resolve_bot_argv(None, {"APIARY_BIN": "python3 -m harness.bot"})[1:] == [
+        "-m",
+        "harness.bot",
+    ]
+    assert resolve_bot_argv("python3 -x", {"BOT_BIN": "python3 -y"})[-1] == "-x"
+    with pytest.raises(EnvironmentProblem, match="not found"):
+        resolve_bot_argv("/nonexistent/bot --x", {})
+    with pytest.raises(EnvironmentProblem, match="cannot parse"):
+        resolve_bot_argv("python3 'unterminated", {})
+
+
+def test_attempt_seeds_replay_and_random() -> None:
+    assert attempt_seeds(3, 7) == [7, 8, 9]
+    fresh = attempt_seeds(3, None)
+    assert len(set(fresh)) == 3
+
+
+def test_missing_bot_bin_exits_2_as_a_real_command(tmp_path: Path) -> None:
+    environ = {k: v for k, v in os.environ.items() if k not in ("BOT_BIN", "APIARY_BIN")}
+    for name in EXPERIMENTS:
+        if name != "silent_loss":
+            continue  # one real interpreter start is the point; the rest run in-process
+        proc = subprocess.run(
+            [sys.executable, "-m", f"harness.exp_{name}", "--env", "auto"],
+            capture_output=True,
+            text=True,
+            env=environ,
+            cwd=REPO,
+            timeout=60,
+        )
+        assert proc.returncode == 2, proc.stderr
+        assert "BOT_BIN is required" in proc.stderr
+        assert "Traceback" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+
+
+async def test_every_experiment_usage_errors_exit_2_without_a_run(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import importlib
+
+    monkeypatch.delenv("BOT_BIN", raising=False)
+    monkeypatch.delenv("APIARY_BIN", raising=False)
+    for name in EXPERIMENTS:
+        mod = importlib.import_module(f"harness.exp_{name}")
+        assert await mod.amain(["--help"]) == 0
+        assert await mod.amain(["--env", "auto"]) == 2  # no BOT_BIN
+        bot = f"{sys.executable} -m harness.bot"
+        assert await mod.amain(["--bot-bin", bot, "--time-scale", "zero"]) == 2
+        assert await mod.amain(["--bot-bin", bot, "--repeat", "0", "--env", "auto"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+
+
+# ----------------------------------------------------------------- results
+
+
+def _result(arm: str, target_ok: bool, control: float | None, tol: float = 0.5) -> Result:
+    r = Result(experiment="demo", arm=arm)
+    r.checks = [
+        Check("the control", True, role="control"),
+        Check("the target", target_ok, "detail", role="target"),
+    ]
+    r.headline = {"number": 3.14159, "text": "x"}
+    r.controls = [ControlValue("ctl", control, "s", tol)]
+    return r
+
+
+def test_result_render_roundtrip_and_exit_codes() -> None:
+    r = _result("a", False, 1.0)
+    text = render_result(r)
+    assert "[PASS] CONTROL: the control" in text
+    assert "[FAIL] the target -- detail" in text
+    assert text.splitlines()[-1].startswith("FAIL: demo [a]")
+    assert r.exit_code == 1 and not r.passed
+    back = Result.from_json(json.loads(json.dumps(r.to_json())))
+    assert back == r
+    ok = _result("b", True, 1.0)
+    assert ok.exit_code == 0 and ok.passed
+    ok.error, ok.error_kind = "environment went away", "environment"
+    assert ok.exit_code == 2 and not ok.passed
+    empty = Result(experiment="demo")
+    assert not empty.passed  # no checks is never a pass
+
+
+def test_control_drift_steady_moved_and_unmeasured() -> None:
+    a, b = _result("a", False, 1.0), _result("b", True, 1.4)
+    (d,) = control_drift(a, b)
+    assert d.steady and d.drift == pytest.approx(0.4)
+    (d,) = control_drift(a, _result("b", True, 1.6))
+    assert not d.steady
+    (d,) = control_drift(a, _result("b", True, None))
+    assert not d.steady and d.drift is None
+
+
+# ----------------------------------------------------------------- the freeze control
+
+
+async def test_freeze_held_goes_red_when_bytes_cross_or_nothing_was_frozen() -> None:
+    async with echo_server() as addr, open_proxy(upstream=addr) as proxy:
+        stream = await trio.open_tcp_stream(*proxy.address)
+        await stream.send_all(b"hello")
+        assert await stream.receive_some(5) == b"hello"
+        ctx = types.SimpleNamespace(log=types.SimpleNamespace(write=lambda *a, **k: None))
+        rec = await freeze_links(ctx, proxy)  # type: ignore[arg-type]
+        assert rec.count == 1
+        await stream.send_all(b"into the frozen link")
+        ok, detail = freeze_held(proxy, rec)
+        assert ok, detail
+        # Break it: thaw, so bytes move (the control must go red).
+        await proxy.thaw()
+        with trio.fail_after(5):
+            got = b""
+            while len(got) < 20:
+                got += await stream.receive_some(64)
+        ok, detail = freeze_held(proxy, rec)
+        assert not ok and "moved" in detail
+        await stream.aclose()
+    empty = FreezeRecord(0.0, 0, {})
+    ok, detail = freeze_held(types.SimpleNamespace(connections=lambda: []), empty)
+    assert not ok and "no link was frozen" in detail
+
+
+# ----------------------------------------------------------------- the repeat loop
+
+
+def _fake_experiment(fail_odd: bool = True) -> types.ModuleType:
+    """An experiment with no bot: fails on odd seeds, so repeat/seed/keep can be seen."""
+    mod = types.ModuleType("fake_exp")
+    mod.NAME = "fake"
+    mod.DESCRIPTION = "fake experiment"
+    mod.MAX_REAL_S = 30.0
+
+    def add_arguments(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--extra", default="x")
+
+    async def run(ctx: _runner.Context) -> None:
+        ctx.say(f"seed {ctx.seed} env port {ctx.env.port}")
+        bad = fail_odd and ctx.seed % 2 == 1
+        ctx.result.check("a control", True, role="control")
+        ctx.result.check("the target", not bad, f"seed {ctx.seed}", role="target")
+        ctx.result.control("steady thing", 1.0)
+
+    mod.add_arguments = add_arguments
+    mod.run = run
+    return mod
+
+
+def _listing(d: Path) -> set[str]:
+    return {p.name for p in d.iterdir()}
+
+
+@pytest.fixture
+async def state_dir(tmp_path: Path):
+    st = await trio.to_thread.run_sync(env.up, tmp_path / "env")
+    try:
+        yield st.state_dir
+    finally:
+        await trio.to_thread.run_sync(env.down, st.state_dir)
+
+
+async def test_repeat_logs_each_seed_first_and_keeps_only_failing_runs(
+    tmp_path: Path, state_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    exp = _fake_experiment()
+    runs, out = tmp_path / "runs", tmp_path / "out.json"
+    argv = ["--bot-bin", sys.executable, "--state", str(state_dir), "--run-dir", str(runs)]
+    code = await _runner.amain(exp, [*argv, "--repeat", "3", "--seed", "10", "--out", str(out)])
+    assert code == 1
+    recs = read_jsonl(runs / "report.jsonl").records
+    assert [(r["event"], r["seed"]) for r in recs] == [
+        ("attempt_start", 10),
+        ("attempt_end", 10),
+        ("attempt_start", 11),
+        ("attempt_end", 11),
+        ("attempt_start", 12),
+        ("attempt_end", 12),
+    ]
+    ends = [r for r in recs if r["event"] == "attempt_end"]
+    assert [e["passed"] for e in ends] == [True, False, True]
+    kept = Path(ends[1]["run_dir"])
+    assert _listing(kept) >= {"result.json", "progress.log", "events.jsonl"}
+    assert ends[0]["run_dir"] is None and ends[2]["run_dir"] is None
+    assert {p for p in _listing(runs) if p.startswith("attempt-")} == {kept.name}
+    stdout = capsys.readouterr().out
+    assert f"evidence kept in {kept}" in stdout
+    assert "fake: 2/3 attempts passed" in stdout
+    doc = json.loads(out.read_text())
+    assert doc["exit_code"] == 1 and [a["seed"] for a in doc["attempts"]] == [10, 11, 12]
+
+    # Replaying the failing seed fails the same way; a passing seed passes.
+    assert await _runner.amain(exp, [*argv, "--seed", "11"]) == 1
+    assert await _runner.amain(exp, [*argv, "--seed", "12"]) == 0
+
+
+async def test_environment_problems_exit_2(tmp_path: Path, state_dir: Path) -> None:
+    exp = _fake_experiment(fail_odd=False)
+    base = ["--bot-bin", sys.executable, "--run-dir", str(tmp_path / "runs")]
+    assert await _runner.amain(exp, [*base, "--state", str(tmp_path / "nowhere")]) == 2
+    os.environ.pop("ENCLAVE_STATE_DIR", None)
+    assert await _runner.amain(exp, base) == 2  # neither --state nor --env auto
+    assert await _runner.amain(exp, [*base, "--state", str(state_dir)]) == 0
+    # A dead server is an environment problem, not a finding.
+    await trio.to_thread.run_sync(env.down, state_dir)
+    assert await _runner.amain(exp, [*base, "--state", str(state_dir)]) == 2
