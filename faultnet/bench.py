@@ -1053,127 +1053,10 @@ def run_bench(p: BenchParams) -> dict[str, Any]:
                 return proc_cpu_s(socat.child.pid, children=True)
             return None
 
-        # -- bulk: rounds rotate the arm order so no arm always runs first or last.
-        for arm in order:
-            arms[arm]["bulk"] = {"rounds": []}
-        for r in range(p.rounds):
-            for arm in order[r % len(order) :] + order[: r % len(order)]:
-                c0 = cpu_of(arm)
-                one = bulk_once(
-                    addrs[arm], block, p.bytes, p.verify, expected_sha,
-                    corrupt="corrupt" in p.sabotage and arm == "faultnet",
-                )  # fmt: skip
-                c1 = cpu_of(arm)
-                if c0 is not None and c1 is not None:
-                    one["proxy_cpu_s"] = c1 - c0
-                arms[arm]["bulk"]["rounds"].append(one)
-                _log(
-                    f"bulk {arm:8} round {r + 1}/{p.rounds}: {one['mbps'] or 0:7.0f} MB/s"
-                    + ("" if one["verified"] else f"  NOT VERIFIED: {one['why']}")
-                )
-        for arm in order:
-            b = arms[arm]["bulk"]
-            b["mbps"] = _median([x["mbps"] for x in b["rounds"] if x["mbps"] is not None])
-            cpus = [x["proxy_cpu_s"] for x in b["rounds"] if "proxy_cpu_s" in x]
-            b["proxy_cpu_s_per_gib"] = (
-                _median([c / (p.bytes / GIB) for c in cpus]) if cpus else None
-            )
-            bad = [x["why"] for x in b["rounds"] if not x["verified"]]
-            checks.append(
-                {
-                    "name": f"bulk {arm}: byte count and content",
-                    "ok": not bad,
-                    "detail": bad[0] if bad else f"{p.bytes} bytes x {p.rounds}, {p.verify}",
-                }
-            )
-
-        # -- RTT: the pings split over the rounds, arm order rotating likewise.
-        per_round = max(1, p.pings // p.rounds)
-        warmup = min(200, max(1, per_round // 10))
-        samples: dict[str, list[int]] = {arm: [] for arm in order}
-        cpu_rtt: dict[str, float] = {}
-        rtt_error: dict[str, str] = {}
-        for r in range(p.rounds):
-            for arm in order[r % len(order) :] + order[: r % len(order)]:
-                if arm in rtt_error:
-                    continue
-                c0 = cpu_of(arm)
-                try:
-                    samples[arm] += pingpong(addrs[arm], per_round, warmup)
-                except OSError as exc:  # includes an echo that came back different
-                    rtt_error[arm] = str(exc) or type(exc).__name__
-                c1 = cpu_of(arm)
-                if c0 is not None and c1 is not None:
-                    cpu_rtt[arm] = cpu_rtt.get(arm, 0.0) + (c1 - c0)
-        for arm in order:
-            xs = sorted(samples[arm])
-            arms[arm]["rtt"] = {
-                "samples": len(xs),
-                "p50_us": _us(percentile(xs, 50)),
-                "p99_us": _us(percentile(xs, 99)),
-                "mean_us": statistics.fmean(xs) / 1000 if xs else None,
-            }
-            if arm in cpu_rtt and xs:
-                # Includes warm-up round trips and connection setup: an upper bound.
-                arms[arm]["rtt"]["proxy_cpu_us_per_rtt"] = (
-                    cpu_rtt[arm] * 1e6 / (len(xs) + warmup * p.rounds)
-                )
-            checks.append(
-                {
-                    "name": f"rtt {arm}: every echo came back intact",
-                    "ok": arm not in rtt_error,
-                    "detail": rtt_error.get(arm, f"{len(xs)} timed round trips"),
-                }
-            )
-            rtt = arms[arm]["rtt"]
-            if arm in rtt_error:
-                _log(f"rtt  {arm:8}: FAILED: {rtt_error[arm]}")
-            else:
-                _log(f"rtt  {arm:8}: p50 {rtt['p50_us']:.1f} us, p99 {rtt['p99_us']:.1f} us")
-        d50 = arms["direct"]["rtt"]["p50_us"]
-        for arm in order[1:]:
-            a50 = arms[arm]["rtt"]["p50_us"]
-            arms[arm]["rtt"]["added_p50_us"] = None if None in (a50, d50) else a50 - d50
-
-        # -- concurrency: direct first (checks the load generator), then through faultnet.
-        if "socat" in addrs:
-            arms["socat"]["hold"] = {"n/a": "socat forks one process per connection"}
-        socks, info = open_held(addrs["direct"], p.connections)
-        arms["direct"]["hold"] = info
-        _log(
-            f"hold direct: {info['held']} connections ({info['open_s']} s)"
-            + (f"; stopped by: {info['stopped_by']}" if info["stopped_by"] else "")
-        )
-        _close_all(socks)
-
-        assert proxy is not None
-        rss0 = proc_rss_kib(proxy.pid)
-        cpu0 = proc_cpu_s(proxy.pid)
-        socks, info = open_held(addrs["faultnet"], p.connections)
-        try:
-            cpu1 = proc_cpu_s(proxy.pid)
-            if socks and cpu0 is not None and cpu1 is not None:
-                info["proxy_cpu_ms_per_conn"] = (cpu1 - cpu0) * 1000 / len(socks)
-            time.sleep(0.2)  # the last batch's tasks finish starting before RSS is read
-            rss1 = proc_rss_kib(proxy.pid)
-            info["rss_before_kib"] = rss0
-            info["rss_held_kib"] = rss1
-            info["rss_per_conn_kib"] = (
-                (rss1 - rss0) / len(socks) if socks and rss0 is not None and rss1 else None
-            )
-            info["proxy_fds"] = fd_count(proxy.pid)
-            arms["faultnet"]["hold"] = info
-            _log(
-                f"hold faultnet: {info['held']} connections ({info['open_s']} s), "
-                f"RSS +{info['rss_per_conn_kib'] or 0:.1f} KiB/conn"
-                + (f"; stopped by: {info['stopped_by']}" if info["stopped_by"] else "")
-            )
-            if socks:
-                arms["faultnet"]["freeze"] = _freeze_phase(
-                    socks, proxy, upstream, p.freeze_window, checks
-                )
-        finally:
-            _close_all(socks)
+        ctx = _Run(p, addrs, order, arms, checks, cpu_of)
+        _bulk_phase(ctx, block, expected_sha)
+        _rtt_phase(ctx)
+        _hold_phase(ctx, proxy, upstream)
     finally:
         if socat is not None:
             socat.stop()
@@ -1186,6 +1069,155 @@ def run_bench(p: BenchParams) -> dict[str, Any]:
     result["elapsed_s"] = round(time.time() - started, 2)
     result["ok"] = all(c["ok"] for c in checks)
     return result
+
+
+@dataclass
+class _Run:
+    """What every phase of one run shares."""
+
+    p: BenchParams
+    addrs: dict[str, tuple[str, int]]
+    order: list[str]  # the arms that run: direct, socat (unless skipped), faultnet
+    arms: dict[str, dict[str, Any]]
+    checks: list[dict[str, Any]]
+    cpu_of: Callable[[str], float | None]  # the arm's proxy CPU seconds so far
+
+    def rounds(self) -> list[tuple[int, list[str]]]:
+        """Each round's arm order, rotated so no arm always runs first or last."""
+        n = len(self.order)
+        return [(r, self.order[r % n :] + self.order[: r % n]) for r in range(self.p.rounds)]
+
+
+def _bulk_phase(ctx: _Run, block: bytes, expected_sha: str | None) -> None:
+    p, arms, addrs, checks, order, cpu_of = (
+        ctx.p, ctx.arms, ctx.addrs, ctx.checks, ctx.order, ctx.cpu_of
+    )  # fmt: skip
+    for arm in order:
+        arms[arm]["bulk"] = {"rounds": []}
+    for r, round_order in ctx.rounds():
+        for arm in round_order:
+            c0 = cpu_of(arm)
+            one = bulk_once(
+                addrs[arm], block, p.bytes, p.verify, expected_sha,
+                corrupt="corrupt" in p.sabotage and arm == "faultnet",
+            )  # fmt: skip
+            c1 = cpu_of(arm)
+            if c0 is not None and c1 is not None:
+                one["proxy_cpu_s"] = c1 - c0
+            arms[arm]["bulk"]["rounds"].append(one)
+            _log(
+                f"bulk {arm:8} round {r + 1}/{p.rounds}: {one['mbps'] or 0:7.0f} MB/s"
+                + ("" if one["verified"] else f"  NOT VERIFIED: {one['why']}")
+            )
+    for arm in order:
+        b = arms[arm]["bulk"]
+        b["mbps"] = _median([x["mbps"] for x in b["rounds"] if x["mbps"] is not None])
+        cpus = [x["proxy_cpu_s"] for x in b["rounds"] if "proxy_cpu_s" in x]
+        b["proxy_cpu_s_per_gib"] = _median([c / (p.bytes / GIB) for c in cpus]) if cpus else None
+        bad = [x["why"] for x in b["rounds"] if not x["verified"]]
+        checks.append(
+            {
+                "name": f"bulk {arm}: byte count and content",
+                "ok": not bad,
+                "detail": bad[0] if bad else f"{p.bytes} bytes x {p.rounds}, {p.verify}",
+            }
+        )
+
+
+def _rtt_phase(ctx: _Run) -> None:
+    """64-byte ping-pong; the pings split over the rounds."""
+    p, arms, addrs, checks, order, cpu_of = (
+        ctx.p, ctx.arms, ctx.addrs, ctx.checks, ctx.order, ctx.cpu_of
+    )  # fmt: skip
+    per_round = max(1, p.pings // p.rounds)
+    warmup = min(200, max(1, per_round // 10))
+    samples: dict[str, list[int]] = {arm: [] for arm in order}
+    cpu_rtt: dict[str, float] = {}
+    rtt_error: dict[str, str] = {}
+    for _r, round_order in ctx.rounds():
+        for arm in round_order:
+            if arm in rtt_error:
+                continue
+            c0 = cpu_of(arm)
+            try:
+                samples[arm] += pingpong(addrs[arm], per_round, warmup)
+            except OSError as exc:  # includes an echo that came back different
+                rtt_error[arm] = str(exc) or type(exc).__name__
+            c1 = cpu_of(arm)
+            if c0 is not None and c1 is not None:
+                cpu_rtt[arm] = cpu_rtt.get(arm, 0.0) + (c1 - c0)
+    for arm in order:
+        xs = sorted(samples[arm])
+        arms[arm]["rtt"] = {
+            "samples": len(xs),
+            "p50_us": _us(percentile(xs, 50)),
+            "p99_us": _us(percentile(xs, 99)),
+            "mean_us": statistics.fmean(xs) / 1000 if xs else None,
+        }
+        if arm in cpu_rtt and xs:
+            # Includes warm-up round trips and connection setup: an upper bound.
+            arms[arm]["rtt"]["proxy_cpu_us_per_rtt"] = (
+                cpu_rtt[arm] * 1e6 / (len(xs) + warmup * p.rounds)
+            )
+        checks.append(
+            {
+                "name": f"rtt {arm}: every echo came back intact",
+                "ok": arm not in rtt_error,
+                "detail": rtt_error.get(arm, f"{len(xs)} timed round trips"),
+            }
+        )
+        rtt = arms[arm]["rtt"]
+        if arm in rtt_error:
+            _log(f"rtt  {arm:8}: FAILED: {rtt_error[arm]}")
+        else:
+            _log(f"rtt  {arm:8}: p50 {rtt['p50_us']:.1f} us, p99 {rtt['p99_us']:.1f} us")
+    d50 = arms["direct"]["rtt"]["p50_us"]
+    for arm in order[1:]:
+        a50 = arms[arm]["rtt"]["p50_us"]
+        arms[arm]["rtt"]["added_p50_us"] = None if None in (a50, d50) else a50 - d50
+
+
+def _hold_phase(ctx: _Run, proxy: Child, upstream: Child) -> None:
+    """Connections held: direct first (checks the load generator), then through faultnet,
+    whose RSS and CPU are read around the ramp; then the freeze phase over all of them."""
+    p, arms, addrs, checks = ctx.p, ctx.arms, ctx.addrs, ctx.checks
+    if "socat" in addrs:
+        arms["socat"]["hold"] = {"n/a": "socat forks one process per connection"}
+    socks, info = open_held(addrs["direct"], p.connections)
+    arms["direct"]["hold"] = info
+    _log(
+        f"hold direct: {info['held']} connections ({info['open_s']} s)"
+        + (f"; stopped by: {info['stopped_by']}" if info["stopped_by"] else "")
+    )
+    _close_all(socks)
+
+    rss0 = proc_rss_kib(proxy.pid)
+    cpu0 = proc_cpu_s(proxy.pid)
+    socks, info = open_held(addrs["faultnet"], p.connections)
+    try:
+        cpu1 = proc_cpu_s(proxy.pid)
+        if socks and cpu0 is not None and cpu1 is not None:
+            info["proxy_cpu_ms_per_conn"] = (cpu1 - cpu0) * 1000 / len(socks)
+        time.sleep(0.2)  # the last batch's tasks finish starting before RSS is read
+        rss1 = proc_rss_kib(proxy.pid)
+        info["rss_before_kib"] = rss0
+        info["rss_held_kib"] = rss1
+        info["rss_per_conn_kib"] = (
+            (rss1 - rss0) / len(socks) if socks and rss0 is not None and rss1 else None
+        )
+        info["proxy_fds"] = fd_count(proxy.pid)
+        arms["faultnet"]["hold"] = info
+        _log(
+            f"hold faultnet: {info['held']} connections ({info['open_s']} s), "
+            f"RSS +{info['rss_per_conn_kib'] or 0:.1f} KiB/conn"
+            + (f"; stopped by: {info['stopped_by']}" if info["stopped_by"] else "")
+        )
+        if socks:
+            arms["faultnet"]["freeze"] = _freeze_phase(
+                socks, proxy, upstream, p.freeze_window, checks
+            )
+    finally:
+        _close_all(socks)
 
 
 def _freeze_phase(
