@@ -1,0 +1,127 @@
+"""toxiproxy-python (PyPI, unchanged) driving the faultnet server end to end.
+
+The client is blocking (requests), so each call runs in a worker thread while the server
+runs in the test's trio loop.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pytest
+import toxiproxy
+import trio
+from toxiproxy.api import APIConsumer
+from toxiproxy.exceptions import InvalidToxic, NotFound, ProxyExists
+
+from faultnet.controls import assert_accepting, assert_refusing, assert_severed
+from faultnet.server import RunningServer
+
+T = TypeVar("T")
+
+
+async def call(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    return await trio.to_thread.run_sync(functools.partial(func, *args, **kwargs))
+
+
+async def _echo(stream: trio.SocketStream) -> None:
+    try:
+        async for data in stream:
+            await stream.send_all(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+
+
+@pytest.fixture
+def client(faultnet_server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> toxiproxy.Toxiproxy:
+    host, _, port = faultnet_server.url.removeprefix("http://").rpartition(":")
+    monkeypatch.setattr(APIConsumer, "host", host)
+    monkeypatch.setattr(APIConsumer, "port", int(port))
+    return toxiproxy.Toxiproxy()
+
+
+def addr(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return host, int(port)
+
+
+async def rtt(stream: trio.SocketStream) -> float:
+    t0 = trio.current_time()
+    await stream.send_all(b"ping")
+    got = b""
+    with trio.fail_after(5):
+        while len(got) < 4:
+            chunk = await stream.receive_some()
+            assert chunk
+            got += chunk
+    return trio.current_time() - t0
+
+
+async def test_toxiproxy_python_end_to_end(
+    client: toxiproxy.Toxiproxy, nursery: trio.Nursery
+) -> None:
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, _echo, 0, host="127.0.0.1"))
+    up_port = listeners[0].socket.getsockname()[1]
+
+    assert await call(client.running)
+    assert b'"version"' in await call(client.version)
+    proxy = await call(client.create, upstream=f"127.0.0.1:{up_port}", name="echo")
+    assert proxy.enabled is True and addr(proxy.listen)[1] != 0
+    where = addr(proxy.listen)
+    assert set(await call(client.proxies)) == {"echo"}
+    with pytest.raises(ProxyExists):
+        await call(client.create, upstream="127.0.0.1:1", name="echo")
+
+    # A toxic, live on a connection already open.
+    stream = await trio.open_tcp_stream(*where)
+    assert await rtt(stream) < 0.1
+    await call(proxy.add_toxic, type="latency", attributes={"latency": 120})
+    assert await rtt(stream) >= 0.12
+    toxics = await call(proxy.toxics)
+    assert set(toxics) == {"latency_downstream"}
+    assert toxics["latency_downstream"].attributes == {"latency": 120, "jitter": 0}
+    with pytest.raises(InvalidToxic):
+        await call(proxy.add_toxic, type="no_such_toxic")
+
+    # Disable = refused and connections closed; enable = accepting on the same address.
+    await call(proxy.disable)
+    await assert_refusing(where)
+    await assert_severed(stream)
+    fetched = await call(client.get_proxy, "echo")
+    assert fetched.enabled is False
+    await call(proxy.enable)
+    await assert_accepting(where)
+
+    def down_and_up() -> bool:  # the client's context manager: disable, then enable
+        with proxy.down():
+            return client.get_proxy("echo").enabled
+
+    assert await call(down_and_up) is False
+    assert (await call(client.get_proxy, "echo")).enabled is True
+
+    # reset: every proxy enabled, every toxic removed.
+    await call(proxy.disable)
+    assert await call(client.reset)
+    assert (await call(client.get_proxy, "echo")).enabled is True
+    assert await call(proxy.toxics) == {}
+    stream = await trio.open_tcp_stream(*where)
+    assert await rtt(stream) < 0.1
+    await stream.aclose()
+
+    await call(proxy.add_toxic, type="timeout", stream="upstream", name="t")
+    assert await call(proxy.destroy_toxic, "t")
+    with pytest.raises(NotFound):
+        await call(proxy.destroy_toxic, "t")
+
+    # populate (the client's own create-or-replace loop over GET /proxies).
+    made = await call(
+        client.populate,
+        [{"name": "second", "upstream": f"127.0.0.1:{up_port}", "listen": "127.0.0.1:0"}],
+    )
+    assert [p.name for p in made] == ["second"]
+    assert await call(client.destroy, proxy)
+    await call(client.destroy_all)
+    assert await call(client.proxies) == {}
+    await assert_refusing(where)
