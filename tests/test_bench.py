@@ -47,6 +47,7 @@ def test_tiny_run_end_to_end_writes_valid_json(tmp_path: Path) -> None:
         rounds = doc["arms"][arm]["bulk"]["rounds"]
         assert [r["bytes"] for r in rounds] == [3 << 20] and rounds[0]["verified"]
         assert doc["arms"][arm]["rtt"]["samples"] == 100
+        assert doc["arms"][arm]["rtt_one_cpu"]["samples"] == 100
         assert doc["arms"][arm]["hold"]["held"] == 20
     freeze = doc["arms"]["faultnet"]["freeze"]
     assert freeze["connections"] == 20 and freeze["zero_bytes_crossed"] is True
@@ -68,7 +69,7 @@ def test_checks_go_red_when_the_proxy_leaks_or_corrupts(tmp_path: Path) -> None:
     out_path = tmp_path / "bench.json"
     out = bench(
         *TINY,
-        "--sabotage", "freeze,corrupt",
+        "--sabotage", "freeze,corrupt", "--rtt-cpu", "none",
         "--socat", str(tmp_path / "no-socat"),
         "--json", str(out_path),
     )  # fmt: skip
@@ -88,6 +89,7 @@ def test_usage_errors_are_one_line_exit_2() -> None:
         (["--bytes", "lots"], "not a size"),
         (["--connections", "0"], "--connections must be"),
         (["--freeze-window", "-1"], "--freeze-window"),
+        (["--rtt-cpu", "9999"], "not usable here"),
     ):
         out = bench(*args)
         assert out.returncode == 2, out
