@@ -32,8 +32,20 @@ def _body(schema: dict[str, Any], description: str = "") -> dict[str, Any]:
     }
 
 
-PROXY = {"name": "proxy", "in": "path", "required": True, "schema": {"type": "string"}}
-TOXIC = {"name": "toxic", "in": "path", "required": True, "schema": {"type": "string"}}
+PROXY = {
+    "name": "proxy",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string"},
+    "example": "redis",
+}
+TOXIC = {
+    "name": "toxic",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string"},
+    "example": "latency_downstream",
+}
 NOT_FOUND = _error("proxy not found (or toxic not found)")
 BAD = _error("bad request body, missing required field, invalid stream or toxic type")
 EMPTY = {"description": "done, no body"}
