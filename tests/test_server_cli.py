@@ -1,0 +1,240 @@
+"""The ``faultnet`` server and client commands: output, --json, exit codes, one-line errors.
+
+Client commands run in a worker thread (``faultnet.cli.main``) against a server in the
+test's trio loop; ``faultnet server`` itself and the unreachable-API case run as real
+processes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from faultnet.cli import main
+from faultnet.controls import assert_accepting, assert_refusing, assert_syn_dropped
+from faultnet.eventlog import read_jsonl
+from faultnet.server import RunningServer
+
+
+class Cli:
+    """Runs ``faultnet ARGS --api URL`` in a thread; returns (exit code, stdout, stderr)."""
+
+    def __init__(self, url: str, capsys: pytest.CaptureFixture[str]) -> None:
+        self.url = url
+        self.capsys = capsys
+
+    async def __call__(self, *args: str) -> tuple[int, str, str]:
+        self.capsys.readouterr()
+        argv = [*args, "--api", self.url]
+        code = await trio.to_thread.run_sync(functools.partial(main, argv))
+        out, err = self.capsys.readouterr()
+        return code, out, err
+
+    async def ok(self, *args: str) -> str:
+        code, out, err = await self(*args)
+        assert code == 0, err
+        return out
+
+    async def json(self, *args: str) -> Any:
+        return json.loads(await self.ok(*args, "--json"))
+
+
+@pytest.fixture
+def cli(faultnet_server: RunningServer, capsys: pytest.CaptureFixture[str]) -> Cli:
+    return Cli(faultnet_server.url, capsys)
+
+
+async def _echo(stream: trio.SocketStream) -> None:
+    try:
+        async for data in stream:
+            await stream.send_all(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+
+
+@pytest.fixture
+async def upstream(nursery: trio.Nursery) -> str:
+    listeners = await nursery.start(functools.partial(trio.serve_tcp, _echo, 0, host="127.0.0.1"))
+    return f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+
+
+def addr(listen: str) -> tuple[str, int]:
+    host, _, port = listen.rpartition(":")
+    return host, int(port)
+
+
+async def test_client_commands(cli: Cli, upstream: str) -> None:
+    assert (await cli.ok("proxies")).strip() == "no proxies"
+    out = await cli.ok("create", "web", "--upstream", upstream)
+    assert out.startswith("created web: 127.0.0.1:")
+    p = (await cli.json("proxies"))["web"]
+    where = addr(p["listen"])
+    table = await cli.ok("proxies")
+    assert table.splitlines()[0].split() == ["NAME", "LISTEN", "UPSTREAM", "ENABLED", "TOXICS"]
+    assert table.splitlines()[1].split() == ["web", p["listen"], upstream, "true", "-"]
+
+    t = await cli.json("toxic", "add", "web", "-t", "latency", "-a", "latency=50", "-a", "jitter=5")
+    assert t["name"] == "latency_downstream" and t["attributes"] == {"latency": 50, "jitter": 5}
+    out = await cli.ok("toxic", "add", "web", "-t", "bandwidth", "-s", "upstream", "-n", "bw")
+    assert out.strip() == "added bw (bandwidth, upstream) to web"
+    t = await cli.json("toxic", "update", "web", "bw", "-a", "rate=100", "--toxicity", "0.5")
+    assert t["attributes"] == {"rate": 100} and t["toxicity"] == 0.5
+    assert [x["name"] for x in await cli.json("toxic", "list", "web")] == [
+        "bw",
+        "latency_downstream",
+    ]
+    assert "removed bw from web" in await cli.ok("toxic", "remove", "web", "bw")
+
+    stream = await trio.open_tcp_stream(*where)
+    await stream.send_all(b"x")
+    with trio.fail_after(5):
+        await stream.receive_some()
+    r = await cli.json("fault", "web", "freeze", "--stream", "upstream")
+    assert r["connections"] == 1 and r["state"]["connections"] == {"frozen-upstream": 1}
+    assert (await cli.ok("fault", "web", "thaw")).strip() == "web: thaw on 1 connection(s)"
+    conns = await cli.json("connections", "web")
+    assert [(c["bytes_upstream"], c["state"]) for c in conns] == [(1, "open")]
+    assert "up=1" in await cli.ok("connections", "web")
+    await cli.ok("fault", "web", "drop-syn")
+    await assert_syn_dropped(where, timeout=0.3)
+    await cli.ok("fault", "web", "restore")
+    await assert_accepting(where)
+    await cli.ok("fault", "web", "sever")
+    await stream.aclose()
+
+    assert (await cli.ok("disable", "web")).startswith("disabled web")
+    await assert_refusing(where)
+    assert (await cli.ok("enable", "web")).startswith("enabled web")
+    await assert_accepting(where)
+    events = await cli.json("events", "web", "--limit", "5")
+    assert [e["event"] for e in events["events"]][:2] == ["listening", "toxic_added"]
+    assert '"event": "server_seed"' in await cli.ok("events")
+    assert "every toxic removed" in await cli.ok("reset")
+    assert (await cli.json("proxies"))["web"]["toxics"] == []
+    assert (await cli.ok("delete", "web")).strip() == "deleted web"
+    await assert_refusing(where)
+
+
+async def test_client_errors_and_exit_codes(cli: Cli, upstream: str) -> None:
+    code, out, err = await cli("delete", "ghost")
+    assert (code, out) == (2, "")
+    assert err == "faultnet: error: proxy not found (HTTP 404)\n"
+    code, out, err = await cli("toxic", "remove", "ghost", "t", "--json")
+    assert code == 2 and json.loads(out) == {"error": "proxy not found", "status": 404}
+    await cli.ok("create", "p", "--upstream", upstream)
+    code, _, err = await cli("create", "p", "--upstream", upstream)
+    assert (code, err) == (2, "faultnet: error: proxy already exists (HTTP 409)\n")
+    code, _, err = await cli("toxic", "add", "p", "-t", "latency", "-a", "latency=soon")
+    assert code == 2 and "must be an integer" in err and len(err.splitlines()) == 1
+    code, _, err = await cli("toxic", "add", "p", "-t", "latency", "-a", "latency")
+    assert code == 2 and "is not KEY=VALUE" in err
+    code, _, err = await cli("toxic", "add", "p", "-t", "nope")
+    assert (code, err) == (2, "faultnet: error: invalid toxic type (HTTP 400)\n")
+    # A server-side failure (listen address in use) exits 1, with its message.
+    with trio.socket.socket() as taken:
+        await taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        code, _, err = await cli(
+            "create", "q", "--upstream", upstream, "--listen", f"127.0.0.1:{port}"
+        )
+    assert code == 1
+    assert err == (
+        f"faultnet: error: listen address 127.0.0.1:{port} is already in use (HTTP 500)\n"
+    )
+
+
+# -- real processes ---------------------------------------------------------------------
+
+
+def _run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "faultnet", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_unreachable_api_is_one_line_exit_2() -> None:
+    r = _run("proxies", "--api", f"http://127.0.0.1:{_free_port()}")
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("faultnet: error: cannot reach the API at http://127.0.0.1:")
+    assert len(r.stderr.splitlines()) == 1 and "Connection refused" in r.stderr
+
+
+def _read_line(proc: subprocess.Popen[str], timeout: float) -> str:
+    assert proc.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout):
+            raise AssertionError(f"no line from the server within {timeout} s")
+    return proc.stdout.readline()
+
+
+def test_server_process_config_seed_event_log_and_sigterm(tmp_path: Path) -> None:
+    config = tmp_path / "proxies.json"
+    config.write_text(json.dumps([{"name": "db", "upstream": "127.0.0.1:5432"}]))
+    log = tmp_path / "events.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "faultnet", "server", "--port", "0", "--seed", "42"]
+        + ["--config", str(config), "--event-log", str(log)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        line = _read_line(proc, 20)
+        assert "(seed 42, 1 proxies," in line
+        url = line.split(" listening on ")[1].split()[0]
+        r = _run("proxies", "--json", "--api", url)
+        assert r.returncode == 0 and json.loads(r.stdout)["db"]["enabled"] is True
+        proc.send_signal(signal.SIGTERM)  # the exact process started above
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+    records = read_jsonl(log).records
+    assert {"event": "server_seed", "seed": 42}.items() <= records[0].items()
+    kinds = [(r.get("proxy"), r["event"]) for r in records]
+    assert ("db", "listening") in kinds and ("db", "stopped") in kinds
+    assert (None, "server_stop") in kinds
+
+
+def test_server_startup_errors_are_one_line_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text("[{")
+    r = _run("server", "--port", "0", "--config", str(bad))
+    assert r.returncode == 2 and r.stderr.startswith(f"faultnet: error: cannot read config {bad}")
+    assert len(r.stderr.splitlines()) == 1
+    missing = tmp_path / "missing.json"
+    missing.write_text(json.dumps([{"name": "x"}]))
+    r = _run("server", "--port", "0", "--config", str(missing))
+    assert (r.returncode, r.stderr) == (
+        2,
+        f"faultnet: error: config {missing}: missing required field: upstream at proxy 1\n",
+    )
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        r = _run("server", "--port", str(port))
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+    assert r.stderr.startswith(f"faultnet: error: cannot serve the API on 127.0.0.1:{port}: ")
+    assert "in use" in r.stderr
