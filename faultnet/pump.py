@@ -53,31 +53,34 @@ class Gate:
     """A flag a pump looks at before every byte-moving syscall.
 
     ``close()`` and ``open()`` act at once and never block. ``wait_open()`` returns at
-    once, without a checkpoint, while the gate is open.
+    once, without a checkpoint, while the gate is open. The wake-up event is made only
+    when a task actually waits (closing 10,000 gates for one freeze made 10,000 events:
+    half of a 5,000-connection freeze's 48 ms).
     """
 
     __slots__ = ("_event", "_open")
 
     def __init__(self) -> None:
         self._open = True
-        self._event = trio.Event()
-        self._event.set()
+        self._event: trio.Event | None = None
 
     @property
     def is_open(self) -> bool:
         return self._open
 
     def close(self) -> None:
-        if self._open:
-            self._open = False
-            self._event = trio.Event()
+        self._open = False
 
     def open(self) -> None:
         self._open = True
-        self._event.set()
+        if self._event is not None:
+            self._event.set()
+            self._event = None
 
     async def wait_open(self) -> None:
         while not self._open:
+            if self._event is None:
+                self._event = trio.Event()
             await self._event.wait()
 
 
@@ -147,9 +150,6 @@ class Direction:
         #: Bytes written to ``dst`` (what crossed the proxy).
         self.bytes = 0
         self.eof_forwarded = False
-        #: Set while the splice pump waits for its socket to turn readable; cancelled to
-        #: make it move to the copy path when a toxic is added.
-        self.idle_scope: trio.CancelScope | None = None
         self._ops = 0
 
     # -- byte-moving primitives: gate first, then the syscall, no checkpoint between --
@@ -210,48 +210,64 @@ class Direction:
         await self._copy()
 
     async def _splice(self, pool: PipePool) -> bool:
-        """Zero-copy forwarding. True at EOF; False when a toxic needs the copy path."""
+        """Zero-copy forwarding. True at EOF; False when this direction must move to the
+        copy path (a toxic applies, or no descriptor is left for a pipe)."""
         src, dst = self.src.fileno(), self.dst.fileno()
-        pipe: tuple[int, int] | None = None
-        try:
-            while True:
-                if pipe is None:
-                    if self.conn.wants_copy(self.stream):
-                        return False
-                    with trio.CancelScope() as self.idle_scope:
-                        await trio.lowlevel.wait_readable(self.src)
-                    self.idle_scope = None
-                    if self.conn.wants_copy(self.stream):
-                        return False
-                    pipe = pool.take()
-                await self.gate.wait_open()
-                try:
-                    n = os.splice(src, pipe[1], CHUNK, flags=_SPLICE_FLAGS)
-                except BlockingIOError:
-                    pool.give(pipe)  # drained below on every fill, so it is empty here
-                    pipe = None
-                    continue
-                except OSError as exc:
-                    raise _classify(exc) from exc
-                if n == 0:
-                    await self.send_eof()
-                    return True
-                while n:
+        while True:
+            if self.conn.wants_copy(self.stream):
+                return False
+            await trio.lowlevel.wait_readable(self.src)
+            # A frozen direction takes no pipe: its bytes wait in the kernel. (Taking one
+            # first cost 4 descriptors per frozen connection and ran a 5,000-connection
+            # freeze out of descriptors.)
+            await self.gate.wait_open()
+            if self.conn.wants_copy(self.stream):
+                return False  # a toxic arrived while parked: these bytes go through it
+            try:
+                pipe = pool.take()
+            except OSError as exc:
+                self.conn.proxy.log.write(
+                    "splice_fallback",
+                    conn=self.conn.id,
+                    stream=self.stream,
+                    reason=exc.strerror or str(exc),
+                )
+                return False
+            drained = False
+            try:
+                while True:
                     await self.gate.wait_open()
                     try:
-                        m = os.splice(pipe[0], dst, n, flags=_SPLICE_FLAGS)
+                        n = os.splice(src, pipe[1], CHUNK, flags=_SPLICE_FLAGS)
                     except BlockingIOError:
-                        await trio.lowlevel.wait_writable(self.dst)
-                        continue
+                        break
                     except OSError as exc:
                         raise _classify(exc) from exc
-                    self.bytes += m
-                    n -= m
-                await self._fair()
-        finally:
-            self.idle_scope = None
-            if pipe is not None:
-                pool.discard(pipe)
+                    if n == 0:
+                        drained = True
+                        await self.send_eof()
+                        return True
+                    filled = n
+                    while n:
+                        await self.gate.wait_open()
+                        try:
+                            m = os.splice(pipe[0], dst, n, flags=_SPLICE_FLAGS)
+                        except BlockingIOError:
+                            await trio.lowlevel.wait_writable(self.dst)
+                            continue
+                        except OSError as exc:
+                            raise _classify(exc) from exc
+                        self.bytes += m
+                        n -= m
+                    if filled < CHUNK:
+                        # A short read almost always means the socket is empty: wait for
+                        # readability instead of paying a splice that returns EAGAIN
+                        # (measured: 98 -> 86 us of proxy CPU per 64-byte round trip).
+                        break
+                    await self._fair()
+                drained = True
+            finally:
+                (pool.give if drained else pool.discard)(pipe)
 
     async def _copy(self) -> None:
         """Copy path: a reader task feeds chunks, stamped with the time they were read,
