@@ -111,6 +111,9 @@ async def test_version_openapi_and_empty_index(api: httpx.AsyncClient) -> None:
 
 async def test_unknown_route_method_and_browser(api: httpx.AsyncClient) -> None:
     assert_error(await api.get("/nope"), 404, "not found")
+    assert_error(await api.get("/proxies/"), 404, "not found")  # not a redirect
+    big = b"[" + b"{}," * 400_000 + b"{}]"  # 1.2 MB
+    assert_error(await api.post("/populate", content=big), 413, "bad request body: larger")
     r = await api.delete("/version")
     assert_error(r, 405, "method not allowed")
     assert "GET" in r.headers["allow"]

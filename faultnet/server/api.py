@@ -56,8 +56,19 @@ def _reject_constant(name: str) -> Any:
 
 
 async def _json(request: Request) -> Any:
-    """The request body as JSON (whatever its Content-Type, as Toxiproxy reads it)."""
-    raw = await request.body()
+    """The request body as JSON (whatever its Content-Type, as Toxiproxy reads it).
+
+    A body over :data:`MAX_BODY_BYTES` is a 413, without reading the rest of it.
+    """
+    too_large = ApiError(413, f"bad request body: larger than {MAX_BODY_BYTES} bytes")
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > MAX_BODY_BYTES:
+        raise too_large
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY_BYTES:
+            raise too_large
     if not raw.strip():
         raise bad_body("EOF")  # what Toxiproxy's decoder says for an empty body
     try:
@@ -101,8 +112,8 @@ def create_app(registry: ProxyRegistry) -> Starlette:
                 return await func(request)
             except ApiError as exc:
                 return _error(exc.status, exc.message)
-            except HTTPException as exc:  # e.g. 413 from the body size limit
-                return _error(exc.status_code, str(exc.detail))
+            except HTTPException as exc:
+                return _error(exc.status_code, str(exc.detail).lower())
             except Exception as exc:
                 # A bug, not a client's mistake: answer, record, keep serving.
                 registry.events.server.write(
@@ -270,11 +281,9 @@ def create_app(registry: ProxyRegistry) -> Starlette:
         Route("/events", all_events, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
     ]
-    app = Starlette(
-        routes=routes,
-        exception_handlers={HTTPException: http_error},
-        max_body_size=MAX_BODY_BYTES,
-    )
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    # "/proxies/" is not "/proxies": a 404, not a redirect (Toxiproxy's router agrees).
+    app.router.redirect_slashes = False
     app.add_middleware(BrowserBlock)
     return app
 
