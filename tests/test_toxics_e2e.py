@@ -107,10 +107,10 @@ async def test_latency_delays_each_way_within_tolerance(
     proxy.add_toxic(Latency("down", "downstream", latency=100))
     stream = await connect(proxy)
     times = [await rtt(stream) for _ in range(4)]
-    assert min(times) >= 0.100 and statistics.median(times) < 0.100 + 0.06, times
+    assert min(times) >= 0.100 and statistics.median(times) < 0.100 + 0.08, times
     proxy.add_toxic(Latency("up", "upstream", latency=50))  # the two ways add up
     times = [await rtt(stream) for _ in range(3)]
-    assert min(times) >= 0.150 and statistics.median(times) < 0.150 + 0.06, times
+    assert min(times) >= 0.150 and statistics.median(times) < 0.150 + 0.08, times
 
 
 async def test_latency_and_jitter_keep_bytes_exact(faultnet_proxy: Factory, echo: Address) -> None:
@@ -135,7 +135,7 @@ async def test_bandwidth_near_its_rate(faultnet_proxy: Factory, echo: Address) -
         nursery.start_soon(stream.send_all, data)
         assert await receive_exactly(stream, len(data)) == data
     measured = len(data) / 1000 / (trio.current_time() - t0)
-    assert 0.7 * rate_kb <= measured <= 1.05 * rate_kb, f"{measured:.0f} KB/s"
+    assert 0.65 * rate_kb <= measured <= 1.05 * rate_kb, f"{measured:.0f} KB/s"
 
 
 async def test_slicer_splits_and_keeps_bytes_exact(faultnet_proxy: Factory, echo: Address) -> None:
@@ -263,7 +263,7 @@ async def test_live_add_update_remove_while_data_flows(
     updated = await phase(2)
     proxy.remove_toxic("lat")
     after = await phase(5)
-    assert max(before) < 0.1 and min(during) >= 0.1 and min(updated) >= 0.2
+    assert statistics.median(before) < 0.05 and min(during) >= 0.1 and min(updated) >= 0.2
     assert statistics.median(after) < 0.1, after
     assert sent == received == 15 * 2000
 
