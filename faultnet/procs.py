@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,15 @@ class ProcessIdentity:
         start = read_start_time(pid)
         if start is None:
             raise ProcessLookupError(pid)
-        return cls(pid, start, tuple(read_cmdline(pid) or ()))
+        cmdline = read_cmdline(pid)
+        # Caught between fork and exec (just after Popen returns), a process's cmdline
+        # reads empty: 4 spawns in 40 here. Wait for the exec, bounded at ~100 ms.
+        for _ in range(50):
+            if cmdline or cmdline is None:
+                break
+            time.sleep(0.002)
+            cmdline = read_cmdline(pid)
+        return cls(pid, start, tuple(cmdline or ()))
 
     def is_alive(self) -> bool:
         """True while the PID still belongs to this process and it has not been reaped.
