@@ -304,3 +304,31 @@ async def test_half_close_kept_through_a_chain(faultnet_proxy: Factory, echo: Ad
     await stream.send_all(data)
     await stream.send_eof()  # the reply must still come back, then the echo's EOF
     assert await read_to_eof(stream) == data
+
+
+async def test_toxicity_decided_once_per_connection_and_kept(
+    faultnet_proxy: Factory, echo: Address
+) -> None:
+    proxy = await faultnet_proxy(echo, seed=5)
+    proxy.add_toxic(Latency("half", "downstream", 0.5, latency=150))
+    streams = [await connect(proxy) for _ in range(12)]
+
+    async def slow_ones() -> list[bool]:
+        times: dict[int, float] = {}
+
+        async def one(i: int) -> None:
+            times[i] = await rtt(streams[i])
+
+        async with trio.open_nursery() as nursery:
+            for i in range(len(streams)):
+                nursery.start_soon(one, i)
+        return [times[i] >= 0.150 for i in range(len(streams))]
+
+    picked = await slow_ones()
+    assert 0 < sum(picked) < len(picked)
+    # Toxiproxy re-rolls every connection when the chain changes; faultnet does not.
+    proxy.add_toxic(Slicer("other", "upstream"))
+    assert await slow_ones() == picked
+    proxy.remove_toxic("other")
+    proxy.update_toxic("half", {"latency": 160})
+    assert await slow_ones() == picked
