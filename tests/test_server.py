@@ -572,3 +572,27 @@ async def test_seed_makes_toxicity_decisions_reproducible(upstream: Address) -> 
     assert a == await _affected_pattern(1234, upstream)
     assert a != await _affected_pattern(99, upstream)
     assert 0 < sum(a) < len(a)
+
+
+async def test_relisten_on_a_taken_address_is_500_naming_it(
+    api: httpx.AsyncClient, upstream: Address
+) -> None:
+    p = await create(api, "p", upstream)
+    await create(api, "q", upstream)
+    await api.post("/proxies/q", json={"enabled": False})
+    q = (await api.get("/proxies/q")).json()
+    await api.post("/proxies/p/faults", json={"mode": "refuse"})
+    with trio.socket.socket() as thief, trio.socket.socket() as thief2:
+        for sock, where in ((thief, p["listen"]), (thief2, q["listen"])):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            await sock.bind(addr(where))
+            sock.listen(1)
+        message = f"listen address {p['listen']} is already in use"
+        assert_error(await api.post("/proxies/p/faults", json={"mode": "restore"}), 500, message)
+        assert_error(await api.delete("/proxies/p/faults"), 500, message)
+        assert_error(await api.post("/reset"), 500, message)  # stops at the first failure
+        await api.delete("/proxies/p")
+        message = f"listen address {q['listen']} is already in use"
+        assert_error(await api.post("/reset"), 500, message)
+    assert (await api.post("/reset")).status_code == 204  # the address is free again
+    await assert_accepting(addr(q["listen"]))
