@@ -16,6 +16,7 @@ import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -118,3 +119,18 @@ def test_no_internal_errors_were_logged(server_url: str) -> None:
     assert status == 200
     errors = [e for e in body["events"] if e["event"] in ("api_error", "proxy_failed")]
     assert errors == []
+
+
+def test_the_fuzz_check_goes_red_on_a_5xx() -> None:
+    # The detector above, broken on purpose: a 500 that is not "address in use" fails it.
+    case = SimpleNamespace(method="GET", formatted_path="/proxies")
+
+    def response(status: int, error: str) -> SimpleNamespace:
+        return SimpleNamespace(status_code=status, content=json.dumps({"error": error}).encode())
+
+    check = no_unexpected_server_error
+    assert check(None, response(404, "proxy not found"), case) is None
+    assert check(None, response(500, "listen address 127.0.0.1:1 is already in use"), case) is None
+    for status, error in ((500, "internal error: KeyError('x')"), (502, ""), (503, "in use")):
+        with pytest.raises(AssertionError, match=f"GET /proxies: {status}"):
+            check(None, response(status, error), case)
