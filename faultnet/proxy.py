@@ -419,18 +419,21 @@ class Proxy:
         self.address = sock.getsockname()[:2]
 
     def _start_accepting(self) -> None:
-        assert self._nursery is not None
-        self._accept_scope = trio.CancelScope()
-        self._nursery.start_soon(self._accept_loop, self._accept_scope)
-
-    async def _accept_loop(self, scope: trio.CancelScope) -> None:
         assert self._nursery is not None and self._listener is not None
-        listener = self._listener
+        self._accept_scope = trio.CancelScope()
+        self._nursery.start_soon(self._accept_loop, self._listener, self._accept_scope)
+
+    async def _accept_loop(self, listener: trio.socket.SocketType, scope: trio.CancelScope) -> None:
+        # The listener is passed in, not read from self: refuse() may close it and
+        # restore() bind a new one before this task first runs.
+        assert self._nursery is not None
         with scope:
             while True:
                 try:
                     tsock, addr = await listener.accept()
                 except OSError as exc:
+                    if listener.fileno() < 0 or exc.errno == errno.EBADF:
+                        return  # closed under us by refuse(): its scope is cancelled too
                     # EMFILE/ENFILE/ENOBUFS: out of descriptors or memory. Log, back off
                     # briefly, keep serving: one connection's trouble is not the proxy's.
                     self.log.write("accept_error", error=exc.strerror or str(exc))

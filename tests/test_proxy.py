@@ -161,6 +161,8 @@ async def test_listen_address_in_use_is_a_clear_error() -> None:
 async def test_refuse_and_restore_same_port() -> None:
     async with echo_server() as up, open_proxy(up) as proxy:
         port = proxy.address[1]
+        await proxy.refuse()  # before the accept loop first ran: that race crashed it once
+        await proxy.restore()
         await proxy.refuse()
         result = await controls.assert_refusing(proxy.address, timeout=1.0)
         assert result.elapsed_s < 0.5  # refused at once, not after the timeout
@@ -383,9 +385,7 @@ def _socket_and_pipe_fds() -> tuple[int, int]:
 
 async def test_descriptors_back_to_baseline_after_2000_connections() -> None:
     async with echo_server() as up, open_proxy(up) as proxy:
-        await controls.assert_accepting(proxy.address)
-        await _wait_until(lambda: not proxy.connections())
-        base_sockets, _ = _socket_and_pipe_fds()
+        base_sockets, _ = _socket_and_pipe_fds()  # listeners only: no connection yet
 
         async def one() -> None:
             s = await trio.open_tcp_stream(*proxy.address)
