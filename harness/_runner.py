@@ -50,7 +50,7 @@ import trio
 from faultnet.eventlog import JsonlWriter, flatten
 from faultnet.procs import ProcessIdentity, signal_exact
 from harness._report import EXIT_ENV, EXIT_FAILED, EXIT_OK, Result, render_result
-from harness._timescale import REAL, TimeScale, time_scale_from
+from harness._timescale import TimeScale, time_scale_from
 
 __all__ = [
     "BotHandle",
@@ -195,17 +195,27 @@ class BotHandle:
         The bot's ``mono`` stamp is CLOCK_MONOTONIC, the same clock as this process's
         :func:`time.monotonic`, so times compare across the two processes.
         """
-        with trio.move_on_after(timeout):
-            while True:
-                evs = self.events(name)
-                if after_mono is not None:
-                    evs = [e for e in evs if float(e.get("mono", 0.0)) >= after_mono]
-                if len(evs) >= count:
-                    return evs[count - 1]
-                # Polling the captured stderr: the bot writes one line per transport
-                # event, and 20 ms is far below every interval measured here.
-                await trio.sleep(0.02)
-        return None
+        deadline = trio.current_time() + timeout
+        while True:
+            # Count lines first, then look: a line landing in between is seen either by
+            # this look or by the wait below, never missed.
+            since = self.drv.process.stderr_count()
+            evs = self.events(name)
+            if after_mono is not None:
+                evs = [e for e in evs if float(e.get("mono", 0.0)) >= after_mono]
+            if len(evs) >= count:
+                return evs[count - 1]
+            remaining = deadline - trio.current_time()
+            if remaining <= 0:
+                return None
+            # Woken by the bot's next transport event (or None: timeout, stderr closed).
+            if await self.drv.wait_stderr(r"^BOTEVENT ", remaining, since=since) is None:
+                evs = [
+                    e
+                    for e in self.events(name)
+                    if after_mono is None or float(e.get("mono", 0.0)) >= after_mono
+                ]
+                return evs[count - 1] if len(evs) >= count else None
 
     async def send(self, text: str, timeout: float) -> tuple[str, float]:
         """Call send-channel; return (result text, wall seconds of the call).
@@ -242,12 +252,16 @@ class Context:
     out: TextIO
     prefix: str = ""
     rng: random.Random = field(init=False)
+    run_tag: str = field(init=False)
     log: JsonlWriter = field(init=False)
     _progress: TextIO | None = field(default=None, init=False)
     _spawned: list[str] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
+        # Not from the seed: a replay on the same server must not match the original's
+        # messages.
+        self.run_tag = secrets.token_hex(3)
         self.log = JsonlWriter(self.run_dir / "events.jsonl", seed=self.seed)
         self._progress = open(self.run_dir / "progress.log", "a", encoding="utf-8")  # noqa: SIM115
 
@@ -428,7 +442,7 @@ class Context:
 
         host, port = via.address if via is not None else (self.env.host, int(self.env.port))
         env = self.bot_env(nick, token, host, int(port))
-        call_dir = Path(os.environ.get("FAULTNET_CALL_LOG_DIR") or self.run_dir / "calls") / label
+        call_dir = self.run_dir / "calls" / label
         entered = False
         try:
             async with mcp.open_mcp(
@@ -487,10 +501,6 @@ class Context:
         pick = self.rng.choice
         extra = f"{pick(_WORDS)} {pick(_WORDS)}"
         return " ".join([*words, extra, f"run {self.run_tag}"])
-
-    @property
-    def run_tag(self) -> str:
-        return self.run_dir.name[-8:]
 
 
 _WORDS = (
@@ -883,10 +893,3 @@ def main(exp: ModuleType, argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-
-
-def scaled(ctx: Context, key: str) -> float:
-    """Shorthand: REAL[key] at the context's scale."""
-    if key not in REAL:
-        raise KeyError(key)
-    return ctx.scale.real(key)

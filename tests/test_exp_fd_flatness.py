@@ -60,7 +60,9 @@ def test_leaking_bot_fails_the_target_as_a_real_command(tmp_path: Path) -> None:
     assert counts["cycles"] - counts["connect"] == 3  # one per reconnect
     # Progress went to stderr (--json), with the failing attempt's kept evidence.
     assert "evidence kept in" in proc.stderr and res.run_dir
-    assert "worker.stderr" in {p.name for p in Path(res.run_dir).iterdir()}
+    kept = {p.name for p in Path(res.run_dir).iterdir()}
+    assert kept >= {"worker.stderr", "proxy.jsonl", "calls", "result.json", "events.jsonl"}
+    assert list((Path(res.run_dir) / "calls" / "worker").glob("*.jsonl"))
 
 
 async def test_fixed_bot_stays_flat(tmp_path: Path) -> None:
