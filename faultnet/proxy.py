@@ -33,7 +33,7 @@ from typing import Any
 import trio
 
 from faultnet.eventlog import JsonlWriter
-from faultnet.pump import ChainLink, Direction, PipePool, StreamClosed, StreamReset
+from faultnet.pump import ChainLink, Direction, Gate, PipePool, StreamClosed, StreamReset
 from faultnet.sockopts import (
     attach_drop_all,
     detach_filter,
@@ -93,6 +93,9 @@ class Connection:
         self.peer = peer
         self.server: socket.socket | None = None
         self.directions: dict[str, Direction] = {}
+        # Gates exist from the accept, before the upstream connect completes, so a fault
+        # called in between catches this connection too.
+        self.gates = {s: Gate() for s in STREAMS}
         self.blackholed = False
         self.closing: str | None = None  # how it is being ended: severed, reset, ...
         self.started = time.monotonic()
@@ -102,6 +105,10 @@ class Connection:
         self._toxic_scopes: dict[str, trio.CancelScope] = {}
         self._nursery: trio.Nursery | None = None
         self._held_logged: set[str] = set()
+        if proxy._frozen_new:
+            self.freeze(proxy._frozen_new)
+        if proxy._blackhole_new:
+            self.blackhole()
 
     # -- toxics --
 
@@ -130,9 +137,13 @@ class Connection:
         # A splice pump parked on an idle socket moves to the copy path when its next
         # bytes arrive, before it touches them (see Direction._splice).
         if self._nursery is not None:
-            scope = trio.CancelScope()
-            self._toxic_scopes[toxic.name] = scope
-            self._nursery.start_soon(self._run_toxic, toxic, link, scope)
+            self._start_toxic(link)
+
+    def _start_toxic(self, link: ChainLink) -> None:
+        assert self._nursery is not None
+        scope = trio.CancelScope()
+        self._toxic_scopes[link.toxic.name] = scope
+        self._nursery.start_soon(self._run_toxic, link.toxic, link, scope)
 
     async def _run_toxic(self, toxic: Toxic, link: ChainLink, scope: trio.CancelScope) -> None:
         with scope:
@@ -148,14 +159,14 @@ class Connection:
 
     def freeze(self, streams: Iterable[str]) -> None:
         for s in streams:
-            self.directions[s].gate.close()
+            self.gates[s].close()
 
     def thaw(self, streams: Iterable[str]) -> None:
         if self.blackholed and set(streams) == set(STREAMS):
             detach_filter(self.client)
             self.blackholed = False
         for s in streams:
-            self.directions[s].gate.open()
+            self.gates[s].open()
 
     def blackhole(self) -> None:
         self.freeze(STREAMS)
@@ -203,16 +214,19 @@ class Connection:
 
     def info(self) -> ConnectionInfo:
         up, down = self.directions.get("upstream"), self.directions.get("downstream")
+        up_open, down_open = self.gates["upstream"].is_open, self.gates["downstream"].is_open
         if self.closing:
             state = "closing"
         elif self.blackholed:
             state = "blackholed"
-        elif up and down and not up.gate.is_open and not down.gate.is_open:
+        elif not up_open and not down_open:
             state = "frozen"
-        elif up and not up.gate.is_open:
+        elif not up_open:
             state = "frozen-upstream"
-        elif down and not down.gate.is_open:
+        elif not down_open:
             state = "frozen-downstream"
+        elif not self.directions:
+            state = "connecting"
         elif (up and up.eof_forwarded) or (down and down.eof_forwarded):
             state = "half-closed"
         else:
@@ -246,17 +260,19 @@ class Connection:
                     )
                     return
                 self.directions = {
-                    "upstream": Direction(self, "upstream", self.client, self.server),
-                    "downstream": Direction(self, "downstream", self.server, self.client),
+                    s: Direction(self, s, src, dst, self.gates[s])
+                    for s, src, dst in (
+                        ("upstream", self.client, self.server),
+                        ("downstream", self.server, self.client),
+                    )
                 }
-                if proxy._frozen_new:
-                    self.freeze(proxy._frozen_new)
-                if proxy._blackhole_new:
-                    self.blackhole()
                 async with trio.open_nursery() as nursery:
                     self._nursery = nursery
                     for t in proxy.toxics:
                         self.attach_toxic(t)
+                    for link in self.links.values():  # decided while connecting
+                        if link is not None and link.toxic.name not in self._toxic_scopes:
+                            self._start_toxic(link)
                     for d in self.directions.values():
                         nursery.start_soon(self._pump, d)
                 self._nursery = None
@@ -477,7 +493,7 @@ class Proxy:
     # -- faults on live connections --
 
     def _live(self) -> list[Connection]:
-        return [c for c in self._connections.values() if c.directions and not c.closing]
+        return [c for c in self._connections.values() if not c.closing]
 
     async def freeze(self, stream: str = "both", *, include_new: bool = False) -> int:
         """Stop forwarding on every open connection (one stream or both); return how many.
@@ -670,9 +686,7 @@ class Proxy:
             while True:
                 if not sweep:
                     sweep = [
-                        c
-                        for c in self._live()
-                        if any(not d.gate.is_open for d in c.directions.values())
+                        c for c in self._live() if any(not g.is_open for g in c.gates.values())
                     ]
                     if not sweep and not self._frozen_new:
                         break

@@ -140,13 +140,13 @@ class Direction:
     """
 
     def __init__(
-        self, conn: Connection, stream: str, src: socket.socket, dst: socket.socket
+        self, conn: Connection, stream: str, src: socket.socket, dst: socket.socket, gate: Gate
     ) -> None:
         self.conn = conn
         self.stream = stream
         self.src = src
         self.dst = dst
-        self.gate = Gate()
+        self.gate = gate
         #: Bytes written to ``dst`` (what crossed the proxy).
         self.bytes = 0
         self.eof_forwarded = False

@@ -18,7 +18,7 @@ from faultnet import controls
 from faultnet.eventlog import read_jsonl
 from faultnet.probe import ProbeKind, probe
 from faultnet.proxy import Proxy, ProxyError, open_proxy
-from faultnet.sockopts import attach_drop_all, set_keepalive
+from faultnet.sockopts import attach_drop_all, detach_filter, set_keepalive
 from faultnet.toxics.base import Toxic
 
 
@@ -458,3 +458,28 @@ async def test_proxy_serve_in_a_nursery_reports_its_address() -> None:
         address = await n.start(proxy.serve)
         assert address == proxy.address and address[1] != 0
         await proxy.aclose()
+
+
+async def test_freeze_catches_a_connection_whose_upstream_connect_is_still_pending() -> None:
+    """The client is accepted before the upstream answers; a freeze in that gap holds."""
+    upstream = socket.socket()
+    upstream.bind(("127.0.0.1", 0))
+    upstream.listen(8)
+    attach_drop_all(upstream)  # the proxy's upstream connect hangs on SYN retries
+    try:
+        async with open_proxy(upstream.getsockname(), connect_timeout=10) as proxy:
+            client = await trio.open_tcp_stream(*proxy.address)
+            await _wait_until(lambda: [c.state for c in proxy.connections()] == ["connecting"])
+            assert await proxy.freeze() == 1
+            detach_filter(upstream)  # the next SYN retry (~1 s) completes the connect
+            upstream.setblocking(False)
+            trio_up = trio.socket.from_stdlib_socket(upstream)
+            with trio.fail_after(10):
+                server_sock, _ = await trio_up.accept()
+            server = trio.SocketStream(server_sock)
+            await controls.assert_frozen(client, server, window=0.3)
+            await proxy.thaw()
+            with trio.fail_after(5):
+                assert await read_exactly(server, 22) == b"faultnet frozen probe\n"
+    finally:
+        upstream.close()
