@@ -101,19 +101,29 @@ def _run(args: argparse.Namespace) -> int:
         file=out,
         flush=True,
     )
-    outcome = trio.run(
-        lambda: pair.run_pair(
-            exp,
-            exp_args,
-            argv_a=argv_a,
-            argv_b=argv_b,
-            names=("no-confirm", "fixed"),
-            scale=scale,
-            seed=seed,
-            run_dir=base,
-            out=out,
+    done: list[Any] = []
+
+    async def both_arms() -> int:
+        done.append(
+            await pair.run_pair(
+                exp,
+                exp_args,
+                argv_a=argv_a,
+                argv_b=argv_b,
+                names=("no-confirm", "fixed"),
+                scale=scale,
+                seed=seed,
+                run_dir=base,
+                out=out,
+            )
         )
-    )
+        return 0
+
+    # A signal cancels the pair cleanly: bots closed, environments down by PID.
+    code = trio.run(_runner.cancel_on_signals, both_arms)
+    if not done:
+        return code
+    outcome = done[0]
     print("", file=out)
     print(pair.render_pair(outcome), file=out, flush=True)
     ok, why = demo_verdict(outcome)

@@ -60,6 +60,7 @@ __all__ = [
     "add_common_arguments",
     "amain",
     "attempt_seeds",
+    "cancel_on_signals",
     "claims_delivery",
     "main",
     "parse_botevents",
@@ -887,9 +888,37 @@ async def amain(exp: ModuleType, argv: Sequence[str] | None = None) -> int:
     return code
 
 
+async def cancel_on_signals(fn: Callable[..., Any], *args: Any) -> int:
+    """Await ``fn(*args)`` (an exit code); SIGINT, SIGTERM or SIGHUP cancel it instead.
+
+    Cancelling unwinds every ``finally``: bots are closed, workers revoked, and a private
+    environment is brought down by its PID -- none of which a default SIGTERM (immediate
+    death) would do, leaving an enclave server running in its own session. Returns
+    128 + the signal number when a signal ended the run. Main thread only.
+    """
+    got: int | None = None
+    code = EXIT_ENV
+    async with trio.open_nursery() as nursery:
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as sigs:
+
+            async def watch() -> None:
+                nonlocal got
+                async for signum in sigs:
+                    got = signum
+                    nursery.cancel_scope.cancel()
+                    return
+
+            nursery.start_soon(watch)
+            code = await fn(*args)
+            nursery.cancel_scope.cancel()
+    if got is not None:
+        print(
+            f"interrupted by {signal.Signals(got).name}; cleaned up (processes stopped by PID)",
+            file=sys.stderr,
+        )
+        return 128 + got
+    return code
+
+
 def main(exp: ModuleType, argv: Sequence[str] | None = None) -> int:
-    try:
-        return trio.run(amain, exp, argv)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return trio.run(cancel_on_signals, amain, exp, argv)

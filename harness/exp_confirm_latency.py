@@ -130,6 +130,7 @@ async def run(ctx: Context) -> None:
             "confirmation budget s": budget,
             "budget from": budget_src,
             **_triple("bot log (confirmed) ms", log_confirmed),
+            "bot log (every post) p50 ms": _r(pct(log_ms, 50)),
             **_triple("tool-call wall ms", walls),
             **_triple("observer arrival ms", delivered),
             "UNCONFIRMED": f"{unconfirmed_calls}/{n}",

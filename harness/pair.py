@@ -322,11 +322,7 @@ async def amain(argv: Sequence[str] | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        return trio.run(amain, argv)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
+    return trio.run(_runner.cancel_on_signals, amain, argv)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import types
@@ -18,6 +19,7 @@ from netutil import echo_server
 
 from faultnet import open_proxy
 from faultnet.eventlog import read_jsonl
+from faultnet.procs import ProcessIdentity
 from harness import _runner, env
 from harness._report import Check, ControlValue, Result, control_drift, render_result
 from harness._runner import (
@@ -314,3 +316,43 @@ async def test_environment_problems_exit_2(tmp_path: Path, state_dir: Path) -> N
     # A dead server is an environment problem, not a finding.
     await trio.to_thread.run_sync(env.down, state_dir)
     assert await _runner.amain(exp, [*base, "--state", str(state_dir)]) == 2
+
+
+def test_sigterm_mid_run_cleans_up_by_pid(tmp_path: Path) -> None:
+    """A SIGTERM (a CI job's timeout) must not leave the private server or the bot behind:
+    the run is cancelled, its finally blocks stop both by PID, exit 128 + 15."""
+    runs = tmp_path / "runs"
+    environ = dict(os.environ, BOT_BIN=f"{sys.executable} -m harness.bot")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.exp_silent_loss", "--env", "auto"]
+        + ["--time-scale", "0.05", "--run-dir", str(runs)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=environ,
+        cwd=REPO,
+    )
+    seen = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # bounded by the test timeout; the run itself ends
+            seen.append(line)
+            if "CONTROL A" in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + 15, "".join(seen) + rest
+    assert "interrupted by SIGTERM" in rest
+    (attempt,) = [p for p in runs.iterdir() if p.is_dir()]
+    st = env.read_state(attempt / "env")
+    assert not st.identity.is_alive(), "the private enclave server survived"
+    started = [
+        r for r in read_jsonl(attempt / "events.jsonl").records if r["event"] == "bot_started"
+    ]
+    for rec in started:
+        assert not ProcessIdentity.from_json(rec["identity"]).is_alive(), "a bot survived"
+    assert started
