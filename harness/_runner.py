@@ -898,8 +898,9 @@ async def cancel_on_signals(fn: Callable[..., Any], *args: Any) -> int:
     """
     got: int | None = None
     code = EXIT_ENV
-    async with trio.open_nursery() as nursery:
-        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as sigs:
+    # The receiver encloses the nursery, so it outlives the task iterating it.
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as sigs:
+        async with trio.open_nursery() as nursery:
 
             async def watch() -> None:
                 nonlocal got
