@@ -212,8 +212,15 @@ def _write_state(state: EnvState) -> None:
 
 
 def _is_server(ident: ProcessIdentity) -> bool:
-    """True iff *ident*'s PID is alive with the recorded start time and command line."""
-    return ident.is_alive() and tuple(read_cmdline(ident.pid) or ()) == ident.cmdline
+    """True iff *ident*'s PID is alive with the recorded start time and command line.
+
+    The start time alone pins the process (a recycled PID cannot share it); the command
+    line is a second check, skipped when none was recorded (a state file written before
+    ``ProcessIdentity.of`` waited for the exec could hold an empty one).
+    """
+    if not ident.is_alive():
+        return False
+    return not ident.cmdline or tuple(read_cmdline(ident.pid) or ()) == ident.cmdline
 
 
 @contextmanager
