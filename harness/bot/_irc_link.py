@@ -121,16 +121,19 @@ class ServiceReply:
 class _Waiter:
     """A one-shot slot for an awaited reply; the first :meth:`resolve` wins."""
 
-    __slots__ = ("event", "outcome", "value")
+    __slots__ = ("at", "event", "outcome", "value")
 
     def __init__(self) -> None:
         self.event = trio.Event()
         self.outcome: str | None = None
         self.value: Any = None
+        #: trio clock when resolved: a reply is judged by when it came, not when read.
+        self.at = float("inf")
 
     def resolve(self, outcome: str, value: Any = None) -> None:
         if self.outcome is None:
             self.outcome, self.value = outcome, value
+            self.at = trio.current_time()
             self.event.set()
 
 
@@ -639,7 +642,9 @@ class IrcLink:
                     await waiter.event.wait()
         finally:
             s.pongs.pop(token, None)
-        if waiter.outcome == "pong":
+        # A PONG that arrived past the deadline (e.g. while a slow write was still being
+        # finished) is late, not a confirmation within the budget.
+        if waiter.outcome == "pong" and waiter.at <= deadline:
             ms = (time.monotonic() - t0) * 1000
             return self._posted(
                 "confirmed",
