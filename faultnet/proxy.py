@@ -105,6 +105,8 @@ class Connection:
         self._toxic_scopes: dict[str, trio.CancelScope] = {}
         self._nursery: trio.Nursery | None = None
         self._held_logged: set[str] = set()
+        #: Set (and replaced) whenever a toxic is attached or detached here.
+        self.chain_changed = trio.Event()
         if proxy._frozen_new:
             self.freeze(proxy._frozen_new)
         if proxy._blackhole_new:
@@ -134,6 +136,7 @@ class Connection:
             return
         link = ChainLink(toxic, self.id, toxic.stream, rng, self.sever, self.reset)
         self.links[toxic.name] = link
+        self._signal_chain_changed()
         # A splice pump parked on an idle socket moves to the copy path when its next
         # bytes arrive, before it touches them (see Direction._splice).
         if self._nursery is not None:
@@ -149,8 +152,13 @@ class Connection:
         with scope:
             await toxic.run(link)
 
+    def _signal_chain_changed(self) -> None:
+        self.chain_changed.set()
+        self.chain_changed = trio.Event()
+
     def detach_toxic(self, name: str) -> None:
-        self.links.pop(name, None)
+        if self.links.pop(name, None) is not None:
+            self._signal_chain_changed()
         scope = self._toxic_scopes.pop(name, None)
         if scope is not None:
             scope.cancel()

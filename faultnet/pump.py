@@ -287,7 +287,14 @@ class Direction:
             async with receive:
                 async for data, t_read in receive:
                     await self._through_chain(0, self.conn.chain(self.stream), data, t_read)
-            await self._eof_through_chain(0, self.conn.chain(self.stream))
+            while True:
+                changed = self.conn.chain_changed  # taken before offering: no lost wakeup
+                await self._eof_through_chain(0, self.conn.chain(self.stream))
+                if self.eof_forwarded:
+                    break
+                # A toxic held the EOF (timeout does): offer it again whenever the chain
+                # changes, so removing that toxic lets the FIN through.
+                await changed.wait()
 
     async def _through_chain(
         self, i: int, chain: list[ChainLink], data: bytes, t_read: float

@@ -186,6 +186,10 @@ async def test_timeout_zero_holds_the_fin_too(faultnet_proxy: Factory, echo: Add
     with trio.move_on_after(0.3) as scope:
         await stream.receive_some()
     assert scope.cancelled_caught  # no byte, no EOF, no error: a true black hole
+    # Removing the toxic lets the held FIN through: the echo answers it with its own.
+    proxy.remove_toxic("t")
+    with trio.fail_after(5):
+        assert await read_to_eof(stream) == b""
 
 
 async def test_reset_peer_resets_an_existing_idle_connection(
