@@ -880,12 +880,18 @@ async def amain(exp: ModuleType, argv: Sequence[str] | None = None) -> int:
         "report": str(report.path),
         "attempts": [r.to_json() for r in results],
     }
+    write_result(doc, args)
+    return code
+
+
+def write_result(doc: dict[str, Any], args: argparse.Namespace) -> None:
+    """Write the result document to ``--out`` (pretty) and, with ``--json``, to stdout
+    (one line)."""
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(doc, indent=2, default=str))
     if args.json:
         print(flatten(doc))
-    return code
 
 
 async def cancel_on_signals(fn: Callable[..., Any], *args: Any) -> int:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import shlex
 import sys
 from collections.abc import Sequence
@@ -31,7 +30,7 @@ from typing import Any, TextIO
 
 import trio
 
-from faultnet.eventlog import JsonlWriter, flatten
+from faultnet.eventlog import JsonlWriter
 from harness import _runner
 from harness._report import (
     EXIT_ENV,
@@ -313,11 +312,7 @@ async def amain(argv: Sequence[str] | None = None) -> int:
         "report": str(report.path),
         "attempts": [o.to_json() for o in outcomes],
     }
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(doc, indent=2, default=str))
-    if args.json:
-        print(flatten(doc))
+    _runner.write_result(doc, args)
     return code
 
 

@@ -4,38 +4,19 @@ roles, and the internal control goes red when the silent worker cannot detect ei
 
 from __future__ import annotations
 
-import json
-import shlex
-import sys
 from pathlib import Path
+
+from exputil import BOT, run_experiment
 
 from harness import exp_chatty_vs_silent as exp
 from harness._report import Result, render_result
 
-BOT = [sys.executable, "-m", "harness.bot"]
-SCALE = "0.02"
 TARGET = "the CHATTY worker detected on its own keepalive"
 INTERNAL = "the silent worker (the internal control) detected on its own keepalive"
 
 
 async def run(tmp_path: Path, bot: list[str], *args: str) -> tuple[int, Result]:
-    out = tmp_path / "out.json"
-    code = await exp.amain(
-        [
-            "--bot-bin",
-            shlex.join(bot),
-            "--env",
-            "auto",
-            "--time-scale",
-            SCALE,
-            "--run-dir",
-            str(tmp_path / "runs"),
-            "--out",
-            str(out),
-            *args,
-        ]
-    )
-    return code, Result.from_json(json.loads(out.read_text())["attempts"][0])
+    return await run_experiment(exp, tmp_path, bot, *args)
 
 
 async def test_outbound_refreshes_idle_never_detects_while_posting(tmp_path: Path) -> None:

@@ -5,38 +5,19 @@ red when the observer cannot see the posts."""
 
 from __future__ import annotations
 
-import json
-import shlex
-import sys
 from pathlib import Path
+
+from exputil import BOT, run_experiment
 
 from harness import exp_confirm_latency as exp
 from harness._report import Result, render_result
 
-BOT = [sys.executable, "-m", "harness.bot"]
-SCALE = "0.02"
 LATENCY = "40"
 TARGET = "every healthy post CONFIRMED within the budget"
 
 
 async def run(tmp_path: Path, bot: list[str], *args: str) -> tuple[int, Result]:
-    out = tmp_path / "out.json"
-    code = await exp.amain(
-        [
-            "--bot-bin",
-            shlex.join(bot),
-            "--env",
-            "auto",
-            "--time-scale",
-            SCALE,
-            "--run-dir",
-            str(tmp_path / "runs"),
-            "--out",
-            str(out),
-            *args,
-        ]
-    )
-    return code, Result.from_json(json.loads(out.read_text())["attempts"][0])
+    return await run_experiment(exp, tmp_path, bot, *args)
 
 
 async def test_budget_below_the_link_latency_fails_the_target(tmp_path: Path) -> None:

@@ -11,33 +11,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+from exputil import BOT, SCALE, run_experiment
+
 from harness import exp_fd_flatness as exp
 from harness._report import Result, render_result
 
 REPO = Path(__file__).resolve().parent.parent
-BOT = [sys.executable, "-m", "harness.bot"]
-SCALE = "0.02"
 TARGET = "fd count flat across detection and reconnects"
 
 
 async def run(tmp_path: Path, bot: list[str], *args: str) -> tuple[int, Result]:
-    out = tmp_path / "out.json"
-    code = await exp.amain(
-        [
-            "--bot-bin",
-            shlex.join(bot),
-            "--env",
-            "auto",
-            "--time-scale",
-            SCALE,
-            "--run-dir",
-            str(tmp_path / "runs"),
-            "--out",
-            str(out),
-            *args,
-        ]
-    )
-    return code, Result.from_json(json.loads(out.read_text())["attempts"][0])
+    return await run_experiment(exp, tmp_path, bot, *args)
 
 
 def test_leaking_bot_fails_the_target_as_a_real_command(tmp_path: Path) -> None:

@@ -4,37 +4,19 @@ red when what it guards is broken."""
 
 from __future__ import annotations
 
-import json
-import shlex
 import sys
 from pathlib import Path
+
+from exputil import BOT, run_experiment
 
 from harness import exp_silent_loss as exp
 from harness._report import Result, render_result
 
-BOT = [sys.executable, "-m", "harness.bot"]
-SCALE = "0.02"
 TARGET = "no post claimed a delivery it did not achieve"
 
 
 async def run(tmp_path: Path, bot: list[str], *args: str) -> tuple[int, Result]:
-    out = tmp_path / "out.json"
-    code = await exp.amain(
-        [
-            "--bot-bin",
-            shlex.join(bot),
-            "--env",
-            "auto",
-            "--time-scale",
-            SCALE,
-            "--run-dir",
-            str(tmp_path / "runs"),
-            "--out",
-            str(out),
-            *args,
-        ]
-    )
-    return code, Result.from_json(json.loads(out.read_text())["attempts"][0])
+    return await run_experiment(exp, tmp_path, bot, *args)
 
 
 def failed(res: Result) -> list[str]:
