@@ -207,6 +207,10 @@ class Direction:
 
     async def run(self, splice: bool, pool: PipePool) -> None:
         """Forward until EOF has been passed on. Raises StreamReset/StreamClosed."""
+        # The connection may have been ended (sockets closed, scope cancelled) before this
+        # task first ran; trio's wait_readable registers the fd before it looks at
+        # cancellation, so it would fail on the closed fd instead of raising Cancelled.
+        await trio.lowlevel.checkpoint_if_cancelled()
         if splice and not self.conn.wants_copy(self.stream):
             if await self._splice(pool):
                 return

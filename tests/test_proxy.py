@@ -483,3 +483,20 @@ async def test_freeze_catches_a_connection_whose_upstream_connect_is_still_pendi
                 assert await read_exactly(server, 22) == b"faultnet frozen probe\n"
     finally:
         upstream.close()
+
+
+async def test_ending_a_connection_at_every_step_of_its_setup(tmp_path) -> None:
+    """sever/reset landing before the upstream connect, before the pumps first ran, or
+    mid-forward: the connection ends cleanly and no connection error is ever logged."""
+    log = tmp_path / "events.jsonl"
+    async with echo_server() as up, open_proxy(up, event_log=str(log)) as proxy:
+        for i in range(60):
+            s = await trio.open_tcp_stream(*proxy.address)
+            for _ in range(i % 6):  # let setup advance a different number of steps
+                await trio.lowlevel.checkpoint()
+            await (proxy.sever() if i % 2 else proxy.reset())
+            await s.aclose()
+        await _wait_until(lambda: not proxy.connections())
+        await controls.assert_accepting(proxy.address)
+    errors = [r for r in read_jsonl(log).records if r["event"] == "conn_error"]
+    assert errors == []
