@@ -507,41 +507,23 @@ async def test_slow_reader_is_dropped_not_waited_for(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- process
 
 
-def test_server_process_port_file_log_and_mint_leader(tmp_path: Path) -> None:
-    state = tmp_path / "state"
-    mint = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness.enclave",
-            "mint-leader",
-            "--state",
-            str(state),
-            "--nick",
-            "boss",
-        ],
+def enclave(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m harness.enclave ARGS`` to completion (bounded)."""
+    return subprocess.run(
+        [sys.executable, "-m", "harness.enclave", *args],
         capture_output=True,
         text=True,
         timeout=30,
     )
+
+
+def test_server_process_port_file_log_and_mint_leader(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    mint = enclave("mint-leader", "--state", str(state), "--nick", "boss")
     assert mint.returncode == 0, mint.stderr
     token = mint.stdout.strip()
     assert re.fullmatch(r"[0-9a-f]{64}", token)
-    again = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness.enclave",
-            "mint-leader",
-            "--state",
-            str(state),
-            "--nick",
-            "boss",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    again = enclave("mint-leader", "--state", str(state), "--nick", "boss")
     assert again.returncode == 1 and "NAME_TAKEN" in again.stderr
     assert "Traceback" not in again.stderr
 
@@ -603,19 +585,10 @@ def test_server_process_port_file_log_and_mint_leader(tmp_path: Path) -> None:
 
 
 def test_bad_usage_is_one_line_exit_2(tmp_path: Path) -> None:
-    r = subprocess.run(
-        [sys.executable, "-m", "harness.enclave", "--state", str(tmp_path), "--host", "0.0.0.0"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    # Refused before binding: the server never listens beyond loopback.
+    r = enclave("--state", str(tmp_path), "--host", "0.0.0.0")
     assert r.returncode == 2 and "non-loopback" in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run(
-        [sys.executable, "-m", "harness.enclave", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    r = enclave("--help")
     assert r.returncode == 0 and "--ping-interval" in r.stdout
 
 
