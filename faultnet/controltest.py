@@ -179,159 +179,72 @@ async def run_control_test(
         async def resume_accept() -> None:
             proxy._start_accepting()
 
-        syn = lambda: controls.assert_syn_dropped(addr, t.probe_s)  # noqa: E731
-        refused = lambda: controls.assert_refusing(addr, t.probe_s)  # noqa: E731
-        accepting = lambda: controls.assert_accepting(addr, t.probe_s * 4)  # noqa: E731
+        def syn() -> Awaitable[Any]:
+            return controls.assert_syn_dropped(addr, t.probe_s)
 
-        await listener_step("pass", "real", "assert_accepting", "pass", nothing, nothing, accepting)
-        await listener_step(
-            "pass",
-            "breakage: listener closed",
-            "assert_accepting",
-            "red",
-            proxy.refuse,
-            proxy.restore,
-            accepting,
-        )
-        await listener_step(
-            "drop_syn", "real", "assert_syn_dropped", "pass", proxy.drop_syn, proxy.restore, syn
-        )
-        await listener_step(
-            "drop_syn",
-            "breakage: listener closed (refused, not hung)",
-            "assert_syn_dropped",
-            "red",
-            proxy.refuse,
-            proxy.restore,
-            syn,
-        )
-        await listener_step(
-            "drop_syn",
-            "breakage: drop_syn as a no-op",
-            "assert_syn_dropped",
-            "red",
-            nothing,
-            nothing,
-            syn,
-        )
-        await listener_step(
-            "drop_syn",
-            "breakage: accept paused, kernel backlog completes the handshake",
-            "assert_syn_dropped",
-            "red",
-            pause_accept,
-            resume_accept,
-            syn,
-        )
-        await listener_step(
-            "refuse", "real", "assert_refusing", "pass", proxy.refuse, proxy.restore, refused
-        )
-        await listener_step(
-            "refuse",
-            "breakage: SYNs dropped instead",
-            "assert_refusing",
-            "red",
-            proxy.drop_syn,
-            proxy.restore,
-            refused,
-        )
-        await listener_step(
-            "refuse",
-            "breakage: refuse as a no-op",
-            "assert_refusing",
-            "red",
-            nothing,
-            nothing,
-            refused,
-        )
+        def refused() -> Awaitable[Any]:
+            return controls.assert_refusing(addr, t.probe_s)
 
-        def frozen(s: trio.SocketStream) -> Awaitable[None]:
+        def accepting() -> Awaitable[Any]:
+            return controls.assert_accepting(addr, t.probe_s * 4)
+
+        def frozen(s: trio.SocketStream) -> Awaitable[Any]:
             return controls.assert_frozen(s, s, t.frozen_window_s)
 
-        def severed(s: trio.SocketStream) -> Awaitable[float]:
+        def severed(s: trio.SocketStream) -> Awaitable[Any]:
             return controls.assert_severed(s, t.close_s)
 
-        def reset(s: trio.SocketStream) -> Awaitable[float]:
+        def reset(s: trio.SocketStream) -> Awaitable[Any]:
             return controls.assert_reset(s, t.close_s)
 
-        def blackholed(s: trio.SocketStream) -> Awaitable[float]:
+        def blackholed(s: trio.SocketStream) -> Awaitable[Any]:
             return controls.assert_blackholed(s, t.blackhole_s)
 
-        await link_step("freeze", "real", "assert_frozen", "pass", proxy.freeze, proxy.thaw, frozen)
-        await link_step(
-            "freeze",
-            "breakage: a freeze that still forwards",
-            "assert_frozen",
-            "red",
-            nothing,
-            nothing,
-            frozen,
-        )
-        await link_step(
-            "freeze",
-            "breakage: a freeze that closes the link",
-            "assert_frozen",
-            "red",
-            proxy.sever,
-            nothing,
-            frozen,
-        )
-        await link_step("sever", "real", "assert_severed", "pass", proxy.sever, nothing, severed)
-        await link_step(
-            "sever",
-            "breakage: a sever that resets",
-            "assert_severed",
-            "red",
-            proxy.reset,
-            nothing,
-            severed,
-        )
-        await link_step(
-            "sever",
-            "breakage: a sever that leaves the link open",
-            "assert_severed",
-            "red",
-            nothing,
-            nothing,
-            severed,
-        )
-        await link_step("reset", "real", "assert_reset", "pass", proxy.reset, nothing, reset)
-        await link_step(
-            "reset",
-            "breakage: a reset that closes cleanly",
-            "assert_reset",
-            "red",
-            proxy.sever,
-            nothing,
-            reset,
-        )
-        await link_step(
-            "reset",
-            "breakage: a reset that leaves the link open",
-            "assert_reset",
-            "red",
-            nothing,
-            nothing,
-            reset,
-        )
-        await link_step(
-            "blackhole",
-            "real",
-            "assert_blackholed",
-            "pass",
-            proxy.blackhole,
-            proxy.thaw,
-            blackholed,
-        )
-        await link_step(
-            "blackhole",
-            "breakage: a blackhole that only freezes (no filter)",
-            "assert_blackholed",
-            "red",
-            proxy.freeze,
-            proxy.thaw,
-            blackholed,
-        )
+        # (mode, arm, control, expected, apply, undo, check): "real" must pass, every
+        # breakage (a stand-in that looks like the mode but is not) must go red.
+        listener_cases = [
+            ("pass", "real", "assert_accepting", "pass", nothing, nothing, accepting),
+            ("pass", "breakage: listener closed", "assert_accepting", "red",
+             proxy.refuse, proxy.restore, accepting),
+            ("drop_syn", "real", "assert_syn_dropped", "pass",
+             proxy.drop_syn, proxy.restore, syn),
+            ("drop_syn", "breakage: listener closed (refused, not hung)", "assert_syn_dropped",
+             "red", proxy.refuse, proxy.restore, syn),
+            ("drop_syn", "breakage: drop_syn as a no-op", "assert_syn_dropped", "red",
+             nothing, nothing, syn),
+            ("drop_syn", "breakage: accept paused, kernel backlog completes the handshake",
+             "assert_syn_dropped", "red", pause_accept, resume_accept, syn),
+            ("refuse", "real", "assert_refusing", "pass", proxy.refuse, proxy.restore, refused),
+            ("refuse", "breakage: SYNs dropped instead", "assert_refusing", "red",
+             proxy.drop_syn, proxy.restore, refused),
+            ("refuse", "breakage: refuse as a no-op", "assert_refusing", "red",
+             nothing, nothing, refused),
+        ]  # fmt: skip
+        link_cases = [
+            ("freeze", "real", "assert_frozen", "pass", proxy.freeze, proxy.thaw, frozen),
+            ("freeze", "breakage: a freeze that still forwards", "assert_frozen", "red",
+             nothing, nothing, frozen),
+            ("freeze", "breakage: a freeze that closes the link", "assert_frozen", "red",
+             proxy.sever, nothing, frozen),
+            ("sever", "real", "assert_severed", "pass", proxy.sever, nothing, severed),
+            ("sever", "breakage: a sever that resets", "assert_severed", "red",
+             proxy.reset, nothing, severed),
+            ("sever", "breakage: a sever that leaves the link open", "assert_severed", "red",
+             nothing, nothing, severed),
+            ("reset", "real", "assert_reset", "pass", proxy.reset, nothing, reset),
+            ("reset", "breakage: a reset that closes cleanly", "assert_reset", "red",
+             proxy.sever, nothing, reset),
+            ("reset", "breakage: a reset that leaves the link open", "assert_reset", "red",
+             nothing, nothing, reset),
+            ("blackhole", "real", "assert_blackholed", "pass",
+             proxy.blackhole, proxy.thaw, blackholed),
+            ("blackhole", "breakage: a blackhole that only freezes (no filter)",
+             "assert_blackholed", "red", proxy.freeze, proxy.thaw, blackholed),
+        ]  # fmt: skip
+        for case in listener_cases:
+            await listener_step(*case)
+        for case in link_cases:
+            await link_step(*case)
 
         await proxy.aclose()
         nursery.cancel_scope.cancel()
