@@ -510,81 +510,89 @@ class Proxy:
 
     # -- faults on live connections --
 
-    def _live(self) -> list[Connection]:
-        return [c for c in self._connections.values() if not c.closing]
+    def _live(self, only: Iterable[int] | None = None) -> list[Connection]:
+        conns = [c for c in self._connections.values() if not c.closing]
+        if only is None:
+            return conns
+        wanted = set(only)
+        return [c for c in conns if c.id in wanted]
 
-    async def freeze(self, stream: str = "both", *, include_new: bool = False) -> int:
-        """Stop forwarding on every open connection (one stream or both); return how many.
+    async def freeze(
+        self,
+        stream: str = "both",
+        *,
+        include_new: bool = False,
+        only: Iterable[int] | None = None,
+    ) -> int:
+        """Stop forwarding on every open connection (one stream or both), or on the
+        connections whose ids are in *only*; return how many.
 
         Total on return: not one more byte crosses. FIN and RST are held too.
         """
-        streams = _streams(stream)
-        conns = self._live()
-        crossed = dict.fromkeys(STREAMS, 0)
+        return self._stop("freeze", _streams(stream), include_new, only)
+
+    async def blackhole(
+        self, *, include_new: bool = False, only: Iterable[int] | None = None
+    ) -> int:
+        """Freeze both ways and drop every packet from the client (no ACKs either), so the
+        client's TCP sees a dead route: keepalive and TCP_USER_TIMEOUT fire."""
+        return self._stop("blackhole", STREAMS, include_new, only)
+
+    def _stop(
+        self, mode: str, streams: tuple[str, ...], include_new: bool, only: Iterable[int] | None
+    ) -> int:
+        conns = self._live(only)
+        crossed = dict.fromkeys(STREAMS, 0)  # what had crossed when the gates closed
         for c in conns:
-            c.freeze(streams)
+            c.blackhole() if mode == "blackhole" else c.freeze(streams)
             for s, d in c.directions.items():
                 crossed[s] += d.bytes
-        if include_new:
+        if include_new and mode == "blackhole":
+            self._blackhole_new = True
+        elif include_new:
             self._frozen_new = tuple(sorted(set(self._frozen_new) | set(streams)))
         self._start_held_poll()
         self.log.write(
             "fault_applied",
-            mode="freeze",
-            stream=stream,
+            mode=mode,
+            stream="both" if streams == STREAMS else streams[0],
             include_new=include_new,
-            connections=len(conns),
+            connections=[c.id for c in conns],
             bytes=crossed,
         )
         return len(conns)
 
-    async def blackhole(self, *, include_new: bool = False) -> int:
-        """Freeze both ways and drop every packet from the client (no ACKs either), so the
-        client's TCP sees a dead route: keepalive and TCP_USER_TIMEOUT fire."""
-        conns = self._live()
-        crossed = dict.fromkeys(STREAMS, 0)
-        for c in conns:
-            c.blackhole()
-            for s, d in c.directions.items():
-                crossed[s] += d.bytes
-        if include_new:
-            self._blackhole_new = True
-        self._start_held_poll()
-        self.log.write(
-            "fault_applied",
-            mode="blackhole",
-            include_new=include_new,
-            connections=len(conns),
-            bytes=crossed,
-        )
-        return len(conns)
-
-    async def thaw(self, stream: str = "both") -> int:
+    async def thaw(self, stream: str = "both", *, only: Iterable[int] | None = None) -> int:
         """Undo freeze and blackhole: held bytes are delivered in order, then any held
-        FIN or RST. Also ends ``include_new`` for the thawed streams."""
+        FIN or RST. Also ends ``include_new`` for the thawed streams (unless *only*)."""
         streams = _streams(stream)
-        conns = self._live()
+        conns = self._live(only)
         for c in conns:
             c.thaw(streams)
-        self._frozen_new = tuple(s for s in self._frozen_new if s not in streams)
-        if stream == "both":
-            self._blackhole_new = False
-        self.log.write("fault_removed", mode="thaw", stream=stream, connections=len(conns))
+        if only is None:
+            self._frozen_new = tuple(s for s in self._frozen_new if s not in streams)
+            if stream == "both":
+                self._blackhole_new = False
+        self.log.write(
+            "fault_removed", mode="thaw", stream=stream, connections=[c.id for c in conns]
+        )
         return len(conns)
 
-    async def sever(self) -> int:
-        """Close every open connection with a clean FIN both ways (EOF at both peers)."""
-        return self._end_all("severed")
+    async def sever(self, *, only: Iterable[int] | None = None) -> int:
+        """Close every open connection (or those in *only*) with a clean FIN both ways
+        (EOF at both peers)."""
+        return self._end_all("severed", only)
 
-    async def reset(self) -> int:
-        """Close every open connection with an RST both ways (ECONNRESET at both peers)."""
-        return self._end_all("reset")
+    async def reset(self, *, only: Iterable[int] | None = None) -> int:
+        """Close every open connection (or those in *only*) with an RST both ways
+        (ECONNRESET at both peers)."""
+        return self._end_all("reset", only)
 
-    def _end_all(self, how: str) -> int:
-        conns = self._live()
+    def _end_all(self, how: str, only: Iterable[int] | None = None) -> int:
+        conns = self._live(only)
         for c in conns:
             c._end(how)
-        self.log.write("fault_applied", mode=how, connections=len(conns))
+        self.log.write("fault_applied", mode=how, connections=[c.id for c in conns])
         return len(conns)
 
     # -- faults on new connections --

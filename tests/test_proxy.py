@@ -332,9 +332,13 @@ async def test_blackhole_times_out_a_keepalive_client_and_freeze_does_not() -> N
             clients.append(c)
         frozen_client, blackholed_client = clients
         # Freeze the first connection only, then blackhole the second only.
-        conn_ids = sorted(proxy._connections)
-        proxy._connections[conn_ids[0]].freeze(("upstream", "downstream"))
-        proxy._connections[conn_ids[1]].blackhole()
+        first, second = sorted(c.id for c in proxy.connections())
+        assert await proxy.freeze(only=[first]) == 1
+        assert await proxy.blackhole(only=[second]) == 1
+        assert {c.id: c.state for c in proxy.connections()} == {
+            first: "frozen",
+            second: "blackholed",
+        }
         outcomes: dict[str, str] = {}
 
         async def watch(name: str, stream: trio.SocketStream) -> None:
