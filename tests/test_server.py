@@ -474,6 +474,25 @@ async def test_fault_modes_through_the_api(api: httpx.AsyncClient, upstream: Add
     await c.aclose()
 
 
+async def test_fault_on_named_connections_only(api: httpx.AsyncClient, upstream: Address) -> None:
+    p = await create(api, "p", upstream)
+    a, b = [await trio.open_tcp_stream(*addr(p["listen"])) for _ in range(2)]
+    await roundtrip(a)
+    await roundtrip(b)
+    ids = sorted(x["id"] for x in (await api.get("/proxies/p/connections")).json())
+    r = await api.post("/proxies/p/faults", json={"mode": "freeze", "connections": ids[:1]})
+    assert r.json()["connections"] == 1
+    await assert_frozen(a, a, window=0.2)
+    await roundtrip(b)  # the other connection still flows
+    r = await api.post("/proxies/p/faults", json={"mode": "reset", "connections": ids[1:]})
+    assert r.json()["connections"] == 1
+    await assert_reset(b)
+    await api.post("/proxies/p/faults", json={"mode": "thaw", "connections": ids[:1]})
+    with trio.fail_after(2):
+        assert await a.receive_some() == b"faultnet frozen probe\n"
+    await a.aclose()
+
+
 async def test_fault_errors(api: httpx.AsyncClient, upstream: Address) -> None:
     await create(api, "p", upstream)
     cases = [
@@ -483,6 +502,10 @@ async def test_fault_errors(api: httpx.AsyncClient, upstream: Address) -> None:
         ({"mode": "sever", "stream": "upstream"}, 400, "stream applies to freeze and thaw"),
         ({"mode": "freeze", "include_new": "yes"}, 400, "bad request body"),
         ({"mode": "refuse", "include_new": True}, 400, "include_new applies to"),
+        ({"mode": "freeze", "connections": "all"}, 400, "bad request body"),
+        ({"mode": "freeze", "connections": [True]}, 400, "bad request body"),
+        ({"mode": "refuse", "connections": [1]}, 400, "connections applies to"),
+        ({"mode": "freeze", "connections": [1], "include_new": True}, 400, "connections and"),
     ]
     for body, status, message in cases:
         assert_error(await api.post("/proxies/p/faults", json=body), status, message)

@@ -176,6 +176,8 @@ def _fault(args: argparse.Namespace, c: ApiClient) -> Any:
         body["stream"] = args.stream
     if args.include_new:
         body["include_new"] = True
+    if args.connection:
+        body["connections"] = args.connection
     r = c.request("POST", f"/proxies/{c.quote(args.proxy)}/faults", body)
     if args.json:
         return r
@@ -365,6 +367,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument(
         "--include-new", action="store_true", help="freeze/blackhole later connections too"
+    )
+    p.add_argument(
+        "--connection",
+        type=int,
+        action="append",
+        metavar="ID",
+        help="act only on this live connection (repeatable; ids from `faultnet connections`)",
     )
     client("connections", _connections, "list a proxy's live connections").add_argument("proxy")
     p = client("events", _events, "print event log records (all, or one proxy's)")

@@ -204,6 +204,12 @@ SCHEMAS: dict[str, Any] = {
                 "description": "freeze and blackhole only: also catch connections accepted "
                 "later, until thaw",
             },
+            "connections": {
+                "type": "array",
+                "items": {"type": "integer"},
+                "description": "freeze, blackhole, thaw, sever and reset: act only on these "
+                "live connections (ids from /proxies/{proxy}/connections); default all",
+            },
         },
     },
     "FaultState": {

@@ -59,6 +59,10 @@ EVENT_RING_SIZE = 10_000
 Address = tuple[str, int]
 
 
+#: Modes that act on live connections, and so may name some of them.
+_PER_CONNECTION_MODES = ("freeze", "blackhole", "thaw", "sever", "reset")
+
+
 class ApiError(Exception):
     """A request the server refuses: the HTTP status and Toxiproxy's message."""
 
@@ -545,6 +549,19 @@ class ProxyRegistry:
             raise bad_body(f"include_new must be true or false, not {_json_type(include_new)}")
         if include_new and mode not in ("freeze", "blackhole"):
             raise ApiError(400, f"include_new applies to freeze and blackhole only, not {mode}")
+        only = body.get("connections")
+        if only is not None:
+            if not isinstance(only, list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in only
+            ):
+                raise bad_body(f"connections must be a list of connection ids, not {only!r}")
+            if mode not in _PER_CONNECTION_MODES:
+                raise ApiError(
+                    400,
+                    f"connections applies to {', '.join(_PER_CONNECTION_MODES)} only, not {mode}",
+                )
+            if include_new:
+                raise ApiError(400, "connections and include_new cannot be combined")
         async with self._lock:
             mp = self.get(name)
             p = mp.proxy
@@ -552,15 +569,15 @@ class ProxyRegistry:
                 raise ApiError(409, "proxy is disabled")
             affected: int | None = None
             if mode == "freeze":
-                affected = await p.freeze(stream, include_new=include_new)
+                affected = await p.freeze(stream, include_new=include_new, only=only)
             elif mode == "blackhole":
-                affected = await p.blackhole(include_new=include_new)
+                affected = await p.blackhole(include_new=include_new, only=only)
             elif mode == "thaw":
-                affected = await p.thaw(stream)
+                affected = await p.thaw(stream, only=only)
             elif mode == "sever":
-                affected = await p.sever()
+                affected = await p.sever(only=only)
             elif mode == "reset":
-                affected = await p.reset()
+                affected = await p.reset(only=only)
             elif mode == "drop_syn":
                 await p.drop_syn()
             elif mode == "refuse":
