@@ -38,6 +38,16 @@ async def test_fixed_bot_confirms_every_post_and_the_clocks_agree(tmp_path: Path
     assert res.headline["tool-call wall p50 ms"] >= res.headline["bot log (confirmed) p50 ms"]
 
 
+async def test_a_stalled_event_loop_fails_the_loop_check_only(tmp_path: Path) -> None:
+    # The bot blocks its loop for 60% of the budget after each post: confirmations still
+    # come within the budget (target passes) but never within half of it.
+    code, res = await run(tmp_path, [*BOT, "--defect", "stall-loop-on-confirm"], "5")
+    assert code == 1, render_result(res)
+    assert [c.name for c in res.failed_checks()] == [
+        "the event loop runs during the confirmation wait"
+    ], render_result(res)
+
+
 async def test_observer_control_goes_red_when_it_cannot_see_the_posts(tmp_path: Path) -> None:
     bot = ["env", "ENCLAVE_CHANNEL=#elsewhere", *BOT]
     code, res = await run(tmp_path, bot, "3")

@@ -40,6 +40,11 @@ DEFECTS: dict[str, str] = {
         "after a reconnect only 'sasl' is requested again; echo-message, message-tags and "
         "server-time are lost on every connection but the first"
     ),
+    "stall-loop-on-confirm": (
+        "after writing a post and its PING, the event loop is blocked (a synchronous sleep) "
+        "for 60% of the confirmation budget: confirmations still arrive within the budget, "
+        "but only once the loop runs again"
+    ),
 }
 
 #: (variable, default or None if required, meaning) -- the single source for --help and

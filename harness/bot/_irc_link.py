@@ -637,6 +637,9 @@ class IrcLink:
         sent = False
         try:
             sent = await self._send(s, payload + render("PING", token), budget)
+            if sent and cfg.has("stall-loop-on-confirm"):
+                # The defect: block the whole event loop (nothing is read meanwhile).
+                time.sleep(0.6 * budget)  # noqa: ASYNC251
             if sent:
                 with trio.move_on_at(deadline):
                     await waiter.event.wait()
