@@ -38,7 +38,8 @@ stderr carries one ``BOTEVENT {json}`` line per transport event (see
 connect_failed, post_confirm.
 
 Defects (``--defect NAME``, repeatable, each off by default): outbound-refreshes-idle,
-no-confirm, leak-fd-on-reconnect, drop-caps-on-reconnect; see :data:`DEFECTS`.
+no-confirm, leak-fd-on-reconnect, drop-caps-on-reconnect, stall-loop-on-confirm; see
+:data:`DEFECTS`.
 """
 
 from __future__ import annotations
