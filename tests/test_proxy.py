@@ -33,7 +33,7 @@ async def _wait_until(predicate, timeout: float = 5.0) -> None:
     counters another task updates, a file another writer appends to)."""
     with trio.fail_after(timeout):
         while not predicate():  # noqa: ASYNC110
-            await trio.sleep(0.01)
+            await trio.sleep(0.01)  # a bounded poll: fail_after above ends it
 
 
 async def _recv_outcome(stream: trio.SocketStream) -> str:
