@@ -72,6 +72,7 @@ from pathlib import Path
 from typing import Any
 
 from faultnet.procs import ProcessIdentity, fd_count, signal_exact
+from faultnet.sockopts import raise_fd_limit
 
 __all__ = [
     "BenchParams",
@@ -203,14 +204,6 @@ def _set_io_timeout(sock: socket.socket, seconds: float) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
 
 
-def _raise_fd_limit() -> int:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        return hard
-    return soft
-
-
 def _emit(obj: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
@@ -319,7 +312,7 @@ def _upstream_main(seed: int) -> int:
     """Serve on 127.0.0.1:0. First byte of a connection: S/D bulk sink (compare/sha256),
     E echo (thread per connection, for RTT), H held echo (one epoll loop, for thousands).
     Control lines on stdin: ``stats``, ``push``; EOF on stdin ends the process."""
-    _raise_fd_limit()
+    raise_fd_limit()
     block = make_block(seed)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -985,7 +978,7 @@ def _env(socat_path: str | None) -> dict[str, Any]:
 def run_bench(p: BenchParams) -> dict[str, Any]:
     """Run every measurement once; return the result document (see ``--json``)."""
     started = time.time()
-    _raise_fd_limit()
+    raise_fd_limit()
     block = make_block(p.seed)
     expected_sha = stream_sha256(block, p.bytes) if p.verify == "sha256" else None
     result: dict[str, Any] = {

@@ -233,9 +233,11 @@ async def test_freeze_holds_bytes_and_fin_then_thaw_delivers_in_order(tmp_path) 
             # Writes are accepted both ways; reads hang; no EOF crosses.
             await client.send_all(b"client words")
             await server.send_all(b"last words")
-            await server.send_eof()
             # Upstream: "more" written by the client never reaches the server...
             await controls.assert_frozen(client, server, window=0.3, payload=b"more")
+            # Held bytes alone are not a held FIN: three polls passed and none was logged.
+            assert not any(r["event"] == "held_fin" for r in read_jsonl(log).records)
+            await server.send_eof()
             # ...and downstream: neither the last words nor the FIN reach the client.
             with trio.move_on_after(0.2):
                 pytest.fail(f"client got {await _recv_outcome(client)} through a freeze")
