@@ -1,6 +1,12 @@
 """The ``faultnet`` command: one argparse tree, each command group registered by the
 module that implements it.
 
+faultnet is the bottom layer, so it never imports the packages above it. Its own command
+modules are listed in :data:`COMMAND_MODULES`; a package higher up (the harness's
+``demo`` and ``report``) adds commands through the ``faultnet.commands`` entry-point
+group, each entry naming a ``register(subparsers)`` function. A command whose package is
+not installed is simply absent from ``--help``.
+
 Exit codes, for every command: 0 ok, 1 a check failed, 2 usage or environment error.
 A command handler returns its exit code; a :class:`UsageError` raised anywhere below a
 handler is printed as one line on stderr and exits 2 (never a traceback for a user
@@ -12,19 +18,22 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from importlib.metadata import entry_points
+from typing import Any
 
 from faultnet._version import __version__
 
 __all__ = ["UsageError", "main"]
 
-#: Modules that contribute commands. Each has ``register(subparsers)`` which adds its
-#: parsers and sets ``func`` (args -> exit code) on each.
+#: faultnet's own modules that contribute commands. Each has ``register(subparsers)``
+#: which adds its parsers and sets ``func`` (args -> exit code) on each.
 COMMAND_MODULES = (
     "faultnet.cli_proxy",  # proxy control-test, probe
     "faultnet.server.cli",  # server and its client commands
-    "faultnet.cli_demo",  # demo (composes harness)
 )
+#: The entry-point group through which packages above faultnet add commands.
+COMMAND_GROUP = "faultnet.commands"
 
 
 class UsageError(Exception):
@@ -38,9 +47,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"faultnet {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    for register in _registrars():
+        register(sub)
     return parser
+
+
+def _registrars() -> Iterator[Callable[[Any], None]]:
+    for name in COMMAND_MODULES:
+        yield importlib.import_module(name).register
+    for ep in sorted(entry_points(group=COMMAND_GROUP), key=lambda ep: ep.name):
+        yield ep.load()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

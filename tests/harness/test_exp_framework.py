@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 import trio
-from netutil import echo_server
 
 from faultnet import open_proxy
 from faultnet.eventlog import read_jsonl
 from faultnet.procs import ProcessIdentity
+from faultnet.testing import echo_server
 from harness import _runner, env
 from harness._report import Check, ControlValue, Result, control_drift, render_result
 from harness._runner import (
@@ -32,8 +32,8 @@ from harness._runner import (
 )
 from harness._scenario import FreezeRecord, freeze_held, freeze_links
 from harness._timescale import REAL, TimeScale, time_scale_from
+from tests import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 EXPERIMENTS = ("confirm_latency", "silent_loss", "chatty_vs_silent", "fd_flatness")
 
 

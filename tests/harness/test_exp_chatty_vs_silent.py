@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exputil import BOT, run_experiment
-
 from harness import exp_chatty_vs_silent as exp
 from harness._report import Result, render_result
+from tests.harness.exputil import BOT, run_experiment
 
 TARGET = "the CHATTY worker detected on its own keepalive"
 INTERNAL = "the silent worker (the internal control) detected on its own keepalive"

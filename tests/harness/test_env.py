@@ -18,8 +18,7 @@ import pytest
 from faultnet.procs import ProcessIdentity, read_start_time
 from harness import env
 from harness.env import STATE_FILE, EnvError, read_state
-
-REPO = Path(__file__).resolve().parent.parent
+from tests import REPO
 
 
 def run_env(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

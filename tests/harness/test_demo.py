@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 
 from faultnet import cli
-from faultnet.cli_demo import TARGET, demo_verdict
 from harness import pair
 from harness._report import Check, ControlValue, Result
-
-REPO = Path(__file__).resolve().parent.parent
+from harness.demo import TARGET, demo_verdict
+from tests import REPO
 
 
 def test_demo_shows_the_defect_in_under_two_minutes(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ from drivers.mcp import (
 from faultnet.eventlog import flatten, read_jsonl
 from faultnet.procs import ProcessIdentity, signal_exact
 
-SERVERS = Path(__file__).parent / "mcp_servers"
+SERVERS = Path(__file__).parent / "servers"
 SDK = [sys.executable, str(SERVERS / "sdk_server.py")]
 RAW = [sys.executable, str(SERVERS / "raw_server.py")]
 TIME = [sys.executable, "-m", "mcp_server_time", "--local-timezone", "UTC"]

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from exputil import BOT, run_experiment
-
 from harness import exp_confirm_latency as exp
 from harness._report import Result, render_result
+from tests.harness.exputil import BOT, run_experiment
 
 LATENCY = "40"
 TARGET = "every healthy post CONFIRMED within the budget"

@@ -11,12 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from exputil import BOT, SCALE, run_experiment
-
 from harness import exp_fd_flatness as exp
 from harness._report import Result, render_result
+from tests import REPO
+from tests.harness.exputil import BOT, SCALE, run_experiment
 
-REPO = Path(__file__).resolve().parent.parent
 TARGET = "fd count flat across detection and reconnects"
 
 

@@ -7,13 +7,13 @@ import socket
 
 import pytest
 import trio
-from netutil import accept_server, echo_server, read_exactly
 
 from faultnet import controls
 from faultnet.controls import ControlFailed
 from faultnet.probe import ProbeKind, parse_address, probe
 from faultnet.proxy import open_proxy
 from faultnet.sockopts import attach_drop_all
+from faultnet.testing import accept_server, echo_server, read_exactly
 
 
 def _closed_port() -> tuple[str, int]:

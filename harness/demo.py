@@ -20,6 +20,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import trio
+
+from faultnet.cli import UsageError
+from harness import _runner, pair
+from harness._timescale import TimeScale
+
 __all__ = ["demo_verdict", "register"]
 
 DEFAULT_SCALE = 0.05
@@ -73,15 +79,6 @@ def demo_verdict(outcome: Any) -> tuple[bool, str]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    import trio
-
-    from faultnet.cli import UsageError
-
-    try:
-        from harness import _runner, pair
-        from harness._timescale import TimeScale
-    except ImportError as exc:  # pragma: no cover - the harness ships with faultnet
-        raise UsageError(f"the harness is not importable: {exc}") from None
     try:
         scale = TimeScale(args.time_scale)
     except ValueError as exc:

@@ -12,13 +12,13 @@ import struct
 
 import pytest
 import trio
-from netutil import accept_server, echo_server, read_exactly
 
 from faultnet import controls
 from faultnet.eventlog import read_jsonl
 from faultnet.probe import ProbeKind, probe
 from faultnet.proxy import Proxy, ProxyError, open_proxy
 from faultnet.sockopts import attach_drop_all, detach_filter, set_keepalive
+from faultnet.testing import accept_server, echo_server, read_exactly
 from faultnet.toxics.base import Toxic
 
 

@@ -10,12 +10,13 @@ from pathlib import Path
 import trio
 
 from faultnet.eventlog import read_jsonl
+from tests import REPO
 
-SERVERS = Path(__file__).parent / "mcp_servers"
+SERVERS = Path(__file__).parent / "servers"
 RAW = [sys.executable, str(SERVERS / "raw_server.py")]
 TIME = [sys.executable, "-m", "mcp_server_time", "--local-timezone", "UTC"]
 CLI = [sys.executable, "-m", "drivers.mcp"]
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 
 
 async def run_cli(*args: str) -> tuple[int, str, str]:

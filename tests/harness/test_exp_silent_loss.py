@@ -7,10 +7,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from exputil import BOT, run_experiment
-
 from harness import exp_silent_loss as exp
 from harness._report import Result, render_result
+from tests.harness.exputil import BOT, run_experiment
 
 TARGET = "no post claimed a delivery it did not achieve"
 

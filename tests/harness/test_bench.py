@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from faultnet.bench import human_size, make_block, matches_block, parse_size, watch_silence
+from tests import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 # Tiny sizes: each run is a few seconds, mostly process start-up.
 TINY = [
     "--bytes", "3M", "--pings", "100", "--connections", "20", "--rounds", "1",

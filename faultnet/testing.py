@@ -1,0 +1,158 @@
+"""Helpers for testing programs through faultnet: loopback peers and bounded waits.
+
+faultnet's own suite uses these, and so may anyone who writes tests with the pytest
+plugin (the way ``trio.testing`` serves trio's users and its own tests alike).
+
+* :func:`echo_server`, :func:`sink_server`, :func:`accept_server` -- real TCP peers on
+  127.0.0.1, each yielding its address; all keep half-close (a FIN from the client is
+  answered by the echo with its own FIN after the echoed bytes).
+* :func:`read_exactly` -- read *n* bytes or raise ``EOFError`` saying how many came.
+* :func:`wait_until` -- wait for a condition that has no event to wait on, bounded by
+  a timeout; raises ``trio.TooSlowError`` naming what it waited for.
+* :func:`wait_for_record` -- wait for a JSONL event-log record matching some fields.
+
+Every wait here has a bound: a test that waits for an event that never comes fails on
+its own bound, it does not hang.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+
+__all__ = [
+    "accept_server",
+    "echo_server",
+    "read_exactly",
+    "sink_server",
+    "wait_for_record",
+    "wait_until",
+]
+
+Address = tuple[str, int]
+
+#: How often :func:`wait_until` looks again. Small against every bound used with it;
+#: the condition is cheap (a counter, a dict lookup, a file stat).
+POLL_INTERVAL_S = 0.01
+
+
+async def _echo(stream: trio.SocketStream) -> None:
+    # Echo until EOF, then answer the client's FIN with our own (half-close kept).
+    try:
+        while data := await stream.receive_some(65536):
+            await stream.send_all(data)
+        await stream.send_eof()
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+    finally:
+        await stream.aclose()
+
+
+async def _sink(counter: list[int], stream: trio.SocketStream) -> None:
+    # Read and discard until EOF, counting bytes (counter[0]); then close.
+    try:
+        while data := await stream.receive_some(65536):
+            counter[0] += len(data)
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass
+    finally:
+        await stream.aclose()
+
+
+@asynccontextmanager
+async def _serve(handler: Callable[[trio.SocketStream], Any], host: str) -> AsyncIterator[Address]:
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(functools.partial(trio.serve_tcp, handler, 0, host=host))
+        yield listeners[0].socket.getsockname()[:2]
+        nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
+async def echo_server(host: str = "127.0.0.1") -> AsyncIterator[Address]:
+    """An echo server on loopback for the duration of the block; yields its address."""
+    async with _serve(_echo, host) as address:
+        yield address
+
+
+@asynccontextmanager
+async def sink_server(host: str = "127.0.0.1") -> AsyncIterator[tuple[Address, list[int]]]:
+    """A server that reads and discards; yields ``(address, counter)`` where
+    ``counter[0]`` is the number of bytes received so far, over every connection."""
+    counter = [0]
+    async with _serve(functools.partial(_sink, counter), host) as address:
+        yield address, counter
+
+
+@asynccontextmanager
+async def accept_server(
+    host: str = "127.0.0.1",
+) -> AsyncIterator[tuple[Address, trio.MemoryReceiveChannel[trio.SocketStream]]]:
+    """A server that hands every accepted stream to the test; yields (address, channel).
+    The streams stay open until the block ends."""
+    send, receive = trio.open_memory_channel[trio.SocketStream](100)
+
+    async def handler(stream: trio.SocketStream) -> None:
+        await send.send(stream)
+        await trio.sleep_forever()
+
+    async with _serve(handler, host) as address:
+        yield address, receive
+
+
+async def read_exactly(stream: trio.abc.ReceiveStream, n: int) -> bytes:
+    """Read exactly *n* bytes; ``EOFError`` (saying how many came) at an early EOF."""
+    buf = bytearray()
+    while len(buf) < n:
+        data = await stream.receive_some(n - len(buf))
+        if not data:
+            raise EOFError(f"EOF after {len(buf)} of {n} bytes")
+        buf += data
+    return bytes(buf)
+
+
+async def wait_until(
+    predicate: Callable[[], object], timeout: float = 5.0, what: str | None = None
+) -> None:
+    """Return once ``predicate()`` is true; ``trio.TooSlowError`` after *timeout* seconds.
+
+    For state that has no event to wait on (a kernel counter, another process's file).
+    Where there is an event, wait for the event instead.
+    """
+    try:
+        with trio.fail_after(timeout):
+            while not predicate():  # noqa: ASYNC110 - no event to wait on
+                await trio.sleep(POLL_INTERVAL_S)
+    except trio.TooSlowError:
+        name = what or getattr(predicate, "__name__", "condition")
+        raise trio.TooSlowError(f"{name} not true within {timeout} s") from None
+
+
+def _matches(record: Mapping[str, Any], fields: Mapping[str, Any]) -> bool:
+    return all(record.get(k) == v for k, v in fields.items())
+
+
+async def wait_for_record(path: str | Path, timeout: float = 5.0, **fields: Any) -> dict[str, Any]:
+    """Wait until the JSONL event log at *path* holds a record whose fields equal
+    *fields* (e.g. ``event="fault_applied", mode="freeze"``); return the first such.
+
+    A truncated final line (a writer caught mid-record) is not an error here: it is
+    read again on the next look. ``trio.TooSlowError`` after *timeout* seconds.
+    """
+    from faultnet.eventlog import read_jsonl
+
+    found: list[dict[str, Any]] = []
+
+    def look() -> bool:
+        p = Path(path)
+        if not p.exists():
+            return False
+        found[:] = [r for r in read_jsonl(p).records if _matches(r, fields)][:1]
+        return bool(found)
+
+    await wait_until(look, timeout, what=f"a record with {fields} in {path}")
+    return found[0]
