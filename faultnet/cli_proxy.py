@@ -9,9 +9,10 @@ from typing import Any
 
 import trio
 
+from faultnet.addresses import parse_address
 from faultnet.cli import UsageError
 from faultnet.controltest import Step, run_control_test
-from faultnet.probe import parse_address, probe
+from faultnet.probe import probe
 
 __all__ = ["register"]
 
@@ -94,7 +95,7 @@ def _control_test(args: argparse.Namespace) -> int:
 
 def _probe(args: argparse.Namespace) -> int:
     try:
-        address = parse_address(args.address)
+        address = parse_address(args.address, port_zero=False)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if args.timeout <= 0:

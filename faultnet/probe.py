@@ -23,7 +23,9 @@ from typing import Any
 
 import trio
 
-__all__ = ["ProbeKind", "ProbeResult", "parse_address", "probe"]
+from faultnet.addresses import format_address
+
+__all__ = ["ProbeKind", "ProbeResult", "probe"]
 
 
 class ProbeKind(StrEnum):
@@ -42,13 +44,14 @@ class ProbeResult:
     error: str | None = None
 
     def __str__(self) -> str:
-        host, port = self.address
-        return f"{host}:{port} {self.kind.value} after {self.elapsed_s * 1000:.1f} ms"
+        return (
+            f"{format_address(self.address)} {self.kind.value} after {self.elapsed_s * 1000:.1f} ms"
+        )
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d["kind"] = self.kind.value
-        d["address"] = f"{self.address[0]}:{self.address[1]}"
+        d["address"] = format_address(self.address)
         return d
 
 
@@ -76,19 +79,3 @@ async def probe(address: tuple[str, int], timeout: float = 1.0) -> ProbeResult:
         return ProbeResult(ProbeKind.HUNG, address, time.perf_counter() - start)
     finally:
         sock.close()
-
-
-def parse_address(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` or ``[V6]:PORT`` -> (host, port). Raises ValueError saying why."""
-    host, sep, port_s = text.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"{text!r} is not HOST:PORT")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    try:
-        port = int(port_s)
-    except ValueError:
-        raise ValueError(f"port {port_s!r} in {text!r} is not a number") from None
-    if not 0 < port < 65536:
-        raise ValueError(f"port {port} in {text!r} is out of range 1-65535")
-    return host, port

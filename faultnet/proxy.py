@@ -32,6 +32,7 @@ from typing import Any
 
 import trio
 
+from faultnet.addresses import format_address
 from faultnet.eventlog import JsonlWriter
 from faultnet.pump import (
     CHUNK,
@@ -42,6 +43,7 @@ from faultnet.pump import (
     StreamClosed,
     StreamReset,
 )
+from faultnet.seeds import derive_seed
 from faultnet.sockopts import (
     attach_drop_all,
     detach_filter,
@@ -84,11 +86,6 @@ def _streams(stream: str) -> tuple[str, ...]:
     if stream not in _STREAM_CHOICES:
         raise ValueError(f"stream must be one of {', '.join(_STREAM_CHOICES)}, not {stream!r}")
     return STREAMS if stream == "both" else (stream,)
-
-
-def _fmt(addr: Any) -> str:
-    host, port = addr[0], addr[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 class Connection:
@@ -138,7 +135,7 @@ class Connection:
             return
         # Decided once per connection and kept; toxicity 0 never applies
         # (random() < 0 is never true), 1 always does.
-        rng = random.Random(f"{self.proxy.seed}:{self.id}:{toxic.name}")
+        rng = random.Random(derive_seed(self.proxy.seed, self.id, toxic.name))
         if not rng.random() < toxic.toxicity:
             self.links[toxic.name] = None
             return
@@ -250,7 +247,7 @@ class Connection:
         return ConnectionInfo(
             id=self.id,
             peer=self.peer,
-            upstream=_fmt(self.proxy.upstream),
+            upstream=format_address(self.proxy.upstream),
             bytes_upstream=up.bytes if up else 0,
             bytes_downstream=down.bytes if down else 0,
             state=state,
@@ -271,7 +268,7 @@ class Connection:
                     proxy.log.write(
                         "upstream_failed",
                         conn=self.id,
-                        upstream=_fmt(proxy.upstream),
+                        upstream=format_address(proxy.upstream),
                         reason=str(exc) or type(exc).__name__,
                     )
                     return
@@ -411,7 +408,10 @@ class Proxy:
             await self._bind()
         assert self.address is not None
         self.log.write(
-            "listening", listen=_fmt(self.address), upstream=_fmt(self.upstream), seed=self.seed
+            "listening",
+            listen=format_address(self.address),
+            upstream=format_address(self.upstream),
+            seed=self.seed,
         )
         try:
             async with trio.open_nursery() as nursery:
@@ -442,7 +442,7 @@ class Proxy:
             await sock.bind(self.address or self.listen)
         except OSError as exc:
             sock.close()
-            where = _fmt(self.address or self.listen)
+            where = format_address(self.address or self.listen)
             if exc.errno == errno.EADDRINUSE:
                 raise ProxyError(f"listen address {where} is already in use") from None
             raise ProxyError(f"cannot listen on {where}: {exc.strerror}") from None
@@ -475,7 +475,7 @@ class Proxy:
                     continue
                 client = socket.socket(fileno=tsock.detach())
                 client.setblocking(False)
-                conn = Connection(self, self._next_id, client, _fmt(addr))
+                conn = Connection(self, self._next_id, client, format_address(addr))
                 self._next_id += 1
                 self._connections[conn.id] = conn
                 self.log.write("conn_open", conn=conn.id, peer=conn.peer)

@@ -24,7 +24,6 @@ stays cheap: faultnet itself is imported inside the fixtures.
 
 from __future__ import annotations
 
-import hashlib
 import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from types import SimpleNamespace
@@ -90,8 +89,9 @@ _SEED_KEY = pytest.StashKey[int]()
 
 
 def _derive(seed: int, nodeid: str, index: int) -> int:
-    digest = hashlib.sha256(f"{seed}:{nodeid}:{index}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
+    from faultnet.seeds import derive_seed
+
+    return derive_seed(seed, nodeid, index)
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,6 @@ replay the same toxicity and jitter decisions.
 from __future__ import annotations
 
 import collections
-import hashlib
 import secrets
 from collections.abc import AsyncIterator, Collection, Mapping
 from contextlib import asynccontextmanager
@@ -28,8 +27,11 @@ from typing import Any
 
 import trio
 
+from faultnet import addresses
+from faultnet.addresses import format_address
 from faultnet.eventlog import JsonlWriter
 from faultnet.proxy import Proxy, ProxyError
+from faultnet.seeds import derive_seed
 from faultnet.toxics import (
     STREAMS,
     Toxic,
@@ -141,7 +143,8 @@ class _TeeWriter(JsonlWriter):
 
 
 def parse_address(value: Any, what: str, *, default: str | None = None) -> Address:
-    """Parse Toxiproxy's ``host:port`` (IPv6 as ``[::1]:port``) into ``(host, port)``.
+    """Parse Toxiproxy's ``host:port`` (IPv6 as ``[::1]:port``) into ``(host, port)``,
+    with :func:`faultnet.addresses.parse_address`.
 
     An empty host means 127.0.0.1 (Toxiproxy binds every interface there; faultnet does
     not bind beyond loopback unless asked by name). Raises :class:`ApiError` 400.
@@ -152,29 +155,10 @@ def parse_address(value: Any, what: str, *, default: str | None = None) -> Addre
         value = default
     if not isinstance(value, str):
         raise bad_body(f"{what} must be a string, not {type(value).__name__}")
-    host, sep, port_s = value.rpartition(":")
-    if not sep or not port_s.isdigit() or not port_s.isascii():
-        raise bad_body(f"{what} address {value!r} is not host:port")
-    port = int(port_s)
-    if port > 65535:
-        raise bad_body(f"{what} address {value!r}: port must be 0 to 65535")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise bad_body(f"{what} address {value!r}: write an IPv6 host in brackets")
-    if any(c.isspace() or c in "[]/" for c in host) or "\0" in host:
-        raise bad_body(f"{what} address {value!r}: invalid host")
-    return (host or "127.0.0.1", port)
-
-
-def format_address(addr: Address) -> str:
-    host, port = addr
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _derive_seed(seed: int, name: str) -> int:
-    digest = hashlib.sha256(f"faultnet:{seed}:{name}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
+    try:
+        return addresses.parse_address(value, default_host="127.0.0.1")
+    except addresses.AddressError as exc:
+        raise bad_body(f"{what} address {exc}") from None
 
 
 # -- proxies -----------------------------------------------------------------------------
@@ -231,7 +215,7 @@ class ManagedProxy:
             self.listen,
             name=self.name,
             event_log=self._writer,
-            seed=_derive_seed(reg.seed, self.name),
+            seed=derive_seed("faultnet", reg.seed, self.name),
         )
         for t in self._toxics:
             proxy.add_toxic(t)

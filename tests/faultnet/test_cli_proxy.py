@@ -50,3 +50,18 @@ def test_probe_bad_input_is_one_line_and_exit_2() -> None:
         assert out.returncode == 2, out
         assert why in out.stderr and "Traceback" not in out.stderr
         assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_probe_prints_an_ipv6_address_in_brackets() -> None:
+    listener = socket.socket(socket.AF_INET6)
+    listener.bind(("::1", 0))
+    listener.listen(4)
+    port = listener.getsockname()[1]
+    try:
+        out = run("probe", f"[::1]:{port}")
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith(f"[::1]:{port} connected"), out.stdout
+        out = run("probe", f"[::1]:{port}", "--json")
+        assert json.loads(out.stdout)["address"] == f"[::1]:{port}"
+    finally:
+        listener.close()

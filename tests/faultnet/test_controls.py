@@ -9,8 +9,9 @@ import pytest
 import trio
 
 from faultnet import controls
+from faultnet.addresses import format_address, parse_address
 from faultnet.controls import ControlFailed
-from faultnet.probe import ProbeKind, parse_address, probe
+from faultnet.probe import ProbeKind, probe
 from faultnet.proxy import open_proxy
 from faultnet.sockopts import attach_drop_all
 from faultnet.testing import accept_server, echo_server, read_exactly
@@ -110,6 +111,18 @@ async def test_frozen_control_goes_red_when_a_close_gets_through() -> None:
 def test_parse_address() -> None:
     assert parse_address("127.0.0.1:80") == ("127.0.0.1", 80)
     assert parse_address("[::1]:8474") == ("::1", 8474)
-    for bad, why in (("nope", "not HOST:PORT"), ("h:x", "not a number"), ("h:0", "range")):
+    assert parse_address(":80", default_host="127.0.0.1") == ("127.0.0.1", 80)
+    assert format_address(("::1", 8474)) == "[::1]:8474"
+    assert format_address(("127.0.0.1", 80)) == "127.0.0.1:80"
+    for bad, why in (
+        ("nope", "not HOST:PORT"),
+        ("h:x", "not a number"),
+        ("h:99999", "range"),
+        ("::1:80", "brackets"),
+        (":80", "not HOST:PORT"),
+        ("a b:80", "invalid host"),
+    ):
         with pytest.raises(ValueError, match=why):
             parse_address(bad)
+    with pytest.raises(ValueError, match="range"):
+        parse_address("h:0", port_zero=False)

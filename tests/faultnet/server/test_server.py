@@ -16,6 +16,7 @@ import httpx
 import pytest
 import trio
 
+from faultnet.addresses import parse_address
 from faultnet.controls import (
     assert_accepting,
     assert_frozen,
@@ -41,11 +42,6 @@ async def _echo(stream: trio.SocketStream) -> None:
 async def start_echo(nursery: trio.Nursery) -> Address:
     listeners = await nursery.start(functools.partial(trio.serve_tcp, _echo, 0, host="127.0.0.1"))
     return listeners[0].socket.getsockname()[:2]
-
-
-def addr(listen: str) -> Address:
-    host, _, port = listen.rpartition(":")
-    return host.strip("[]"), int(port)
 
 
 @pytest.fixture
@@ -130,10 +126,10 @@ async def test_create_show_and_proxy_through(api: httpx.AsyncClient, upstream: A
     p = await create(api, "echo", upstream, listen="127.0.0.1:0")
     assert set(p) == {"name", "listen", "upstream", "enabled", "toxics"}
     assert p["enabled"] is True and p["toxics"] == []
-    assert addr(p["listen"])[1] != 0  # the bound address, not the requested one
+    assert parse_address(p["listen"])[1] != 0  # the bound address, not the requested one
     assert (await api.get("/proxies/echo")).json() == p
     assert (await api.get("/proxies")).json() == {"echo": p}
-    stream = await trio.open_tcp_stream(*addr(p["listen"]))
+    stream = await trio.open_tcp_stream(*parse_address(p["listen"]))
     assert await roundtrip(stream, b"hello through the proxy") == b"hello through the proxy"
     await stream.aclose()
 
@@ -144,8 +140,8 @@ async def test_create_defaults_listen_and_can_start_disabled(
     p = await create(api, "d", upstream, enabled=False)
     assert p["enabled"] is False and p["listen"] == "127.0.0.1:0"
     p = await create(api, "e", upstream)  # no listen: loopback, any port
-    assert addr(p["listen"])[0] == "127.0.0.1"
-    await assert_accepting(addr(p["listen"]))
+    assert parse_address(p["listen"])[0] == "127.0.0.1"
+    await assert_accepting(parse_address(p["listen"]))
 
 
 @pytest.mark.parametrize(
@@ -218,7 +214,7 @@ async def test_disable_closes_listener_and_connections_enable_relistens(
     api: httpx.AsyncClient, upstream: Address
 ) -> None:
     p = await create(api, "p", upstream)
-    where = addr(p["listen"])
+    where = parse_address(p["listen"])
     live = await trio.open_tcp_stream(*where)
     await roundtrip(live)
     r = await api.post("/proxies/p", json={"enabled": False})
@@ -241,14 +237,14 @@ async def test_update_changes_upstream_and_listen(
     r = await api.patch("/proxies/p", json={"upstream": f"127.0.0.1:{other[1]}"})
     assert r.status_code == 200 and r.json()["upstream"] == f"127.0.0.1:{other[1]}"
     assert r.json()["listen"] == p["listen"]  # restarted on the same address
-    stream = await trio.open_tcp_stream(*addr(p["listen"]))
+    stream = await trio.open_tcp_stream(*parse_address(p["listen"]))
     await roundtrip(stream)
     await stream.aclose()
     r = await api.post("/proxies/p", json={"listen": "127.0.0.1:0"})
     new_listen = r.json()["listen"]
     assert new_listen != p["listen"]
-    await assert_refusing(addr(p["listen"]))
-    await assert_accepting(addr(new_listen))
+    await assert_refusing(parse_address(p["listen"]))
+    await assert_accepting(parse_address(new_listen))
     # Errors: body shape, types, address syntax; the proxy is unchanged by them.
     assert_error(await api.patch("/proxies/p", json=[1]), 400, "bad request body")
     assert_error(await api.patch("/proxies/p", json={"enabled": 1}), 400, "bad request body")
@@ -264,7 +260,7 @@ async def test_enable_when_address_taken_is_500_and_stays_disabled(
     await api.post("/proxies/p", json={"enabled": False})
     with trio.socket.socket() as thief:
         thief.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        await thief.bind(addr(p["listen"]))
+        await thief.bind(parse_address(p["listen"]))
         thief.listen(1)
         r = await api.post("/proxies/p", json={"enabled": True})
         assert_error(r, 500, f"listen address {p['listen']} is already in use")
@@ -274,10 +270,10 @@ async def test_enable_when_address_taken_is_500_and_stays_disabled(
 
 async def test_delete(api: httpx.AsyncClient, upstream: Address) -> None:
     p = await create(api, "p", upstream)
-    live = await trio.open_tcp_stream(*addr(p["listen"]))
+    live = await trio.open_tcp_stream(*parse_address(p["listen"]))
     r = await api.delete("/proxies/p")
     assert r.status_code == 204 and r.content == b""
-    await assert_refusing(addr(p["listen"]))
+    await assert_refusing(parse_address(p["listen"]))
     await assert_severed(live)
     assert_error(await api.get("/proxies/p"), 404, "proxy not found")
 
@@ -349,7 +345,7 @@ async def test_toxic_via_api_applies_live_and_survives_disable(
     api: httpx.AsyncClient, upstream: Address
 ) -> None:
     p = await create(api, "p", upstream)
-    stream = await trio.open_tcp_stream(*addr(p["listen"]))
+    stream = await trio.open_tcp_stream(*parse_address(p["listen"]))
     await roundtrip(stream)
     await api.post("/proxies/p/toxics", json={"type": "latency", "attributes": {"latency": 150}})
     t0 = trio.current_time()
@@ -358,7 +354,7 @@ async def test_toxic_via_api_applies_live_and_survives_disable(
     await api.post("/proxies/p", json={"enabled": False})
     await api.post("/proxies/p", json={"enabled": True})
     assert len((await api.get("/proxies/p/toxics")).json()) == 1
-    stream = await trio.open_tcp_stream(*addr(p["listen"]))
+    stream = await trio.open_tcp_stream(*parse_address(p["listen"]))
     t0 = trio.current_time()
     await roundtrip(stream)
     assert trio.current_time() - t0 >= 0.15
@@ -418,13 +414,13 @@ async def test_reset(api: httpx.AsyncClient, upstream: Address) -> None:
     await api.post("/proxies/a/toxics", json={"type": "latency"})
     await api.post("/proxies/b/toxics", json={"type": "timeout"})
     await api.post("/proxies/a/faults", json={"mode": "refuse"})
-    await assert_refusing(addr(a["listen"]))
+    await assert_refusing(parse_address(a["listen"]))
     r = await api.post("/reset")
     assert r.status_code == 204
     index = (await api.get("/proxies")).json()
     assert all(p["enabled"] and p["toxics"] == [] for p in index.values())
-    await assert_accepting(addr(a["listen"]))
-    await assert_accepting(addr(index["b"]["listen"]))
+    await assert_accepting(parse_address(a["listen"]))
+    await assert_accepting(parse_address(index["b"]["listen"]))
 
 
 # -- faultnet's modes -------------------------------------------------------------------
@@ -432,7 +428,7 @@ async def test_reset(api: httpx.AsyncClient, upstream: Address) -> None:
 
 async def test_fault_modes_through_the_api(api: httpx.AsyncClient, upstream: Address) -> None:
     p = await create(api, "p", upstream)
-    where = addr(p["listen"])
+    where = parse_address(p["listen"])
     a = await trio.open_tcp_stream(*where)
     await roundtrip(a)
     r = await api.post("/proxies/p/faults", json={"mode": "freeze", "stream": "upstream"})
@@ -476,7 +472,7 @@ async def test_fault_modes_through_the_api(api: httpx.AsyncClient, upstream: Add
 
 async def test_fault_on_named_connections_only(api: httpx.AsyncClient, upstream: Address) -> None:
     p = await create(api, "p", upstream)
-    a, b = [await trio.open_tcp_stream(*addr(p["listen"])) for _ in range(2)]
+    a, b = [await trio.open_tcp_stream(*parse_address(p["listen"])) for _ in range(2)]
     await roundtrip(a)
     await roundtrip(b)
     ids = sorted(x["id"] for x in (await api.get("/proxies/p/connections")).json())
@@ -519,7 +515,7 @@ async def test_fault_errors(api: httpx.AsyncClient, upstream: Address) -> None:
 
 async def test_connections_listing(api: httpx.AsyncClient, upstream: Address) -> None:
     p = await create(api, "p", upstream)
-    a = await trio.open_tcp_stream(*addr(p["listen"]))
+    a = await trio.open_tcp_stream(*parse_address(p["listen"]))
     await roundtrip(a, b"x" * 1000)
     conns = (await api.get("/proxies/p/connections")).json()
     assert len(conns) == 1
@@ -577,7 +573,7 @@ async def _affected_pattern(seed: int, up: Address, n: int = 16) -> list[bool]:
         await api.post("/proxies/p/toxics", json=body)
         pattern = []
         for _ in range(n):
-            s = await trio.open_tcp_stream(*addr(p["listen"]))
+            s = await trio.open_tcp_stream(*parse_address(p["listen"]))
             await s.send_all(b"hello")
             got = b""
             with trio.fail_after(5):
@@ -608,7 +604,7 @@ async def test_relisten_on_a_taken_address_is_500_naming_it(
     with trio.socket.socket() as thief, trio.socket.socket() as thief2:
         for sock, where in ((thief, p["listen"]), (thief2, q["listen"])):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            await sock.bind(addr(where))
+            await sock.bind(parse_address(where))
             sock.listen(1)
         message = f"listen address {p['listen']} is already in use"
         assert_error(await api.post("/proxies/p/faults", json={"mode": "restore"}), 500, message)
@@ -618,4 +614,4 @@ async def test_relisten_on_a_taken_address_is_500_naming_it(
         message = f"listen address {q['listen']} is already in use"
         assert_error(await api.post("/reset"), 500, message)
     assert (await api.post("/reset")).status_code == 204  # the address is free again
-    await assert_accepting(addr(q["listen"]))
+    await assert_accepting(parse_address(q["listen"]))

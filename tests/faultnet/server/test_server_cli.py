@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import trio
 
+from faultnet.addresses import parse_address
 from faultnet.cli import main
 from faultnet.controls import assert_accepting, assert_refusing, assert_syn_dropped
 from faultnet.eventlog import read_jsonl
@@ -69,17 +70,12 @@ async def upstream(nursery: trio.Nursery) -> str:
     return f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
 
 
-def addr(listen: str) -> tuple[str, int]:
-    host, _, port = listen.rpartition(":")
-    return host, int(port)
-
-
 async def test_client_commands(cli: Cli, upstream: str) -> None:
     assert (await cli.ok("proxies")).strip() == "no proxies"
     out = await cli.ok("create", "web", "--upstream", upstream)
     assert out.startswith("created web: 127.0.0.1:")
     p = (await cli.json("proxies"))["web"]
-    where = addr(p["listen"])
+    where = parse_address(p["listen"])
     table = await cli.ok("proxies")
     assert table.splitlines()[0].split() == ["NAME", "LISTEN", "UPSTREAM", "ENABLED", "TOXICS"]
     assert table.splitlines()[1].split() == ["web", p["listen"], upstream, "true", "-"]

@@ -16,6 +16,7 @@ import trio
 from toxiproxy.api import APIConsumer
 from toxiproxy.exceptions import InvalidToxic, NotFound, ProxyExists
 
+from faultnet.addresses import parse_address
 from faultnet.controls import assert_accepting, assert_refusing, assert_severed
 from faultnet.server import RunningServer
 
@@ -42,11 +43,6 @@ def client(faultnet_server: RunningServer, monkeypatch: pytest.MonkeyPatch) -> t
     return toxiproxy.Toxiproxy()
 
 
-def addr(listen: str) -> tuple[str, int]:
-    host, _, port = listen.rpartition(":")
-    return host, int(port)
-
-
 async def rtt(stream: trio.SocketStream) -> float:
     t0 = trio.current_time()
     await stream.send_all(b"ping")
@@ -68,8 +64,8 @@ async def test_toxiproxy_python_end_to_end(
     assert await call(client.running)
     assert b'"version"' in await call(client.version)
     proxy = await call(client.create, upstream=f"127.0.0.1:{up_port}", name="echo")
-    assert proxy.enabled is True and addr(proxy.listen)[1] != 0
-    where = addr(proxy.listen)
+    assert proxy.enabled is True and parse_address(proxy.listen)[1] != 0
+    where = parse_address(proxy.listen)
     assert set(await call(client.proxies)) == {"echo"}
     with pytest.raises(ProxyExists):
         await call(client.create, upstream="127.0.0.1:1", name="echo")

@@ -1,0 +1,54 @@
+"""Addresses: the one parser and formatter of ``host:port`` for the proxy, the server,
+the probe and the CLI.
+
+An IPv6 host is written in brackets (``[::1]:8474``) both ways: :func:`format_address`
+adds them and :func:`parse_address` requires them (``::1:8474`` is ambiguous).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Address", "AddressError", "format_address", "parse_address"]
+
+Address = tuple[str, int]
+
+
+class AddressError(ValueError):
+    """A ``host:port`` that cannot be parsed; the message says why."""
+
+
+def parse_address(text: str, *, default_host: str | None = None, port_zero: bool = True) -> Address:
+    """``HOST:PORT`` or ``[V6]:PORT`` -> ``(host, port)``; :class:`AddressError` saying why.
+
+    An empty host is *default_host* (an error when None). Port 0 ("any free port") is
+    accepted only with *port_zero*.
+    """
+    if not isinstance(text, str):
+        raise AddressError(f"{text!r} is not HOST:PORT")
+    host, sep, port_s = text.rpartition(":")
+    if not sep:
+        raise AddressError(f"{text!r} is not HOST:PORT")
+    if not (port_s.isascii() and port_s.isdigit()):
+        raise AddressError(f"port {port_s!r} in {text!r} is not a number")
+    port = int(port_s)
+    lowest = 0 if port_zero else 1
+    if not lowest <= port <= 65535:
+        raise AddressError(f"port {port} in {text!r} is out of range {lowest}-65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise AddressError(f"{text!r}: write an IPv6 host in brackets, e.g. [::1]:{port}")
+    if any(c.isspace() or c in "[]/" for c in host) or "\0" in host:
+        raise AddressError(f"{text!r}: invalid host")
+    if not host:
+        if default_host is None:
+            raise AddressError(f"{text!r} is not HOST:PORT")
+        host = default_host
+    return host, port
+
+
+def format_address(addr: Any) -> str:
+    """``(host, port[, ...])`` -> ``host:port``, IPv6 in brackets (``[::1]:8474``)."""
+    host, port = addr[0], addr[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
