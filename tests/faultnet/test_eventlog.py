@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from faultnet.eventlog import CorruptLogError, JsonlWriter, flatten, read_jsonl
+from faultnet.eventlog import CorruptLogError, JsonlWriter, dropped_records, flatten, read_jsonl
 
 
 def _writer_process(path: str, tag: int, n: int) -> None:
@@ -68,6 +68,53 @@ def test_malformed_line_in_the_middle_is_corruption(tmp_path) -> None:
     path.write_text('{"event": "a"}\n[1, 2]\n{"event": "b"}\n')
     with pytest.raises(CorruptLogError):
         read_jsonl(path)
+
+
+def test_a_restarted_writer_starts_a_new_line_after_a_torn_tail(tmp_path) -> None:
+    """Issue 10 item 5: appending straight after a torn record poisoned the whole log."""
+    path = tmp_path / "r.jsonl"
+    with JsonlWriter(path) as w:
+        w.write("before")
+    with open(path, "ab") as f:
+        f.write(b'{"wall": 1.5, "event": "cut')  # a kill -9 mid-record
+    with JsonlWriter(path) as w:  # the restarted writer
+        w.write("after")
+        w.write("later")
+    read = read_jsonl(path)
+    assert [r["event"] for r in read.records] == ["before", "after", "later"]
+    assert read.truncated_tail is None
+    assert [(u.lineno, u.kind) for u in read.unreadable] == [(2, "torn")]
+
+
+def test_the_reader_names_every_unreadable_line(tmp_path) -> None:
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"event": "a"}\nnot json\n{"event": "b"}\n[1]\n{"event": "c')
+    with pytest.raises(CorruptLogError) as err:
+        read_jsonl(path)
+    assert err.value.lineno == 2
+    for named in ("line 2 (corrupt)", "line 4 (corrupt)", "line 5 (truncated)"):
+        assert named in str(err.value)
+    assert [r["event"] for r in err.value.read.records] == ["a", "b"]
+    assert err.value.read.truncated_tail == '{"event": "c'
+
+
+def test_a_writer_that_cannot_write_drops_counts_and_warns_once(capfd) -> None:
+    """Issue 10 item 4, disk full: /dev/full answers every write with ENOSPC."""
+    before = dropped_records().get("/dev/full", 0)
+    w = JsonlWriter("/dev/full", proxy="p")
+    for i in range(3):
+        assert w.write("tick", i=i)["i"] == i  # returns as usual, raises nothing
+    w2 = JsonlWriter("/dev/full", proxy="q")  # a second writer of the same path
+    w2.write("tock")
+    assert (w.dropped, w2.dropped) == (3, 1)
+    assert w.last_error is not None and "No space left" in w.last_error
+    assert dropped_records()["/dev/full"] == before + 4
+    err = capfd.readouterr().err
+    if before == 0:  # the warning is once per path per process
+        assert err.count("faultnet: warning: cannot write event log /dev/full") == 1
+    assert len(err.splitlines()) <= 1
+    w.close()
+    w2.close()
 
 
 def test_flatten_keeps_one_line() -> None:
