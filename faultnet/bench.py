@@ -71,6 +71,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from faultnet.errors import EnvironmentProblem, UsageError, fail
 from faultnet.procs import ProcessIdentity, fd_count, signal_exact
 from faultnet.sockopts import raise_fd_limit
 
@@ -134,14 +135,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         "freeze_window": 0.2,
     },
 }
-
-
-class UsageError(Exception):
-    """A bad flag: one line, exit 2."""
-
-
-class EnvError(Exception):
-    """The environment cannot run the bench (a child failed to start): one line, exit 2."""
 
 
 def parse_size(text: str) -> int:
@@ -511,7 +504,7 @@ class Child:
             )
         except OSError as exc:
             self._stderr.close()
-            raise EnvError(f"cannot start {name}: {exc}") from None
+            raise EnvironmentProblem(f"cannot start {name}: {exc}") from None
         # The child cannot be reaped before we wait(), so its /proc entry exists now.
         self.ident = ProcessIdentity.of(self.proc.pid)
         self._buf = b""
@@ -521,7 +514,7 @@ class Child:
         return self.proc.pid
 
     def read_json(self, timeout: float) -> dict[str, Any]:
-        """The next JSON line from the child; EnvError if none within *timeout*."""
+        """The next JSON line from the child; EnvironmentProblem if none within *timeout*."""
         assert self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
         deadline = time.monotonic() + timeout
@@ -530,15 +523,17 @@ class Child:
             while b"\n" not in self._buf:
                 left = deadline - time.monotonic()
                 if left <= 0 or not sel.select(left):
-                    raise EnvError(f"{self.name}: no answer within {timeout:g} s{self._why()}")
+                    raise EnvironmentProblem(
+                        f"{self.name}: no answer within {timeout:g} s{self._why()}"
+                    )
                 chunk = os.read(fd, 65536)
                 if not chunk:
-                    raise EnvError(f"{self.name} exited{self._why()}")
+                    raise EnvironmentProblem(f"{self.name} exited{self._why()}")
                 self._buf += chunk
         line, _, self._buf = self._buf.partition(b"\n")
         reply: dict[str, Any] = json.loads(line)
         if "error" in reply:
-            raise EnvError(f"{self.name}: {reply['error']}")
+            raise EnvironmentProblem(f"{self.name}: {reply['error']}")
         return reply
 
     def request(self, command: str, timeout: float = COMMAND_S) -> dict[str, Any]:
@@ -547,7 +542,7 @@ class Child:
             self.proc.stdin.write(command.encode() + b"\n")
             self.proc.stdin.flush()
         except BrokenPipeError:
-            raise EnvError(f"{self.name} exited{self._why()}") from None
+            raise EnvironmentProblem(f"{self.name} exited{self._why()}") from None
         return self.read_json(timeout)
 
     def _why(self) -> str:
@@ -619,7 +614,7 @@ class Socat:
             if self.child.proc.poll() is not None or time.monotonic() > deadline:
                 why = self.child._why()
                 self.child.stop()
-                raise EnvError(f"socat did not start listening on port {self.port}{why}")
+                raise EnvironmentProblem(f"socat did not start listening on port {self.port}{why}")
             time.sleep(0.01)  # polling the kernel's table for a state with no event
 
     def note_children(self) -> None:
@@ -1029,7 +1024,7 @@ def run_bench(p: BenchParams) -> dict[str, Any]:
                 socat = Socat(p.socat, up_port)
                 addrs["socat"] = (HOST, socat.port)
                 arms["socat"]["argv"] = socat.argv
-            except EnvError as exc:
+            except EnvironmentProblem as exc:
                 arms["socat"]["skipped"] = str(exc)
         for name in arms:
             if name in addrs:
@@ -1701,15 +1696,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not parent.is_dir():
                 raise UsageError(f"--json: no such directory: {parent}")
         res = run_bench(params)
-    except UsageError as exc:
-        print(f"bench: error: {exc}", file=sys.stderr)
-        return 2
-    except EnvError as exc:
-        print(f"bench: environment error: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:  # the load generator itself could not run (e.g. no descriptors)
-        print(f"bench: error: {exc}", file=sys.stderr)
-        return 2
+    # OSError: the load generator itself could not run (e.g. no descriptors).
+    except (UsageError, EnvironmentProblem, OSError) as exc:
+        return fail("bench", exc)
     except KeyboardInterrupt:
         return 130
     report = format_report(res)

@@ -23,8 +23,9 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from faultnet._version import __version__
+from faultnet.errors import CommandError, UsageError, fail
 
-__all__ = ["UsageError", "main"]
+__all__ = ["UsageError", "main"]  # UsageError: faultnet.errors's, re-exported
 
 #: faultnet's own modules that contribute commands. Each has ``register(subparsers)``
 #: which adds its parsers and sets ``func`` (args -> exit code) on each.
@@ -34,10 +35,6 @@ COMMAND_MODULES = (
 )
 #: The entry-point group through which packages above faultnet add commands.
 COMMAND_GROUP = "faultnet.commands"
-
-
-class UsageError(Exception):
-    """A user mistake: printed as one line, exit 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,9 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return int(func(args))
-    except UsageError as exc:
-        print(f"faultnet: error: {exc}", file=sys.stderr)
-        return 2
+    except CommandError as exc:
+        return fail("faultnet", exc)
     except KeyboardInterrupt:
         return 130
 

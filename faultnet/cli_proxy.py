@@ -10,8 +10,8 @@ from typing import Any
 import trio
 
 from faultnet.addresses import parse_address
-from faultnet.cli import UsageError
 from faultnet.controltest import Step, run_control_test
+from faultnet.errors import UsageError
 from faultnet.probe import probe
 
 __all__ = ["register"]

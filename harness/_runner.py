@@ -47,6 +47,7 @@ from typing import Any, TextIO
 
 import trio
 
+from faultnet.errors import CommandError, EnvironmentProblem, UsageError, fail
 from faultnet.eventlog import JsonlWriter, flatten
 from faultnet.procs import ProcessIdentity, signal_exact
 from harness._report import EXIT_ENV, EXIT_FAILED, EXIT_OK, Result, render_result
@@ -55,7 +56,6 @@ from harness._timescale import TimeScale, time_scale_from
 __all__ = [
     "BotHandle",
     "Context",
-    "EnvironmentProblem",
     "RunProblem",
     "add_common_arguments",
     "amain",
@@ -70,11 +70,6 @@ __all__ = [
 ]
 
 BOTEVENT_RE = re.compile(r"^BOTEVENT (\{.*\})\s*$")
-
-
-class EnvironmentProblem(Exception):
-    """The harness could not set up the measurement (exit 2): no environment, the
-    bot is not an MCP server, the proxy failed... Not a finding about the bot."""
 
 
 class RunProblem(Exception):
@@ -811,13 +806,12 @@ async def amain(exp: ModuleType, argv: Sequence[str] | None = None) -> int:
         bot_argv = resolve_bot_argv(args.bot_bin)
         scale = time_scale_from(args.time_scale)
         if args.repeat < 1:
-            raise EnvironmentProblem("--repeat must be at least 1")
+            raise UsageError("--repeat must be at least 1")
         check_args = getattr(exp, "check_arguments", None)
         if check_args is not None:
             check_args(args)
-    except (EnvironmentProblem, ValueError) as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return EXIT_ENV
+    except (CommandError, ValueError) as exc:
+        return fail(prog, exc)
     base = args.run_dir or default_run_dir(exp.NAME)
     base.mkdir(parents=True, exist_ok=True)
     report = JsonlWriter(args.report or base / "report.jsonl", experiment=exp.NAME)

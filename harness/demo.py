@@ -22,7 +22,7 @@ from typing import Any
 
 import trio
 
-from faultnet.cli import UsageError
+from faultnet.errors import UsageError
 from harness import _runner, pair
 from harness._timescale import TimeScale
 

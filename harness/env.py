@@ -61,15 +61,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from faultnet.errors import CommandError, EnvironmentProblem, UsageError, fail
 from faultnet.procs import ProcessIdentity, read_cmdline, read_start_time, signal_exact
-from harness.enclave._registry import REGISTRY_FILE, Registry, RegistryError
+from harness.enclave import REGISTRY_FILE, Registry, RegistryError
 
 __all__ = [
     "DEFAULT_CHANNEL",
     "DEFAULT_LEADER_NICK",
     "STATE_FILE",
     "DownReport",
-    "EnvError",
     "EnvState",
     "StatusReport",
     "down",
@@ -103,11 +103,6 @@ _REPO_ROOT = Path(__file__).resolve().parent.parent
 
 #: Server processes started by this Python process, so ``down`` can reap them (no zombie).
 _children: dict[int, subprocess.Popen[bytes]] = {}
-
-
-class EnvError(Exception):
-    """An environment problem (missing state, live env in the way, server failed to
-    start): printed as one line, exit 2."""
 
 
 @dataclass(frozen=True)
@@ -165,14 +160,16 @@ class EnvState:
 
 
 def read_state(state_dir: str | os.PathLike[str]) -> EnvState:
-    """Parse ``DIR/state.env``. Raises EnvError if it is missing or malformed."""
+    """Parse ``DIR/state.env``. Raises EnvironmentProblem if it is missing or malformed."""
     path = Path(state_dir) / STATE_FILE
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise EnvError(f"no environment in {state_dir} ({STATE_FILE} not found)") from None
+        raise EnvironmentProblem(
+            f"no environment in {state_dir} ({STATE_FILE} not found)"
+        ) from None
     except OSError as exc:
-        raise EnvError(f"cannot read {path}: {exc}") from None
+        raise EnvironmentProblem(f"cannot read {path}: {exc}") from None
     values: dict[str, str] = {}
     for line in text.splitlines():
         if not line.strip() or line.lstrip().startswith("#"):
@@ -182,7 +179,7 @@ def read_state(state_dir: str | os.PathLike[str]) -> EnvState:
             values[key.strip()] = value
     missing = [k for k in _KEYS if k not in values]
     if missing:
-        raise EnvError(f"{path}: missing {', '.join(missing)}")
+        raise EnvironmentProblem(f"{path}: missing {', '.join(missing)}")
     try:
         cmdline = json.loads(values["CMDLINE"])
         if not isinstance(cmdline, list) or not all(isinstance(x, str) for x in cmdline):
@@ -199,7 +196,7 @@ def read_state(state_dir: str | os.PathLike[str]) -> EnvState:
             channel=values["CHANNEL"],
         )
     except ValueError as exc:
-        raise EnvError(f"{path}: malformed: {exc}") from None
+        raise EnvironmentProblem(f"{path}: malformed: {exc}") from None
 
 
 def _write_state(state: EnvState) -> None:
@@ -230,7 +227,7 @@ def _dir_lock(state_dir: Path) -> Iterator[None]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise EnvError(f"another `up` is in progress in {state_dir}") from None
+            raise EnvironmentProblem(f"another `up` is in progress in {state_dir}") from None
         yield
     finally:
         os.close(fd)
@@ -265,7 +262,7 @@ def up(
     """Start a fresh environment in *state_dir* (default: a new temp dir); return it.
 
     Returns once the server accepts connections and ``state.env`` is written. Raises
-    EnvError if a live environment already runs there or the server fails to start
+    EnvironmentProblem if a live environment already runs there or the server fails to start
     within *timeout* seconds (the server is then stopped).
     """
     if state_dir is None:
@@ -275,16 +272,16 @@ def up(
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise EnvError(f"cannot create state directory {root}: {exc}") from None
+            raise EnvironmentProblem(f"cannot create state directory {root}: {exc}") from None
     root = root.resolve()
     with _dir_lock(root):
         if (root / STATE_FILE).exists():
             try:
                 old = read_state(root)
-            except EnvError:
+            except EnvironmentProblem:
                 old = None
             if old is not None and _is_server(old.identity):
-                raise EnvError(
+                raise EnvironmentProblem(
                     f"a live environment already runs in {root} (pid {old.pid}, "
                     f"port {old.port}); run `python -m harness.env down --state {root}` first"
                 )
@@ -296,7 +293,7 @@ def up(
             finally:
                 registry.close()
         except RegistryError as exc:
-            raise EnvError(f"cannot mint leader {leader_nick!r}: {exc}") from None
+            raise EnvironmentProblem(f"cannot mint leader {leader_nick!r}: {exc}") from None
         return _start_server(
             root, token, leader_nick, channel, host, ping_interval, ping_timeout, timeout
         )
@@ -333,7 +330,7 @@ def _identity_after_exec(
     """
     while True:
         if proc.poll() is not None:
-            raise EnvError(
+            raise EnvironmentProblem(
                 f"server exited with {proc.returncode} at once: {_log_tail(root / LOG_FILE)}"
             )
         try:
@@ -345,7 +342,7 @@ def _identity_after_exec(
         if time.monotonic() >= deadline:
             proc.kill()  # our own child, through its Popen: exact by construction
             proc.wait()
-            raise EnvError(f"server pid {proc.pid} never showed its command line")
+            raise EnvironmentProblem(f"server pid {proc.pid} never showed its command line")
         time.sleep(0.005)  # a window of microseconds to milliseconds; bounded above
 
 
@@ -390,7 +387,7 @@ def _start_server(
     port: int | None = None
     while True:
         if proc.poll() is not None:
-            raise EnvError(
+            raise EnvironmentProblem(
                 f"server exited with {proc.returncode} before listening: "
                 f"{_log_tail(root / LOG_FILE)}"
             )
@@ -400,7 +397,9 @@ def _start_server(
             break
         if time.monotonic() >= deadline:
             _stop(ident, term_timeout=2.0, kill_timeout=2.0)
-            raise EnvError(f"server did not accept connections within {timeout} s; stopped it")
+            raise EnvironmentProblem(
+                f"server did not accept connections within {timeout} s; stopped it"
+            )
         time.sleep(0.02)  # polling another process's progress, bounded by the deadline
     state = EnvState(
         host=host,
@@ -694,7 +693,7 @@ def _state_dir(args: argparse.Namespace) -> Path:
     env = os.environ.get(STATE_ENV_VAR)
     if env:
         return Path(env)
-    raise EnvError(f"--state DIR is required (or set ${STATE_ENV_VAR})")
+    raise UsageError(f"--state DIR is required (or set ${STATE_ENV_VAR})")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -743,11 +742,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             what = "running" if rep.running else ("not accepting" if rep.alive else "down")
             print(f"enclave {what}: {st.host}:{st.port} pid {st.pid} state {st.state_dir}")
         return 0 if rep.running else 1
-    except EnvError as exc:
+    except CommandError as exc:
         if getattr(args, "json", False):
             print(json.dumps({"ok": False, "error": str(exc)}))
-        print(f"harness.env: error: {exc}", file=sys.stderr)
-        return 2
+        return fail("harness.env", exc)
     except KeyboardInterrupt:
         return 130
 

@@ -29,8 +29,9 @@ from typing import Any
 
 import trio
 
+from faultnet.errors import EnvironmentProblem
 from harness import _runner
-from harness._runner import BotHandle, Context, EnvironmentProblem, RunProblem, claims_delivery
+from harness._runner import BotHandle, Context, RunProblem, claims_delivery
 from harness._scenario import first_after, freeze_held, freeze_links, sync_inbound
 
 NAME = "chatty_vs_silent"

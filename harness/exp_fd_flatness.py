@@ -23,8 +23,9 @@ import sys
 import time
 from collections.abc import Sequence
 
+from faultnet.errors import EnvironmentProblem
 from harness import _runner
-from harness._runner import Context, EnvironmentProblem, RunProblem
+from harness._runner import Context, RunProblem
 from harness._scenario import first_after, freeze_held, freeze_links, rel, sync_inbound
 
 NAME = "fd_flatness"

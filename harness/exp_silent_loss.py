@@ -34,8 +34,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from faultnet.errors import EnvironmentProblem
 from harness import _runner
-from harness._runner import Context, EnvironmentProblem, RunProblem, claims_delivery
+from harness._runner import Context, RunProblem, claims_delivery
 from harness._scenario import (
     first_after,
     freeze_held,

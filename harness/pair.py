@@ -30,6 +30,7 @@ from typing import Any, TextIO
 
 import trio
 
+from faultnet.errors import CommandError, UsageError, fail
 from faultnet.eventlog import JsonlWriter
 from harness import _runner
 from harness._report import (
@@ -41,7 +42,7 @@ from harness._report import (
     control_drift,
     render_side_by_side,
 )
-from harness._runner import EnvironmentProblem, resolve_bot_argv, resolved_program
+from harness._runner import resolve_bot_argv, resolved_program
 from harness._timescale import TimeScale, time_scale_from
 
 __all__ = [
@@ -57,7 +58,7 @@ __all__ = [
 EXPERIMENTS = ("confirm_latency", "silent_loss", "chatty_vs_silent", "fd_flatness")
 
 
-class PairRefused(Exception):
+class PairRefused(UsageError):
     """The two arms would measure nothing (they are the same program and arguments)."""
 
 
@@ -65,7 +66,7 @@ def load_experiment(name: str) -> ModuleType:
     """``silent_loss``, ``silent-loss`` or ``exp_silent_loss`` -> harness.exp_silent_loss."""
     key = name.strip().replace("-", "_").removeprefix("harness.").removeprefix("exp_")
     if key not in EXPERIMENTS:
-        raise EnvironmentProblem(f"unknown experiment {name!r} (one of {', '.join(EXPERIMENTS)})")
+        raise UsageError(f"unknown experiment {name!r} (one of {', '.join(EXPERIMENTS)})")
     return importlib.import_module(f"harness.exp_{key}")
 
 
@@ -220,13 +221,13 @@ async def amain(argv: Sequence[str] | None = None) -> int:
         refuse_identical(argv_a, argv_b)
         names = tuple(n.strip() for n in args.names.split(","))
         if len(names) != 2 or not all(names) or names[0] == names[1]:
-            raise EnvironmentProblem("--names takes two different names, e.g. pre,post")
+            raise UsageError("--names takes two different names, e.g. pre,post")
         scale = time_scale_from(args.time_scale)
         if args.repeat < 1:
-            raise EnvironmentProblem("--repeat must be at least 1")
+            raise UsageError("--repeat must be at least 1")
         for bad in ("--bot-bin", "--state", "--env"):
             if any(a == bad or a.startswith(bad + "=") for a in rest):
-                raise EnvironmentProblem(
+                raise UsageError(
                     f"{bad} cannot be passed to the experiment: the pair runner sets the bot "
                     "per arm and gives each arm a fresh environment"
                 )
@@ -238,9 +239,8 @@ async def amain(argv: Sequence[str] | None = None) -> int:
         check = getattr(exp, "check_arguments", None)
         if check is not None:
             check(exp_args)
-    except (EnvironmentProblem, PairRefused, ValueError) as exc:
-        print(f"harness.pair: error: {exc}", file=sys.stderr)
-        return EXIT_ENV
+    except (CommandError, ValueError) as exc:
+        return fail("harness.pair", exc)
 
     base = args.run_dir or _runner.default_run_dir(f"pair-{exp.NAME}")
     base.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 import trio
 
-from faultnet.cli import UsageError
+from faultnet.errors import UsageError, fail
 
 from ._client import HANDSHAKE_VERSIONS, LATEST_HANDSHAKE_VERSION, MCPDriver, open_mcp
 from ._errors import (
@@ -209,7 +209,7 @@ async def _run(args: argparse.Namespace, command: list[str], tool_args: dict[str
 
 def _fail(args: argparse.Namespace, exc: Exception, status: int, kind: str, **extra: Any) -> int:
     message = " ".join(str(exc).split())  # one line, whatever the server wrote
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+    fail(PROG, exc)
     if args.json:
         print(json.dumps({"ok": False, "error": kind, "message": message, **extra}))
     return status
@@ -227,8 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UsageError("--arg needs --tool")
         tool_args = parse_tool_args(args.arg)
     except UsageError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(PROG, exc)
     try:
         return trio.run(_run, args, command, tool_args)
     except KeyboardInterrupt:

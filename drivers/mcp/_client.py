@@ -42,7 +42,7 @@ from jsonrpcclient import Error, Ok, notification, parse
 from jsonrpcclient.id_generators import decimal
 from jsonrpcclient.requests import request_impure
 
-from faultnet._version import __version__
+from faultnet import __version__
 from faultnet.eventlog import flatten
 from faultnet.procs import ProcessIdentity
 

@@ -85,7 +85,7 @@ def _proxy_table(proxies: dict[str, Any]) -> str:
 
 
 def _attributes(pairs: list[str] | None) -> dict[str, Any]:
-    from faultnet.cli import UsageError
+    from faultnet.errors import UsageError
 
     out: dict[str, Any] = {}
     for pair in pairs or []:

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from faultnet.errors import EnvironmentProblem
 from faultnet.procs import ProcessIdentity, read_start_time
 from harness import env
-from harness.env import STATE_FILE, EnvError, read_state
+from harness.env import STATE_FILE, read_state
 from tests import REPO
 
 
@@ -255,7 +256,7 @@ def test_python_api_up_down(tmp_path: Path) -> None:
     try:
         assert st.identity.is_alive()
         assert read_state(st.state_dir) == st
-        with pytest.raises(EnvError, match="live environment"):
+        with pytest.raises(EnvironmentProblem, match="live environment"):
             env.up(tmp_path / "api")
         rep = env.status(st.state_dir)
         assert rep.running

@@ -17,13 +17,13 @@ import pytest
 import trio
 
 from faultnet import open_proxy
+from faultnet.errors import EnvironmentProblem
 from faultnet.eventlog import read_jsonl
 from faultnet.procs import ProcessIdentity
 from faultnet.testing import echo_server
 from harness import _runner, env
 from harness._report import Check, ControlValue, Result, control_drift, render_result
 from harness._runner import (
-    EnvironmentProblem,
     attempt_seeds,
     claims_delivery,
     parse_botevents,
