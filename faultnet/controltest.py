@@ -11,6 +11,7 @@ classification is recorded either side of every switch.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
@@ -19,10 +20,12 @@ from typing import Any
 import trio
 
 from faultnet import controls
+from faultnet.modes import MODES
 from faultnet.probe import probe
-from faultnet.proxy import Proxy
+from faultnet.proxy import Proxy, open_proxy
+from faultnet.testing import echo_server, read_exactly
 
-__all__ = ["Step", "run_control_test"]
+__all__ = ["BREAKAGES", "NEGATIVE", "Step", "Timings", "run_control_test"]
 
 Address = tuple[str, int]
 
@@ -64,13 +67,44 @@ class Timings:
     blackhole_s: float = 6.0
 
 
-async def _echo(stream: trio.SocketStream) -> None:
-    try:
-        while data := await stream.receive_some(65536):
-            await stream.send_all(data)
-        await stream.send_eof()
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
+#: The negative control's pseudo-mode: a healthy port.
+NEGATIVE = "pass"
+
+#: Every mode's breakages: stand-ins that look like the mode but are not, each as
+#: ``(what, apply, undo)`` with *apply* and *undo* names of :class:`Proxy` methods ("" =
+#: do nothing). Every mode of :data:`faultnet.modes.MODES` that has a control has a row
+#: (tests/faultnet/test_modes.py checks), and so does :data:`NEGATIVE`.
+BREAKAGES: dict[str, tuple[tuple[str, str, str], ...]] = {
+    NEGATIVE: (("listener closed", "refuse", "restore"),),
+    "freeze": (
+        ("a freeze that still forwards", "", ""),
+        ("a freeze that closes the link", "sever", ""),
+    ),
+    "blackhole": (("a blackhole that only freezes (no filter)", "freeze", "thaw"),),
+    "sever": (
+        ("a sever that resets", "reset", ""),
+        ("a sever that leaves the link open", "", ""),
+    ),
+    "reset": (
+        ("a reset that closes cleanly", "sever", ""),
+        ("a reset that leaves the link open", "", ""),
+    ),
+    "drop_syn": (
+        ("listener closed (refused, not hung)", "refuse", "restore"),
+        ("drop_syn as a no-op", "", ""),
+        # The classic mistake: stop calling accept() and keep a normal backlog. The kernel
+        # completes handshakes by itself, so clients connect, then hear nothing.
+        (
+            "accept paused, kernel backlog completes the handshake",
+            "pause_accepting",
+            "resume_accepting",
+        ),
+    ),
+    "refuse": (
+        ("SYNs dropped instead", "drop_syn", "restore"),
+        ("refuse as a no-op", "", ""),
+    ),
+}
 
 
 @dataclass
@@ -85,18 +119,23 @@ class _Bench:
         self.streams.append(stream)
         with trio.fail_after(2):
             await stream.send_all(b"ping\n")
-            got = b""
-            while len(got) < 5:
-                data = await stream.receive_some(64)
-                if not data:
-                    raise controls.ControlFailed("echo", "ping echoed", "EOF", 0)
-                got += data
+            try:
+                await read_exactly(stream, 5)
+            except EOFError:
+                raise controls.ControlFailed("echo", "ping echoed", "EOF", 0) from None
         return stream
 
     async def close_all(self) -> None:
         for s in self.streams:
             await s.aclose()
         self.streams.clear()
+
+    async def call(self, method: str) -> None:
+        """Call the proxy's *method* by name ("" = nothing), awaiting it if async."""
+        if method:
+            result = getattr(self.proxy, method)()
+            if inspect.isawaitable(result):
+                await result
 
 
 async def _classify(addr: Address, timeout: float) -> str:
@@ -108,153 +147,73 @@ async def run_control_test(
 ) -> list[Step]:
     """Run every mode's control on the real mode and on each breakage; return the steps.
 
-    *report* is called as each step completes (for progress output).
+    The real arms come from :data:`faultnet.modes.MODES` (each mode with a control,
+    applied and undone by name), the breakages from :data:`BREAKAGES`. *report* is
+    called as each step completes (for progress output).
     """
     t = timings or Timings()
     steps: list[Step] = []
-    async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(_serve_echo)
-        upstream = listeners[0].socket.getsockname()[:2]
-        proxy = Proxy(upstream, ("127.0.0.1", 0), name="control-test")
-        await nursery.start(proxy.serve)
+    async with echo_server() as upstream, open_proxy(upstream, name="control-test") as proxy:
         bench = _Bench(proxy)
         assert proxy.address is not None
         addr = proxy.address
 
-        async def listener_step(
-            mode: str,
-            arm: str,
-            control: str,
-            expected: str,
-            apply: Callable[[], Awaitable[None]],
-            undo: Callable[[], Awaitable[None]],
-            check: Callable[[], Awaitable[Any]],
+        # Each control by name: on a listener (a fresh probe) or on a live link.
+        on_listener: dict[str, Callable[[], Awaitable[Any]]] = {
+            "assert_accepting": lambda: controls.assert_accepting(addr, t.probe_s * 4),
+            "assert_syn_dropped": lambda: controls.assert_syn_dropped(addr, t.probe_s),
+            "assert_refusing": lambda: controls.assert_refusing(addr, t.probe_s),
+        }
+        on_link: dict[str, Callable[[trio.SocketStream], Awaitable[Any]]] = {
+            "assert_frozen": lambda s: controls.assert_frozen(s, s, t.frozen_window_s),
+            "assert_severed": lambda s: controls.assert_severed(s, t.close_s),
+            "assert_reset": lambda s: controls.assert_reset(s, t.close_s),
+            "assert_blackholed": lambda s: controls.assert_blackholed(s, t.blackhole_s),
+        }
+
+        async def run_step(
+            mode: str, arm: str, control: str, expected: str, apply: str, undo: str
         ) -> None:
             step = Step(mode, arm, control, expected)
-            step.before = await _classify(addr, t.probe_s)
-            await apply()
-            step.outcome, step.detail, step.elapsed_ms, step.during = await _score(check)
-            await undo()
-            step.after = await _classify(addr, t.probe_s)
+            if control in on_listener:
+                step.before = await _classify(addr, t.probe_s)
+                await bench.call(apply)
+                step.outcome, step.detail, step.elapsed_ms, step.during = await _score(
+                    on_listener[control]
+                )
+                await bench.call(undo)
+                step.after = await _classify(addr, t.probe_s)
+            else:
+                stream = await bench.link()
+                step.before = "echoing"
+                await bench.call(apply)
+                step.outcome, step.detail, step.elapsed_ms, step.during = await _score(
+                    lambda: on_link[control](stream)
+                )
+                await bench.call(undo)
+                # Either side of the switch: after undo, a fresh link must echo again.
+                try:
+                    await bench.link()
+                    step.after = "echoing"
+                except Exception as exc:  # reported, and makes the step fail below
+                    step.after = f"broken ({exc})"
+                    step.outcome = "error"
+                await bench.close_all()
             steps.append(step)
             report(step)
 
-        async def link_step(
-            mode: str,
-            arm: str,
-            control: str,
-            expected: str,
-            apply: Callable[[], Awaitable[Any]],
-            undo: Callable[[], Awaitable[Any]],
-            check: Callable[[trio.SocketStream], Awaitable[Any]],
-        ) -> None:
-            step = Step(mode, arm, control, expected)
-            stream = await bench.link()
-            step.before = "echoing"
-            await apply()
-            step.outcome, step.detail, step.elapsed_ms, step.during = await _score(
-                lambda: check(stream)
-            )
-            await undo()
-            # Either side of the switch: after undo, a fresh link must echo again.
-            try:
-                await bench.link()
-                step.after = "echoing"
-            except Exception as exc:  # reported, and makes the step fail below
-                step.after = f"broken ({exc})"
-                step.outcome = "error"
-            await bench.close_all()
-            steps.append(step)
-            report(step)
-
-        async def nothing() -> None:
-            return None
-
-        async def pause_accept() -> None:
-            # The classic mistake: stop calling accept() and keep a normal backlog. The
-            # kernel completes handshakes by itself, so clients connect, then hear nothing.
-            assert proxy._accept_scope is not None
-            proxy._accept_scope.cancel()
-
-        async def resume_accept() -> None:
-            proxy._start_accepting()
-
-        def syn() -> Awaitable[Any]:
-            return controls.assert_syn_dropped(addr, t.probe_s)
-
-        def refused() -> Awaitable[Any]:
-            return controls.assert_refusing(addr, t.probe_s)
-
-        def accepting() -> Awaitable[Any]:
-            return controls.assert_accepting(addr, t.probe_s * 4)
-
-        def frozen(s: trio.SocketStream) -> Awaitable[Any]:
-            return controls.assert_frozen(s, s, t.frozen_window_s)
-
-        def severed(s: trio.SocketStream) -> Awaitable[Any]:
-            return controls.assert_severed(s, t.close_s)
-
-        def reset(s: trio.SocketStream) -> Awaitable[Any]:
-            return controls.assert_reset(s, t.close_s)
-
-        def blackholed(s: trio.SocketStream) -> Awaitable[Any]:
-            return controls.assert_blackholed(s, t.blackhole_s)
-
-        # (mode, arm, control, expected, apply, undo, check): "real" must pass, every
-        # breakage (a stand-in that looks like the mode but is not) must go red.
-        listener_cases = [
-            ("pass", "real", "assert_accepting", "pass", nothing, nothing, accepting),
-            ("pass", "breakage: listener closed", "assert_accepting", "red",
-             proxy.refuse, proxy.restore, accepting),
-            ("drop_syn", "real", "assert_syn_dropped", "pass",
-             proxy.drop_syn, proxy.restore, syn),
-            ("drop_syn", "breakage: listener closed (refused, not hung)", "assert_syn_dropped",
-             "red", proxy.refuse, proxy.restore, syn),
-            ("drop_syn", "breakage: drop_syn as a no-op", "assert_syn_dropped", "red",
-             nothing, nothing, syn),
-            ("drop_syn", "breakage: accept paused, kernel backlog completes the handshake",
-             "assert_syn_dropped", "red", pause_accept, resume_accept, syn),
-            ("refuse", "real", "assert_refusing", "pass", proxy.refuse, proxy.restore, refused),
-            ("refuse", "breakage: SYNs dropped instead", "assert_refusing", "red",
-             proxy.drop_syn, proxy.restore, refused),
-            ("refuse", "breakage: refuse as a no-op", "assert_refusing", "red",
-             nothing, nothing, refused),
-        ]  # fmt: skip
-        link_cases = [
-            ("freeze", "real", "assert_frozen", "pass", proxy.freeze, proxy.thaw, frozen),
-            ("freeze", "breakage: a freeze that still forwards", "assert_frozen", "red",
-             nothing, nothing, frozen),
-            ("freeze", "breakage: a freeze that closes the link", "assert_frozen", "red",
-             proxy.sever, nothing, frozen),
-            ("sever", "real", "assert_severed", "pass", proxy.sever, nothing, severed),
-            ("sever", "breakage: a sever that resets", "assert_severed", "red",
-             proxy.reset, nothing, severed),
-            ("sever", "breakage: a sever that leaves the link open", "assert_severed", "red",
-             nothing, nothing, severed),
-            ("reset", "real", "assert_reset", "pass", proxy.reset, nothing, reset),
-            ("reset", "breakage: a reset that closes cleanly", "assert_reset", "red",
-             proxy.sever, nothing, reset),
-            ("reset", "breakage: a reset that leaves the link open", "assert_reset", "red",
-             nothing, nothing, reset),
-            ("blackhole", "real", "assert_blackholed", "pass",
-             proxy.blackhole, proxy.thaw, blackholed),
-            ("blackhole", "breakage: a blackhole that only freezes (no filter)",
-             "assert_blackholed", "red", proxy.freeze, proxy.thaw, blackholed),
-        ]  # fmt: skip
-        for case in listener_cases:
-            await listener_step(*case)
-        for case in link_cases:
-            await link_step(*case)
-
-        await proxy.aclose()
-        nursery.cancel_scope.cancel()
+        # "real" must pass, every breakage (a stand-in that looks like the mode but is
+        # not) must go red.
+        await run_step(NEGATIVE, "real", "assert_accepting", "pass", "", "")
+        for what, apply, undo in BREAKAGES[NEGATIVE]:
+            await run_step(NEGATIVE, f"breakage: {what}", "assert_accepting", "red", apply, undo)
+        for m in MODES.values():
+            if m.control is None:
+                continue
+            await run_step(m.name, "real", m.control, "pass", m.name, m.undone_by or "")
+            for what, apply, undo in BREAKAGES[m.name]:
+                await run_step(m.name, f"breakage: {what}", m.control, "red", apply, undo)
     return steps
-
-
-async def _serve_echo(
-    task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    await trio.serve_tcp(_echo, 0, host="127.0.0.1", task_status=task_status)
 
 
 async def _score(check: Callable[[], Awaitable[Any]]) -> tuple[str, str, float, str]:

@@ -34,6 +34,7 @@ import trio
 
 from faultnet.addresses import format_address
 from faultnet.eventlog import JsonlWriter
+from faultnet.modes import STREAM_CHOICES, mode
 from faultnet.pump import (
     CHUNK,
     ChainLink,
@@ -53,18 +54,22 @@ from faultnet.sockopts import (
 )
 from faultnet.toxics.base import STREAMS, Toxic
 
-__all__ = ["ConnectionInfo", "Proxy", "ProxyError", "open_proxy"]
+__all__ = ["AddressInUse", "ConnectionInfo", "Proxy", "ProxyError", "open_proxy"]
 
 Address = tuple[str, int]
 
 #: How often held FINs/RSTs are looked for on frozen connections (TCP_INFO polls).
 _HELD_CLOSE_POLL_S = 0.1
 _HELD_POLL_BATCH = 256
-_STREAM_CHOICES = ("both", *STREAMS)
 
 
 class ProxyError(Exception):
-    """A proxy could not do what was asked (e.g. its listen address is in use)."""
+    """A proxy could not do what was asked (e.g. it cannot listen on its address)."""
+
+
+class AddressInUse(ProxyError):
+    """The listen address is taken (EADDRINUSE): an environment error, not a mistake in
+    the request (the server answers it with Toxiproxy's 500)."""
 
 
 @dataclass(frozen=True)
@@ -83,8 +88,8 @@ class ConnectionInfo:
 
 
 def _streams(stream: str) -> tuple[str, ...]:
-    if stream not in _STREAM_CHOICES:
-        raise ValueError(f"stream must be one of {', '.join(_STREAM_CHOICES)}, not {stream!r}")
+    if stream not in STREAM_CHOICES:
+        raise ValueError(f"stream must be one of {', '.join(STREAM_CHOICES)}, not {stream!r}")
     return STREAMS if stream == "both" else (stream,)
 
 
@@ -444,7 +449,7 @@ class Proxy:
             sock.close()
             where = format_address(self.address or self.listen)
             if exc.errno == errno.EADDRINUSE:
-                raise ProxyError(f"listen address {where} is already in use") from None
+                raise AddressInUse(f"listen address {where} is already in use") from None
             raise ProxyError(f"cannot listen on {where}: {exc.strerror}") from None
         sock.listen(self.backlog)
         if self._syn_dropped:
@@ -456,6 +461,24 @@ class Proxy:
         assert self._nursery is not None and self._listener is not None
         self._accept_scope = trio.CancelScope()
         self._nursery.start_soon(self._accept_loop, self._listener, self._accept_scope)
+
+    def pause_accepting(self) -> None:
+        """Stop calling ``accept()`` while the listener stays open, until
+        :meth:`resume_accepting`.
+
+        Not a fault mode: it is the classic mistake a fault mode must not be confused
+        with. The kernel still completes handshakes into the backlog, so clients connect
+        and then hear nothing (not a dropped SYN: see :meth:`drop_syn`). The control test
+        uses it as a breakage that :func:`~faultnet.controls.assert_syn_dropped` must
+        catch. Acts at once; a no-op when not accepting."""
+        if self._accept_scope is not None:
+            self._accept_scope.cancel()
+            self._accept_scope = None
+
+    def resume_accepting(self) -> None:
+        """Undo :meth:`pause_accepting` (a no-op while refusing or not serving)."""
+        if self._accept_scope is None and self._listener is not None and self._nursery is not None:
+            self._start_accepting()
 
     async def _accept_loop(self, listener: trio.socket.SocketType, scope: trio.CancelScope) -> None:
         # The listener is passed in, not read from self: refuse() may close it and
@@ -507,6 +530,34 @@ class Proxy:
         sock = socket.socket(fileno=tsock.detach())
         sock.setblocking(False)
         return sock
+
+    # -- faults --
+
+    async def apply(
+        self,
+        name: str,
+        *,
+        stream: str = "both",
+        include_new: bool = False,
+        only: Iterable[int] | None = None,
+    ) -> int | None:
+        """Apply the mode (or undo) *name* from :data:`faultnet.modes.MODES` with the
+        arguments its row says it takes; return how many connections it acted on (None
+        for the listener modes). :class:`~faultnet.modes.ModeArgumentError` (a
+        ValueError) for an unknown mode or an argument it does not take.
+
+        The same method as calling it by name, so it is total on return too."""
+        m = mode(name)
+        m.check(stream=stream, include_new=include_new, only=only)
+        kwargs: dict[str, Any] = {}
+        if m.takes_stream:
+            kwargs["stream"] = stream
+        if m.takes_include_new:
+            kwargs["include_new"] = include_new
+        if m.per_connection:
+            kwargs["only"] = only
+        result: int | None = await getattr(self, m.name)(**kwargs)
+        return result if m.per_connection else None
 
     # -- faults on live connections --
 
@@ -614,8 +665,7 @@ class Proxy:
             return
         self._refusing = True
         # Cancel the task parked in accept() before closing the socket under it.
-        if self._accept_scope is not None:
-            self._accept_scope.cancel()
+        self.pause_accepting()
         if self._listener is not None:
             trio.lowlevel.notify_closing(self._listener)
             self._listener.close()
@@ -628,8 +678,7 @@ class Proxy:
         if self._refusing:
             await self._bind()
             self._refusing = False
-            if self._nursery is not None:
-                self._start_accepting()
+            self.resume_accepting()
         elif self._listener is not None:
             detach_filter(self._listener)
         self.log.write("fault_removed", mode="restore")

@@ -12,8 +12,8 @@ DELETE), ``/reset`` (POST), ``/version`` (GET).
 faultnet's extensions, which Toxiproxy clients simply never call:
 
 * ``POST /proxies/{p}/faults`` ``{"mode": M, "stream": "both"|"upstream"|"downstream",
-  "include_new": bool}`` with M one of freeze, blackhole, thaw, sever, reset, drop_syn,
-  refuse, restore; total when answered. ``GET`` shows the modes in force, ``DELETE``
+  "include_new": bool, "connections": [ids]}`` with M one of
+  :data:`faultnet.modes.MODES`; total when answered. ``GET`` shows the modes in force, ``DELETE``
   undoes them all (thaw, then restore). A disabled proxy answers 409.
 * ``GET /proxies/{p}/connections``: live connections (peer, bytes each way, state).
 * ``GET /proxies/{p}/events`` and ``GET /events`` (``?since=SEQ&limit=N``): the event
@@ -28,7 +28,6 @@ negative delays and sizes are a 400; a client's mistake is never a 5xx.
 
 from faultnet.server.api import RunningServer, create_app, open_server, serve_api
 from faultnet.server.registry import (
-    FAULT_MODES,
     ApiError,
     EventLog,
     ManagedProxy,
@@ -39,7 +38,6 @@ from faultnet.server.registry import (
 )
 
 __all__ = [
-    "FAULT_MODES",
     "ApiError",
     "EventLog",
     "ManagedProxy",

@@ -20,20 +20,18 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from faultnet.modes import MODES, STREAM_CHOICES, ModeArgumentError, mode, modes_that
 from faultnet.server.client import DEFAULT_API, ApiClient, ApiFailure, ApiUnavailable
 
 __all__ = ["register"]
 
-FAULT_CHOICES = (
-    "freeze",
-    "thaw",
-    "blackhole",
-    "sever",
-    "reset",
-    "drop-syn",
-    "refuse",
-    "restore",
-)
+
+def _mode_name(text: str) -> str:
+    """A mode as the table spells it (``drop-syn`` and ``drop_syn`` are one mode)."""
+    try:
+        return mode(text).name
+    except ModeArgumentError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _err(message: str) -> None:
@@ -171,7 +169,7 @@ def _toxic_list(args: argparse.Namespace, c: ApiClient) -> Any:
 
 
 def _fault(args: argparse.Namespace, c: ApiClient) -> Any:
-    body: dict[str, Any] = {"mode": args.mode.replace("-", "_")}
+    body: dict[str, Any] = {"mode": args.mode}
     if args.stream != "both":
         body["stream"] = args.stream
     if args.include_new:
@@ -292,6 +290,10 @@ async def _serve_forever(args: argparse.Namespace, populate: Any) -> None:
 # -- registration ------------------------------------------------------------------------
 
 
+def _modes_that(flag: str) -> str:
+    return "/".join(modes_that(flag))
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -361,19 +363,31 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     p = client("fault", _fault, "apply a fault mode to a proxy (or undo: thaw, restore)")
     p.add_argument("proxy")
-    p.add_argument("mode", choices=FAULT_CHOICES)
     p.add_argument(
-        "--stream", default="both", choices=("both", "upstream", "downstream"), help="freeze/thaw"
+        "mode",
+        type=_mode_name,
+        choices=list(MODES),
+        metavar="MODE",
+        help=f"one of {', '.join(MODES)} (drop-syn is drop_syn)",
     )
     p.add_argument(
-        "--include-new", action="store_true", help="freeze/blackhole later connections too"
+        "--stream",
+        default="both",
+        choices=STREAM_CHOICES,
+        help=f"{_modes_that('takes_stream')} only",
+    )
+    p.add_argument(
+        "--include-new",
+        action="store_true",
+        help=f"{_modes_that('takes_include_new')}: later connections too",
     )
     p.add_argument(
         "--connection",
         type=int,
         action="append",
         metavar="ID",
-        help="act only on this live connection (repeatable; ids from `faultnet connections`)",
+        help=f"{_modes_that('per_connection')}: act only on this live connection "
+        "(repeatable; ids from `faultnet connections`)",
     )
     client("connections", _connections, "list a proxy's live connections").add_argument("proxy")
     p = client("events", _events, "print event log records (all, or one proxy's)")

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from faultnet.modes import MODES, STREAM_CHOICES, modes_that
+
 __all__ = ["openapi_document"]
+
+
+def _modes_that(flag: str) -> str:
+    return ", ".join(modes_that(flag))
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -177,38 +183,26 @@ SCHEMAS: dict[str, Any] = {
         "properties": {
             "mode": {
                 "type": "string",
-                "enum": [
-                    "freeze",
-                    "blackhole",
-                    "thaw",
-                    "sever",
-                    "reset",
-                    "drop_syn",
-                    "refuse",
-                    "restore",
-                ],
-                "description": "freeze: nothing forwarded, FIN/RST held; blackhole: freeze "
-                "plus no ACKs to the client; thaw: undo both (held bytes, then held close); "
-                "sever: FIN both ways now; reset: RST both ways now; drop_syn: new connects "
-                "hang; refuse: new connects refused; restore: undo drop_syn and refuse",
+                "enum": list(MODES),
+                "description": "; ".join(f"{m.name}: {m.summary}" for m in MODES.values()),
             },
             "stream": {
                 "type": "string",
-                "enum": ["both", "upstream", "downstream"],
+                "enum": list(STREAM_CHOICES),
                 "default": "both",
-                "description": "freeze and thaw only",
+                "description": f"{_modes_that('takes_stream')} only",
             },
             "include_new": {
                 "type": "boolean",
                 "default": False,
-                "description": "freeze and blackhole only: also catch connections accepted "
-                "later, until thaw",
+                "description": f"{_modes_that('takes_include_new')} only: also catch "
+                "connections accepted later, until their undo",
             },
             "connections": {
                 "type": "array",
                 "items": {"type": "integer"},
-                "description": "freeze, blackhole, thaw, sever and reset: act only on these "
-                "live connections (ids from /proxies/{proxy}/connections); default all",
+                "description": f"{_modes_that('per_connection')}: act only on these live "
+                "connections (ids from /proxies/{proxy}/connections); default all",
             },
         },
     },

@@ -30,7 +30,8 @@ import trio
 from faultnet import addresses
 from faultnet.addresses import format_address
 from faultnet.eventlog import JsonlWriter
-from faultnet.proxy import Proxy, ProxyError
+from faultnet.modes import STREAM_CHOICES, ModeArgumentError, mode
+from faultnet.proxy import AddressInUse, Proxy, ProxyError
 from faultnet.seeds import derive_seed
 from faultnet.toxics import (
     STREAMS,
@@ -42,7 +43,6 @@ from faultnet.toxics import (
 )
 
 __all__ = [
-    "FAULT_MODES",
     "ApiError",
     "EventLog",
     "ManagedProxy",
@@ -52,17 +52,10 @@ __all__ = [
     "parse_address",
 ]
 
-#: faultnet's modes, as ``POST /proxies/{p}/faults`` names them ("drop-syn" accepted).
-FAULT_MODES = ("freeze", "blackhole", "thaw", "sever", "reset", "drop_syn", "refuse", "restore")
-
 #: Records kept in memory for ``GET /events`` (the file, if any, keeps them all).
 EVENT_RING_SIZE = 10_000
 
 Address = tuple[str, int]
-
-
-#: Modes that act on live connections, and so may name some of them.
-_PER_CONNECTION_MODES = ("freeze", "blackhole", "thaw", "sever", "reset")
 
 
 class ApiError(Exception):
@@ -223,8 +216,7 @@ class ManagedProxy:
         try:
             await reg._nursery.start(self._run, proxy, stopped)
         except ProxyError as exc:
-            message = str(exc)
-            raise ApiError(500 if "already in use" in message else 400, message) from None
+            raise _proxy_error(exc) from None
         except OSError as exc:  # e.g. a listen host that does not resolve
             raise ApiError(400, f"cannot listen on {format_address(self.listen)}: {exc}") from None
         assert proxy.address is not None
@@ -511,64 +503,43 @@ class ProxyRegistry:
         return state
 
     async def apply_fault(self, name: str, body: Any) -> dict[str, Any]:
-        """Apply one of :data:`FAULT_MODES` to a running proxy; return what it did."""
+        """Apply one of :data:`faultnet.modes.MODES` to a running proxy; return what it
+        did. The mode's row says which of stream, include_new and connections it takes."""
         if not isinstance(body, Mapping):
             raise bad_body(f"expected a JSON object, not {_json_type(body)}")
-        mode = body.get("mode")
-        if isinstance(mode, str):
-            mode = mode.replace("-", "_")
-        if mode not in FAULT_MODES:
-            raise ApiError(400, f"invalid fault mode: {mode!r}, one of {', '.join(FAULT_MODES)}")
-        stream = body.get("stream", "both")
+        stream = body.get("stream")
         if stream is None:
             stream = "both"
-        if stream not in ("both", *STREAMS):
-            raise ApiError(400, "stream was invalid, can be either upstream, downstream or both")
-        if stream != "both" and mode not in ("freeze", "thaw"):
-            raise ApiError(400, f"stream applies to freeze and thaw only, not {mode}")
-        include_new = body.get("include_new", False)
+        include_new = body.get("include_new")
         if include_new is None:
             include_new = False
-        if not isinstance(include_new, bool):
-            raise bad_body(f"include_new must be true or false, not {_json_type(include_new)}")
-        if include_new and mode not in ("freeze", "blackhole"):
-            raise ApiError(400, f"include_new applies to freeze and blackhole only, not {mode}")
         only = body.get("connections")
-        if only is not None:
-            if not isinstance(only, list) or not all(
-                isinstance(i, int) and not isinstance(i, bool) for i in only
+        try:
+            m = mode(body.get("mode"))
+            if stream not in STREAM_CHOICES:
+                raise ApiError(
+                    400, "stream was invalid, can be either upstream, downstream or both"
+                )
+            if not isinstance(include_new, bool):
+                raise bad_body(f"include_new must be true or false, not {_json_type(include_new)}")
+            if only is not None and (
+                not isinstance(only, list)
+                or not all(isinstance(i, int) and not isinstance(i, bool) for i in only)
             ):
                 raise bad_body(f"connections must be a list of connection ids, not {only!r}")
-            if mode not in _PER_CONNECTION_MODES:
-                raise ApiError(
-                    400,
-                    f"connections applies to {', '.join(_PER_CONNECTION_MODES)} only, not {mode}",
-                )
-            if include_new:
-                raise ApiError(400, "connections and include_new cannot be combined")
+            m.check(stream=stream, include_new=include_new, only=only)
+        except ModeArgumentError as exc:
+            raise ApiError(400, str(exc)) from None
         async with self._lock:
             mp = self.get(name)
             p = mp.proxy
             if p is None:
                 raise ApiError(409, "proxy is disabled")
-            affected: int | None = None
-            if mode == "freeze":
-                affected = await p.freeze(stream, include_new=include_new, only=only)
-            elif mode == "blackhole":
-                affected = await p.blackhole(include_new=include_new, only=only)
-            elif mode == "thaw":
-                affected = await p.thaw(stream, only=only)
-            elif mode == "sever":
-                affected = await p.sever(only=only)
-            elif mode == "reset":
-                affected = await p.reset(only=only)
-            elif mode == "drop_syn":
-                await p.drop_syn()
-            elif mode == "refuse":
-                await p.refuse()
-            else:
-                await self._restore(p)
-        result: dict[str, Any] = {"proxy": name, "mode": mode, "stream": stream}
+            try:
+                affected = await p.apply(m.name, stream=stream, include_new=include_new, only=only)
+            except ProxyError as exc:
+                raise _proxy_error(exc) from None
+        result: dict[str, Any] = {"proxy": name, "mode": m.name, "stream": stream}
         if affected is not None:
             result["connections"] = affected
         result["state"] = self.fault_state(name)
@@ -587,8 +558,7 @@ class ProxyRegistry:
         try:
             await proxy.restore()
         except ProxyError as exc:
-            message = str(exc)
-            raise ApiError(500 if "already in use" in message else 400, message) from None
+            raise _proxy_error(exc) from None
 
     # -- lifecycle --
 
@@ -598,6 +568,11 @@ class ProxyRegistry:
                 await mp.stop()
                 mp.close_log()
             self.events.server.close()
+
+
+def _proxy_error(exc: ProxyError) -> ApiError:
+    # The class chooses the status: a taken address is Toxiproxy's 500, the rest a 400.
+    return ApiError(500 if isinstance(exc, AddressInUse) else 400, str(exc))
 
 
 def _same_listen(current: Address, wanted: Address) -> bool:

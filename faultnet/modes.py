@@ -1,0 +1,211 @@
+"""The fault modes, declared once: every list that names a mode comes from :data:`MODES`.
+
+Everything that affects which modes exist, what they take and how they are undone lives
+in this table. The proxy's dispatch (:meth:`faultnet.Proxy.apply`), the server's
+validation and dispatch, the CLI's choices, the OpenAPI enum and its prose, the
+control-test's real arms and the README's mode table are built from it; the controls
+list (:data:`faultnet.controls.__all__`) is tested against it (tests/faultnet/test_modes.py
+goes red when any of them disagrees).
+
+One spelling per mode: ``drop_syn``. :func:`mode` also accepts the CLI's ``drop-syn``.
+
+Adding a fault mode touches:
+
+1. a :class:`faultnet.Proxy` method named as the mode, total when it returns (and its
+   undo, if it has a new one);
+2. one row here;
+3. its control in :mod:`faultnet.controls` (named in the row's ``control``) with a test
+   that breaks the mode and sees the control go red;
+4. its breakages in :data:`faultnet.controltest.BREAKAGES` (at least one);
+5. the README table, regenerated from :func:`markdown_table` (the test says so when it
+   is stale).
+
+This module imports nothing else from faultnet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = [
+    "MODES",
+    "STREAM_CHOICES",
+    "Mode",
+    "ModeArgumentError",
+    "markdown_table",
+    "mode",
+    "modes_that",
+]
+
+#: What ``stream=`` accepts where a mode takes it (Toxiproxy's stream names, plus both).
+STREAM_CHOICES = ("both", "upstream", "downstream")
+
+
+class ModeArgumentError(ValueError):
+    """A mode name, or an argument a mode does not take; the message says which."""
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One fault mode (or one undo)."""
+
+    #: The one spelling, also the :class:`faultnet.Proxy` method's name.
+    name: str
+    #: "connections": the connections open at the call (or named by id); "listener":
+    #: new connections; "undo": undoes the modes in ``undoes``.
+    acts_on: Literal["connections", "listener", "undo"]
+    #: For an undo: the modes it ends.
+    undoes: tuple[str, ...] = ()
+    #: The mode that ends this one, or None (sever and reset cannot be undone).
+    undone_by: str | None = None
+    #: Takes ``stream=`` ("both", "upstream", "downstream").
+    takes_stream: bool = False
+    #: Takes ``include_new=`` (also catch connections accepted later, until the undo).
+    takes_include_new: bool = False
+    #: Takes ``only=[ids]`` (connection ids), and returns how many connections it acted on.
+    per_connection: bool = False
+    #: One line: what a client sees.
+    summary: str = ""
+    #: The function in :mod:`faultnet.controls` that proves it is in force, or None.
+    control: str | None = None
+    #: What it does to open connections, and to new ones (the README table's columns).
+    open_connections: str = "unchanged"
+    new_connections: str = "unchanged"
+
+    def check(
+        self, *, stream: str = "both", include_new: bool = False, only: Iterable[int] | None = None
+    ) -> None:
+        """Raise :class:`ModeArgumentError` for an argument this mode does not take."""
+        if stream not in STREAM_CHOICES:
+            raise ModeArgumentError(
+                f"stream must be one of {', '.join(STREAM_CHOICES)}, not {stream!r}"
+            )
+        if stream != "both" and not self.takes_stream:
+            raise ModeArgumentError(
+                f"stream applies to {_names('takes_stream')} only, not {self.name}"
+            )
+        if include_new and not self.takes_include_new:
+            raise ModeArgumentError(
+                f"include_new applies to {_names('takes_include_new')} only, not {self.name}"
+            )
+        if only is not None:
+            if not self.per_connection:
+                raise ModeArgumentError(
+                    f"connections applies to {_names('per_connection')} only, not {self.name}"
+                )
+            if include_new:
+                raise ModeArgumentError("connections and include_new cannot be combined")
+
+
+MODES: dict[str, Mode] = {
+    m.name: m
+    for m in (
+        Mode(
+            "freeze",
+            "connections",
+            undone_by="thaw",
+            takes_stream=True,
+            takes_include_new=True,
+            per_connection=True,
+            summary="writes succeed until buffers fill, reads hang",
+            control="assert_frozen",
+            open_connections="nothing forwarded; FIN/RST held",
+            new_connections="unchanged (`include_new=True` catches them)",
+        ),
+        Mode(
+            "blackhole",
+            "connections",
+            undone_by="thaw",
+            takes_include_new=True,
+            per_connection=True,
+            summary="a dead route: keepalive and TCP_USER_TIMEOUT fire",
+            control="assert_blackholed",
+            open_connections="freeze + a drop-all filter on the client's socket",
+            new_connections="unchanged (`include_new`)",
+        ),
+        Mode(
+            "thaw",
+            "undo",
+            undoes=("freeze", "blackhole"),
+            takes_stream=True,
+            per_connection=True,
+            summary="held bytes delivered in order, then any held FIN or RST",
+        ),
+        Mode(
+            "sever",
+            "connections",
+            per_connection=True,
+            summary="EOF within ms",
+            control="assert_severed",
+            open_connections="clean FIN both ways, even with unread bytes",
+        ),
+        Mode(
+            "reset",
+            "connections",
+            per_connection=True,
+            summary="ECONNRESET within ms",
+            control="assert_reset",
+            open_connections="RST both ways",
+        ),
+        Mode(
+            "drop_syn",
+            "listener",
+            undone_by="restore",
+            summary="connect hangs; a retrying client gets in after restore",
+            control="assert_syn_dropped",
+            new_connections="SYN dropped",
+        ),
+        Mode(
+            "refuse",
+            "listener",
+            undone_by="restore",
+            summary="ECONNREFUSED at once",
+            control="assert_refusing",
+            new_connections="listener closed; restore re-listens on the same port",
+        ),
+        Mode(
+            "restore",
+            "undo",
+            undoes=("drop_syn", "refuse"),
+            summary="new connects accepted again",
+        ),
+    )
+}
+
+
+def mode(name: object) -> Mode:
+    """The mode named *name* (``drop_syn`` or the CLI's ``drop-syn``);
+    :class:`ModeArgumentError` naming the valid ones otherwise."""
+    found = MODES.get(name.replace("-", "_")) if isinstance(name, str) else None
+    if found is None:
+        raise ModeArgumentError(f"invalid fault mode: {name!r}, one of {', '.join(MODES)}")
+    return found
+
+
+def modes_that(flag: str) -> list[str]:
+    """The names of the modes whose boolean field *flag* is true, in table order
+    (e.g. ``modes_that("takes_stream") == ["freeze", "thaw"]``)."""
+    return [m.name for m in MODES.values() if getattr(m, flag)]
+
+
+def _names(flag: str) -> str:
+    names = modes_that(flag)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def markdown_table() -> str:
+    """The README's mode table (a mode and its undo per row; undos have no row)."""
+    rows = [
+        "| mode | open connections | new connections | what a client sees |",
+        "|---|---|---|---|",
+    ]
+    for m in MODES.values():
+        if m.acts_on == "undo":
+            continue
+        call = f"`{m.name}(stream=)`" if m.takes_stream else f"`{m.name}`"
+        if m.undone_by:
+            call += f" / `{m.undone_by}`"
+        rows.append(f"| {call} | {m.open_connections} | {m.new_connections} | {m.summary} |")
+    return "\n".join(rows)

@@ -1,0 +1,127 @@
+"""The fault-mode table is the one source: every list that names a mode agrees with it.
+
+Each test here goes red when one place drifts from :data:`faultnet.modes.MODES`: the
+Proxy's methods, the server's dispatch and validation, the CLI's choices, the OpenAPI
+enum, the controls list (and its two re-exports), the control test's arms and the README.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+import trio
+
+import faultnet
+import faultnet.controls
+import faultnet.pytest_plugin
+from faultnet.controltest import BREAKAGES, NEGATIVE
+from faultnet.modes import MODES, ModeArgumentError, markdown_table, mode
+from faultnet.proxy import Proxy
+from faultnet.server import ApiError
+from faultnet.server.cli import _mode_name
+from faultnet.server.openapi import openapi_document
+from faultnet.testing import echo_server
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+CONTROLS = {m.control for m in MODES.values() if m.control}
+
+
+def test_mode_accepts_the_cli_spelling_and_names_the_valid_ones() -> None:
+    assert mode("drop-syn") is mode("drop_syn") is MODES["drop_syn"]
+    for bad in ("melt", None, 3, "DROP_SYN"):
+        with pytest.raises(ModeArgumentError, match="invalid fault mode.*freeze"):
+            mode(bad)
+
+
+def test_the_table_is_consistent_with_itself() -> None:
+    for m in MODES.values():
+        if m.undone_by is not None:
+            assert m.name in MODES[m.undone_by].undoes, m
+        for undone in m.undoes:
+            assert m.acts_on == "undo" and MODES[undone].undone_by == m.name, m
+        if m.takes_include_new or m.per_connection:
+            assert m.acts_on != "listener", m
+
+
+def test_proxy_has_one_method_per_mode_taking_what_the_row_says() -> None:
+    for m in MODES.values():
+        params = inspect.signature(getattr(Proxy, m.name)).parameters
+        assert ("stream" in params) == m.takes_stream, m.name
+        assert ("include_new" in params) == m.takes_include_new, m.name
+        assert ("only" in params) == m.per_connection, m.name
+
+
+def test_the_controls_list_is_the_table_s_controls() -> None:
+    assert set(faultnet.controls.__all__) == {"ControlFailed", "assert_accepting", *CONTROLS}
+    for name in faultnet.controls.__all__:
+        assert getattr(faultnet, name) is getattr(faultnet.controls, name)
+    assert set(faultnet.controls.__all__) <= set(faultnet.__all__)
+    # The plugin spells them out (importing faultnet there would not be cheap).
+    assert set(faultnet.pytest_plugin._CONTROLS) == set(faultnet.controls.__all__)
+
+
+def test_the_control_test_has_a_real_arm_and_breakages_for_every_control() -> None:
+    assert set(BREAKAGES) == {NEGATIVE, *(m.name for m in MODES.values() if m.control)}
+    for rows in BREAKAGES.values():
+        assert rows
+        for _, apply, undo in rows:
+            for method in (apply, undo):
+                assert method == "" or callable(getattr(Proxy, method)), method
+
+
+def test_cli_choices_are_the_table() -> None:
+    from faultnet.cli import build_parser
+
+    parser = build_parser()
+    for spelling in ("drop-syn", "drop_syn"):
+        assert parser.parse_args(["fault", "p", spelling]).mode == "drop_syn"
+    for name in MODES:
+        assert parser.parse_args(["fault", "p", name]).mode == name
+    assert _mode_name("freeze") == "freeze"
+
+
+def test_openapi_enum_and_prose_are_the_table() -> None:
+    fault = openapi_document("x")["components"]["schemas"]["Fault"]["properties"]
+    assert fault["mode"]["enum"] == list(MODES)
+    for m in MODES.values():
+        assert f"{m.name}: {m.summary}" in fault["mode"]["description"]
+
+
+def test_readme_mode_table_is_the_table() -> None:
+    assert markdown_table() in README.read_text(), (
+        "README's mode table is stale: paste faultnet.modes.markdown_table()"
+    )
+
+
+async def test_server_dispatches_every_mode_and_validates_by_the_table() -> None:
+    from faultnet.server import open_registry
+
+    async with echo_server() as up, open_registry() as reg:
+        await reg.create({"name": "p", "upstream": f"{up[0]}:{up[1]}"})
+        for m in MODES.values():
+            result = await reg.apply_fault("p", {"mode": m.name})
+            assert result["mode"] == m.name
+            assert ("connections" in result) == m.per_connection
+            if not m.takes_stream:
+                with pytest.raises(ApiError, match="stream applies to freeze and thaw only"):
+                    await reg.apply_fault("p", {"mode": m.name, "stream": "upstream"})
+            if not m.per_connection:
+                with pytest.raises(ApiError, match="connections applies to"):
+                    await reg.apply_fault("p", {"mode": m.name, "connections": [1]})
+        with pytest.raises(ApiError, match="invalid fault mode"):
+            await reg.apply_fault("p", {"mode": "melt"})
+
+
+async def test_proxy_apply_calls_the_mode_and_refuses_what_it_does_not_take() -> None:
+    async with echo_server() as up, faultnet.open_proxy(up) as proxy:
+        s = await trio.open_tcp_stream(*proxy.address)
+        assert await proxy.apply("freeze", stream="upstream") == 1
+        assert proxy.connections()[0].state == "frozen-upstream"
+        assert await proxy.apply("thaw") == 1
+        assert await proxy.apply("drop-syn") is None and proxy.state["syn_dropped"]
+        with pytest.raises(ValueError, match="include_new applies to freeze and blackhole"):
+            await proxy.apply("refuse", include_new=True)
+        await proxy.apply("restore")
+        await s.aclose()
