@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
             f"--agent or ${AGENT_ENV} (default {DEFAULT_AGENT!r}). Exit status: COMMAND's "
             "own (127 not found, 126 not executable, 128+N killed by signal N); 2 for a "
             "usage error of pw itself. Slowest calls: "
-            "jq -s 'sort_by(-.secs)[:10][] | \"\\(.secs)\\t\\(.exit)\\t\\(.argv)\"' DIR/*.jsonl"
+            "jq -rs 'sort_by(-.secs)[:10][] | \"\\(.secs)\\t\\(.exit)\\t\\(.argv)\"' DIR/*.jsonl"
         ),
     )
     parser.add_argument("--agent", default=os.environ.get(AGENT_ENV) or DEFAULT_AGENT)
