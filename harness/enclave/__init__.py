@@ -81,6 +81,7 @@ be a file (``harness.env`` uses ``DIR/server.log``) or a pipe that someone drain
 pipe would stall the server.
 """
 
+from drivers.irc import IrcLine, format_line, parse_line
 from harness.enclave._client import (
     EnclaveServError,
     revoke_worker,
@@ -88,7 +89,6 @@ from harness.enclave._client import (
     spawn_worker_full,
 )
 from harness.enclave._events import read_events
-from harness.enclave._protocol import IrcLine, format_line, parse_line
 from harness.enclave._registry import (
     QUOTA,
     REGISTRY_FILE,

@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.enclave._protocol import casefold
+from drivers.irc import casefold
 
 __all__ = [
     "QUOTA",

@@ -48,8 +48,7 @@ from typing import Any
 
 import trio
 
-from harness.enclave._events import EventSink, make_record, stderr_sink
-from harness.enclave._protocol import (
+from drivers.irc import (
     IrcLine,
     LineBuffer,
     LineTooLong,
@@ -58,6 +57,7 @@ from harness.enclave._protocol import (
     format_line,
     parse_line,
 )
+from harness.enclave._events import EventSink, make_record, stderr_sink
 from harness.enclave._registry import (
     SERVICE_NICK,
     BotRecord,

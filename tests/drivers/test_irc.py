@@ -26,7 +26,8 @@ def test_parse() -> None:
     )
     one = parse(":n!u@h PRIVMSG #c :single")
     assert one is not None and one.params[-1] == "single"
-    assert parse("") is None
+    with pytest.raises(ValueError, match="no command"):
+        parse("")
     tagged = parse(r"@+x=a\sb\:c :n PRIVMSG #c :t")
     assert tagged is not None and tagged.tags == {"+x": "a b;c"}
 

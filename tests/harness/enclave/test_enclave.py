@@ -21,6 +21,7 @@ import pytest
 import trio
 import trio.lowlevel
 
+from drivers.irc import MAX_LINE, LineBuffer, LineTooLong
 from harness.enclave import (
     QUOTA,
     EnclaveServer,
@@ -30,7 +31,6 @@ from harness.enclave import (
     parse_line,
     read_events,
 )
-from harness.enclave._protocol import MAX_LINE, LineBuffer, LineTooLong
 
 T = 5.0  # bound for any single expected reply on loopback
 
@@ -141,10 +141,10 @@ def test_format_always_sends_trailing_parameter() -> None:
 def test_parse_roundtrip_and_tags() -> None:
     line = parse_line(r"@+a=b\sc;msgid=1 :n!u@h privmsg #chan :hello :world")
     assert line.command == "PRIVMSG"
-    assert line.params == ["#chan", "hello :world"]
+    assert line.params == ("#chan", "hello :world")
     assert line.tags == {"+a": "b c", "msgid": "1"}
     assert line.nick == "n"
-    assert parse_line("PRIVMSG #c word").params == ["#c", "word"]
+    assert parse_line("PRIVMSG #c word").params == ("#c", "word")
     text = format_line("PRIVMSG", "#c", "a;b c\\d", tags={"+x": "a;b c\\d"})
     back = parse_line(text)
     assert back.tags["+x"] == "a;b c\\d" and back.params[-1] == "a;b c\\d"

@@ -1,8 +1,19 @@
 """IRC line format (RFC 1459/2812 plus IRCv3 message tags): parse, format, frame.
 
+The fixture side's one codec: the enclave server and the IRC observer both use it. The
+reference bot deliberately has its own (``harness.bot._irc_proto``: it is the program
+under test), and ``tests/drivers/test_irc_codec.py`` runs both, and jaraco's ``irc``
+parser, over one table of lines; where they differ, the table says so and why.
+
 A line is ``[@tags ][:prefix ]COMMAND[ params...][ :trailing]`` terminated by CRLF (a bare
 LF is accepted on input). Semantics this module guarantees:
 
+* **A line without a command** (empty, blanks, or only tags and/or a prefix) is an error:
+  :func:`parse_line` raises ``ValueError``. Framing (:class:`LineBuffer`) never yields a
+  blank line, so a caller sees this only for a line such as ``:prefix`` alone.
+* **Case mapping is RFC 1459 as ISUPPORT ``CASEMAPPING=rfc1459`` defines it**: ASCII
+  ``A-Z`` plus ``[]\\~`` are the upper case of ``a-z`` plus ``{}|^``; nothing else folds
+  (``É`` stays ``É``), so two names equal under it are equal on every rfc1459 server.
 * **The last parameter is always sent as a trailing parameter** (with its ``:``) by
   :func:`format_line`, whatever it contains. A receiver therefore gets a one-word message
   body intact; a server that wrote ``PRIVMSG #c word`` instead of ``PRIVMSG #c :word``
@@ -16,6 +27,7 @@ LF is accepted on input). Semantics this module guarantees:
 
 from __future__ import annotations
 
+import string
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -50,9 +62,12 @@ def encode(text: str) -> bytes:
     return text.encode("utf-8", errors="surrogateescape")
 
 
+_RFC1459 = str.maketrans(string.ascii_uppercase + "[]\\~", string.ascii_lowercase + "{}|^")
+
+
 def casefold(name: str) -> str:
-    """RFC 1459 case mapping: ``[]\\~`` are the upper case of ``{}|^``."""
-    return name.lower().translate(str.maketrans("[]\\~", "{}|^"))
+    """RFC 1459 case mapping (ASCII letters and ``[]\\~`` -> ``{}|^``; nothing else)."""
+    return name.translate(_RFC1459)
 
 
 def escape_tag_value(value: str) -> str:
@@ -75,14 +90,15 @@ def unescape_tag_value(raw: str) -> str:
     return "".join(out)
 
 
-@dataclass
+@dataclass(frozen=True)
 class IrcLine:
-    """One parsed line. ``command`` is upper-cased; numerics stay as three digits."""
+    """One parsed line. ``command`` is upper-cased; numerics stay as three digits; a tag
+    without a value has the value ``""`` (IRCv3: the two are equivalent)."""
 
     command: str
-    params: list[str] = field(default_factory=list)
+    params: tuple[str, ...] = ()
     prefix: str | None = None
-    tags: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def nick(self) -> str | None:
@@ -96,7 +112,7 @@ class IrcLine:
 
 
 def parse_line(line: str) -> IrcLine:
-    """Parse one line (without CRLF). Raises ValueError for an empty or command-less line."""
+    """Parse one line (a trailing CRLF or LF is ignored). ValueError: no command in it."""
     rest = line.rstrip("\r\n")
     tags: dict[str, str] = {}
     if rest.startswith("@"):
@@ -119,10 +135,8 @@ def parse_line(line: str) -> IrcLine:
     words = rest.split()
     if not words:
         raise ValueError(f"no command in line {line!r}")
-    command, params = words[0].upper(), words[1:]
-    if trailing is not None:
-        params.append(trailing)
-    return IrcLine(command, params, prefix, tags)
+    params = words[1:] if trailing is None else [*words[1:], trailing]
+    return IrcLine(words[0].upper(), tuple(params), prefix, tags)
 
 
 def _truncate_utf8(text: str, max_bytes: int) -> str:

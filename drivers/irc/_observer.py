@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 
 import trio
 
+from drivers.irc._codec import IrcLine, LineBuffer, LineTooLong, casefold, parse_line
+
 __all__ = ["IrcError", "Line", "Message", "Observer", "open_observer", "parse"]
 
 #: Numerics that end registration with a failure.
@@ -46,20 +48,12 @@ class IrcError(Exception):
 
 
 @dataclass(frozen=True)
-class Line:
-    """One received line, parsed (tag values unescaped)."""
+class Line(IrcLine):
+    """One received line, parsed by the shared codec, with when it was read."""
 
-    command: str
-    params: tuple[str, ...]
-    prefix: str | None
-    tags: dict[str, str] = field(compare=False, hash=False)
-    time: float
-    mono: float
-    raw: str
-
-    @property
-    def nick(self) -> str | None:
-        return self.prefix.split("!", 1)[0] if self.prefix else None
+    time: float = 0.0
+    mono: float = 0.0
+    raw: str = ""
 
 
 @dataclass(frozen=True)
@@ -75,50 +69,15 @@ class Message:
     tags: dict[str, str] = field(default_factory=dict, compare=False, hash=False)
 
 
-_TAG_UNESCAPES = {":": ";", "s": " ", "\\": "\\", "r": "\r", "n": "\n"}
-
-
-def _unescape_tag(raw: str) -> str:
-    """IRCv3 message-tags value unescaping (``\\:`` is ``;``, ``\\s`` a space, ...)."""
-    out: list[str] = []
-    chars = iter(raw)
-    for ch in chars:
-        if ch == "\\":
-            nxt = next(chars, "")
-            out.append(_TAG_UNESCAPES.get(nxt, nxt))
-        else:
-            out.append(ch)
-    return "".join(out)
-
-
-def parse(raw: str, now: float | None = None, mono: float | None = None) -> Line | None:
-    """Parse one line (without CRLF); None for a line with no command."""
-    rest = raw
-    tags: dict[str, str] = {}
-    if rest.startswith("@"):
-        tag_text, _, rest = rest[1:].partition(" ")
-        for item in tag_text.split(";"):
-            key, _, value = item.partition("=")
-            if key:
-                tags[key] = _unescape_tag(value)
-    prefix = None
-    rest = rest.lstrip(" ")
-    if rest.startswith(":"):
-        prefix, _, rest = rest[1:].partition(" ")
-    trailing = None
-    if " :" in rest:
-        rest, trailing = rest.split(" :", 1)
-    elif rest.startswith(":"):
-        rest, trailing = "", rest[1:]
-    words = rest.split()
-    if not words:
-        return None
-    params = words[1:] + ([trailing] if trailing is not None else [])
+def parse(raw: str, now: float | None = None, mono: float | None = None) -> Line:
+    """Parse one line (the shared codec's :func:`parse_line`) and stamp it with *now*
+    and *mono* (default: the clocks now). ValueError for a line with no command."""
+    msg = parse_line(raw)
     return Line(
-        words[0].upper(),
-        tuple(params),
-        prefix,
-        tags,
+        msg.command,
+        msg.params,
+        msg.prefix,
+        msg.tags,
         time.time() if now is None else now,
         time.monotonic() if mono is None else mono,
         raw,
@@ -140,6 +99,8 @@ class Observer:
         self.lines: list[Line] = []
         #: PINGs received from the server and answered.
         self.pings_answered = 0
+        #: Received lines that were not IRC (no command, or over the length limit).
+        self.unparsed = 0
         #: Set when the server closed the connection (or it broke); see ``close_reason``.
         self.closed = trio.Event()
         self.close_reason: str | None = None
@@ -238,7 +199,7 @@ class Observer:
         self._changed = trio.Event()
 
     async def _reader(self) -> None:
-        buf = b""
+        buf = LineBuffer()
         try:
             while True:
                 data = await self.stream.receive_some(65536)
@@ -246,12 +207,16 @@ class Observer:
                     self.close_reason = self.close_reason or "EOF"
                     return
                 now, mono = time.time(), time.monotonic()
-                buf += data
-                *complete, buf = buf.split(b"\n")
-                for raw in complete:
-                    text = raw.rstrip(b"\r").decode("utf-8", errors="surrogateescape")
-                    line = parse(text, now, mono)
-                    if line is None:
+                for text in buf.feed(data):
+                    # A line over the length limit, or one with no command, is the
+                    # server's bug: counted, never recorded as a line.
+                    if isinstance(text, LineTooLong):
+                        self.unparsed += 1
+                        continue
+                    try:
+                        line = parse(text, now, mono)
+                    except ValueError:
+                        self.unparsed += 1
                         continue
                     if line.command == "PING":
                         token = line.params[-1] if line.params else ""
@@ -265,15 +230,37 @@ class Observer:
             self._changed.set()
 
 
-async def _expect(
+_Match = Callable[[Line], bool]
+
+
+def _is(*commands: str) -> _Match:
+    return lambda ln: ln.command in commands
+
+
+def _cap(sub: str) -> _Match:
+    return lambda ln: ln.command == "CAP" and ln.params[1:2] == (sub,)
+
+
+_WELCOME = _is("001")
+_REFUSED = _is("ERROR", *_REGISTRATION_ERRORS)
+
+
+async def _exchange(
     obs: Observer,
-    since: int,
-    timeout: float,
+    send: list[str],
     what: str,
-    ok: Callable[[Line], bool],
-    bad: Callable[[Line], bool],
+    ok: _Match,
+    bad: _Match,
+    timeout: float,
+    *,
+    since: int | None = None,
 ) -> Line:
-    line = await obs.wait_line(lambda ln: ok(ln) or bad(ln), timeout, since=since)
+    """Send *send*, then wait for the first line (from *since*, default: from before the
+    send) that is *ok* (returned) or *bad* (IrcError with the server's line)."""
+    mark = len(obs.lines) if since is None else since
+    for text in send:
+        await obs.send_raw(text)
+    line = await obs.wait_line(lambda ln: ok(ln) or bad(ln), timeout, since=mark)
     if line is None:
         if obs.closed.is_set():
             raise IrcError(f"{what}: connection closed ({obs.close_reason})")
@@ -309,15 +296,13 @@ async def open_observer(
             nursery.start_soon(obs._reader)
             await _register(obs, nick, sasl=sasl, password=password, caps=caps, timeout=timeout)
             if channel is not None:
-                mark = len(obs.lines)
-                await obs.send_raw(f"JOIN {channel}")
-                await _expect(
-                    obs,
-                    mark,
-                    timeout,
-                    f"JOIN {channel}",
-                    ok=lambda ln: ln.command == "JOIN" and ln.nick == obs.nick,
-                    bad=lambda ln: ln.command in _JOIN_ERRORS,
+
+                def joined(ln: Line) -> bool:
+                    return ln.command == "JOIN" and casefold(ln.nick or "") == casefold(nick)
+
+                refused = _is(*_JOIN_ERRORS)
+                await _exchange(
+                    obs, [f"JOIN {channel}"], f"JOIN {channel}", joined, refused, timeout
                 )
             try:
                 yield obs
@@ -347,6 +332,15 @@ async def _unwrapped_nursery() -> AsyncIterator[trio.Nursery]:
         raise
 
 
+def _sasl_plain(authcid: str, secret: str) -> list[str]:
+    """``AUTHENTICATE`` lines for PLAIN: base64 in 400-byte chunks, ``+`` after a full one."""
+    blob = base64.b64encode(f"{authcid}\0{authcid}\0{secret}".encode()).decode()
+    chunks = [blob[i : i + 400] for i in range(0, len(blob), 400)] or ["+"]
+    if len(chunks[-1]) == 400:
+        chunks.append("+")
+    return [f"AUTHENTICATE {chunk}" for chunk in chunks]
+
+
 async def _register(
     obs: Observer,
     nick: str,
@@ -356,69 +350,28 @@ async def _register(
     caps: tuple[str, ...],
     timeout: float,
 ) -> None:
-    wanted = list(caps) + (["sasl"] if sasl else [])
-    reg_mark = len(obs.lines)
-    if password is not None:
-        await obs.send_raw(f"PASS {password}")
-    await obs.send_raw("CAP LS 302")
-    await obs.send_raw(f"NICK {nick}")
-    await obs.send_raw(f"USER {nick[:10]} 0 * :faultnet observer")
-    first = await _expect(
-        obs,
-        reg_mark,
-        timeout,
-        "registration",
-        ok=lambda ln: (ln.command == "CAP" and ln.params[1:2] == ("LS",)) or ln.command == "001",
-        bad=lambda ln: ln.command in _REGISTRATION_ERRORS or ln.command == "ERROR",
+    wanted = " ".join([*caps, *(["sasl"] if sasl else [])])
+    hello = [f"PASS {password}"] if password is not None else []
+    hello += ["CAP LS 302", f"NICK {nick}", f"USER {nick[:10]} 0 * :faultnet observer"]
+    mark = len(obs.lines)
+    listed = _cap("LS")
+    first = await _exchange(
+        obs, hello, "registration", lambda ln: listed(ln) or _WELCOME(ln), _REFUSED, timeout
     )
     if first.command == "001":  # a server without CAP support registered us directly
         if wanted:
             raise IrcError(f"server does not support capabilities, wanted {wanted}")
         return
     if wanted:
-        mark = len(obs.lines)
-        await obs.send_raw(f"CAP REQ :{' '.join(wanted)}")
-        await _expect(
-            obs,
-            mark,
-            timeout,
-            f"CAP REQ {' '.join(wanted)}",
-            ok=lambda ln: ln.command == "CAP" and ln.params[1:2] == ("ACK",),
-            bad=lambda ln: ln.command == "CAP" and ln.params[1:2] == ("NAK",),
+        await _exchange(
+            obs, [f"CAP REQ :{wanted}"], f"CAP REQ {wanted}", _cap("ACK"), _cap("NAK"), timeout
         )
     if sasl is not None:
         authcid, secret = sasl
-        mark = len(obs.lines)
-        await obs.send_raw("AUTHENTICATE PLAIN")
-        await _expect(
-            obs,
-            mark,
-            timeout,
-            "AUTHENTICATE PLAIN",
-            ok=lambda ln: ln.command == "AUTHENTICATE",
-            bad=lambda ln: ln.command in ("904", "905", "908"),
+        started, failed = _is("AUTHENTICATE"), _is("904", "905", "908")
+        await _exchange(obs, ["AUTHENTICATE PLAIN"], "AUTHENTICATE PLAIN", started, failed, timeout)
+        done, failed = _is("903"), _is("902", "904", "905", "906")
+        await _exchange(
+            obs, _sasl_plain(authcid, secret), f"SASL PLAIN as {authcid}", done, failed, timeout
         )
-        blob = base64.b64encode(f"{authcid}\0{authcid}\0{secret}".encode()).decode()
-        mark = len(obs.lines)
-        chunks = [blob[i : i + 400] for i in range(0, len(blob), 400)] or ["+"]
-        if len(chunks[-1]) == 400:
-            chunks.append("+")
-        for chunk in chunks:
-            await obs.send_raw(f"AUTHENTICATE {chunk}")
-        await _expect(
-            obs,
-            mark,
-            timeout,
-            f"SASL PLAIN as {authcid}",
-            ok=lambda ln: ln.command == "903",
-            bad=lambda ln: ln.command in ("902", "904", "905", "906"),
-        )
-    await obs.send_raw("CAP END")
-    await _expect(
-        obs,
-        reg_mark,
-        timeout,
-        "registration",
-        ok=lambda ln: ln.command == "001",
-        bad=lambda ln: ln.command in _REGISTRATION_ERRORS or ln.command == "ERROR",
-    )
+    await _exchange(obs, ["CAP END"], "registration", _WELCOME, _REFUSED, timeout, since=mark)
