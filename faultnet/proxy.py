@@ -37,7 +37,6 @@ from faultnet.eventlog import JsonlWriter
 from faultnet.modes import STREAM_CHOICES, mode
 from faultnet.pump import (
     CHUNK,
-    ChainLink,
     Direction,
     Gate,
     PipePool,
@@ -53,6 +52,7 @@ from faultnet.sockopts import (
     tcp_state,
 )
 from faultnet.toxics.base import STREAMS, Toxic
+from faultnet.toxics.chain import ChainLink, ToxicChain
 
 __all__ = ["AddressInUse", "ConnectionInfo", "Proxy", "ProxyError", "open_proxy"]
 
@@ -128,12 +128,18 @@ class Connection:
         """True once any toxic applies to *stream* here (the splice path cannot see bytes)."""
         return any(link is not None and link.stream == stream for link in self.links.values())
 
-    def chain(self, stream: str) -> list[ChainLink]:
-        return [
-            link
-            for t in self.proxy.toxics
-            if (link := self.links.get(t.name)) is not None and link.stream == stream
-        ]
+    def chain(self, stream: str) -> ToxicChain:
+        """The toxics that apply to *stream* here, in the order they were added."""
+        return ToxicChain(
+            [
+                link
+                for t in self.proxy.toxics
+                if (link := self.links.get(t.name)) is not None and link.stream == stream
+            ]
+        )
+
+    def log_event(self, event: str, **fields: Any) -> None:
+        self.proxy.log.write(event, conn=self.id, **fields)
 
     def attach_toxic(self, toxic: Toxic) -> None:
         if toxic.name in self.links:  # already decided for this connection: kept
@@ -278,7 +284,7 @@ class Connection:
                     )
                     return
                 self.directions = {
-                    s: Direction(self, s, src, dst, self.gates[s])
+                    s: Direction(self, s, src, dst, self.gates[s], proxy._recv_buf)
                     for s, src, dst in (
                         ("upstream", self.client, self.server),
                         ("downstream", self.server, self.client),

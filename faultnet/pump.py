@@ -12,23 +12,24 @@ order on thaw.
 Nothing is moved by cancellation: pumps are stopped only while parked at an ``await``,
 never in the middle of a partial write, because raw non-blocking syscalls report exactly
 how much they moved.
+
+This module knows nothing of the proxy: a :class:`Direction` gets its sockets, gate and
+read buffer as arguments and asks its :class:`Owner` (the connection) for the rest.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import os
 import socket
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import trio
 
-if TYPE_CHECKING:
-    from faultnet.proxy import Connection
-
-__all__ = ["Gate", "PipePool", "StreamClosed", "StreamReset"]
+__all__ = ["Chain", "Direction", "Gate", "Owner", "PipePool", "StreamClosed", "StreamReset"]
 
 #: Bytes per read on the copy path. 256 KiB reads measured ~1.6x the throughput of
 #: 64 KiB through trio (reference/linux-faults.md); larger ones allocate more per small read.
@@ -136,20 +137,57 @@ def _classify(exc: OSError) -> Exception:
     return StreamReset(exc)
 
 
+class Chain(Protocol):
+    """The toxics of one stream (:class:`faultnet.toxics.chain.ToxicChain`): a chunk or
+    the end of the stream goes in, and reaches the direction's socket through them."""
+
+    async def send(self, data: bytes, t_read: float, sink: Direction) -> None: ...
+
+    async def send_eof(self, sink: Direction) -> None: ...
+
+
+class Owner(Protocol):
+    """What a :class:`Direction` asks of the connection it belongs to."""
+
+    #: Set (and replaced) whenever the connection's toxic chains change.
+    chain_changed: trio.Event
+
+    def wants_copy(self, stream: str) -> bool:
+        """True once bytes of *stream* must pass through toxics (the copy path)."""
+        ...
+
+    def chain(self, stream: str) -> Chain:
+        """The toxics *stream*'s bytes go through, as of now."""
+        ...
+
+    def log_event(self, event: str, **fields: Any) -> None:
+        """Record *event* in the connection's event log."""
+        ...
+
+
 class Direction:
     """One way through a connection: from ``src`` to ``dst``.
 
     ``stream`` is Toxiproxy's name: ``"upstream"`` (client to server) or ``"downstream"``.
+    ``recv_buf`` is the copy path's read buffer, shared by every direction of one proxy:
+    no task awaits between reading into it and copying out what came.
     """
 
     def __init__(
-        self, conn: Connection, stream: str, src: socket.socket, dst: socket.socket, gate: Gate
+        self,
+        owner: Owner,
+        stream: str,
+        src: socket.socket,
+        dst: socket.socket,
+        gate: Gate,
+        recv_buf: memoryview,
     ) -> None:
-        self.conn = conn
+        self.owner = owner
         self.stream = stream
         self.src = src
         self.dst = dst
         self.gate = gate
+        self._recv_buf = recv_buf
         #: Bytes written to ``dst`` (what crossed the proxy).
         self.bytes = 0
         self.eof_forwarded = False
@@ -165,7 +203,7 @@ class Direction:
 
     async def recv(self) -> bytes:
         """Read what ``src`` has, up to CHUNK bytes (b"" at EOF). Raises StreamReset."""
-        buf = self.conn.proxy._recv_buf
+        buf = self._recv_buf
         while True:
             await self.gate.wait_open()
             try:
@@ -182,20 +220,26 @@ class Direction:
             await self._fair()
             return data
 
-    async def send_all(self, data: bytes | memoryview) -> None:
-        """Write all of *data* to ``dst``, counting what crossed. Raises StreamReset."""
-        view = memoryview(data)
-        while view:
+    async def _write_some(self, write: Callable[[], int]) -> int:
+        """Gate, then *write* (one syscall into ``dst``); wait while ``dst`` is full.
+        Returns and counts the bytes it moved. Raises StreamReset/StreamClosed."""
+        while True:
             await self.gate.wait_open()
             try:
-                n = self.dst.send(view)
+                n = write()
             except BlockingIOError:
                 await trio.lowlevel.wait_writable(self.dst)
                 continue
             except OSError as exc:
                 raise _classify(exc) from exc
             self.bytes += n
-            view = view[n:]
+            return n
+
+    async def send_all(self, data: bytes | memoryview) -> None:
+        """Write all of *data* to ``dst``, counting what crossed. Raises StreamReset."""
+        view = memoryview(data)
+        while view:
+            view = view[await self._write_some(functools.partial(self.dst.send, view)) :]
             await self._fair()
 
     async def send_eof(self) -> None:
@@ -216,7 +260,7 @@ class Direction:
         # task first ran; trio's wait_readable registers the fd before it looks at
         # cancellation, so it would fail on the closed fd instead of raising Cancelled.
         await trio.lowlevel.checkpoint_if_cancelled()
-        if splice and not self.conn.wants_copy(self.stream):
+        if splice and not self.owner.wants_copy(self.stream):
             if await self._splice(pool):
                 return
         await self._copy()
@@ -226,23 +270,20 @@ class Direction:
         copy path (a toxic applies, or no descriptor is left for a pipe)."""
         src, dst = self.src.fileno(), self.dst.fileno()
         while True:
-            if self.conn.wants_copy(self.stream):
+            if self.owner.wants_copy(self.stream):
                 return False
             await trio.lowlevel.wait_readable(self.src)
             # A frozen direction takes no pipe: its bytes wait in the kernel. (Taking one
             # first cost 4 descriptors per frozen connection and ran a 5,000-connection
             # freeze out of descriptors.)
             await self.gate.wait_open()
-            if self.conn.wants_copy(self.stream):
+            if self.owner.wants_copy(self.stream):
                 return False  # a toxic arrived while parked: these bytes go through it
             try:
                 pipe = pool.take()
             except OSError as exc:
-                self.conn.proxy.log.write(
-                    "splice_fallback",
-                    conn=self.conn.id,
-                    stream=self.stream,
-                    reason=exc.strerror or str(exc),
+                self.owner.log_event(
+                    "splice_fallback", stream=self.stream, reason=exc.strerror or str(exc)
                 )
                 return False
             drained = False
@@ -261,16 +302,9 @@ class Direction:
                         return True
                     filled = n
                     while n:
-                        await self.gate.wait_open()
-                        try:
-                            m = os.splice(pipe[0], dst, n, flags=_SPLICE_FLAGS)
-                        except BlockingIOError:
-                            await trio.lowlevel.wait_writable(self.dst)
-                            continue
-                        except OSError as exc:
-                            raise _classify(exc) from exc
-                        self.bytes += m
-                        n -= m
+                        n -= await self._write_some(
+                            functools.partial(os.splice, pipe[0], dst, n, flags=_SPLICE_FLAGS)
+                        )
                     if filled < SPLICE_CHUNK:
                         # A short read almost always means the socket is empty: wait for
                         # readability instead of paying a splice that returns EAGAIN
@@ -295,72 +329,12 @@ class Direction:
             nursery.start_soon(reader)
             async with receive:
                 async for data, t_read in receive:
-                    await self._through_chain(0, self.conn.chain(self.stream), data, t_read)
+                    await self.owner.chain(self.stream).send(data, t_read, self)
             while True:
-                changed = self.conn.chain_changed  # taken before offering: no lost wakeup
-                await self._eof_through_chain(0, self.conn.chain(self.stream))
+                changed = self.owner.chain_changed  # taken before offering: no lost wakeup
+                await self.owner.chain(self.stream).send_eof(self)
                 if self.eof_forwarded:
                     break
                 # A toxic held the EOF (timeout does): offer it again whenever the chain
                 # changes, so removing that toxic lets the FIN through.
                 await changed.wait()
-
-    async def _through_chain(
-        self, i: int, chain: list[ChainLink], data: bytes, t_read: float
-    ) -> None:
-        if i == len(chain):
-            await self.send_all(data)
-        else:
-            await chain[i].toxic.on_chunk(chain[i].context(self, i, chain), data, t_read)
-
-    async def _eof_through_chain(self, i: int, chain: list[ChainLink]) -> None:
-        if i == len(chain):
-            await self.send_eof()
-        else:
-            await chain[i].toxic.on_eof(chain[i].context(self, i, chain))
-
-
-class ChainLink:
-    """One toxic applied to one connection and stream: its context for the toxic."""
-
-    def __init__(
-        self,
-        toxic: object,
-        conn_id: int,
-        stream: str,
-        rng: object,
-        close: Callable[[], Awaitable[None]],
-        reset: Callable[[], Awaitable[None]],
-    ) -> None:
-        from faultnet.toxics.base import Toxic
-
-        assert isinstance(toxic, Toxic)
-        self.toxic = toxic
-        self.conn_id = conn_id
-        self.stream = stream
-        self.rng = rng
-        self.state: dict[str, object] = {}
-        self._close = close
-        self._reset = reset
-        self._where: tuple[Direction, int, list[ChainLink]] | None = None
-
-    def context(self, direction: Direction, i: int, chain: list[ChainLink]) -> ChainLink:
-        self._where = (direction, i, chain)
-        return self
-
-    # The ToxicContext protocol.
-    async def forward(self, data: bytes, t_read: float) -> None:
-        assert self._where is not None
-        d, i, chain = self._where
-        await d._through_chain(i + 1, chain, data, t_read)
-
-    async def forward_eof(self) -> None:
-        assert self._where is not None
-        d, i, chain = self._where
-        await d._eof_through_chain(i + 1, chain)
-
-    async def close(self) -> None:
-        await self._close()
-
-    async def reset(self) -> None:
-        await self._reset()

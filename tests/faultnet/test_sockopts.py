@@ -1,0 +1,114 @@
+"""The socket options behind the fault modes, each on real loopback sockets."""
+
+from __future__ import annotations
+
+import resource
+import socket
+
+import pytest
+
+from faultnet.probe import ProbeKind, probe
+from faultnet.sockopts import (
+    attach_drop_all,
+    detach_filter,
+    raise_fd_limit,
+    set_keepalive,
+    set_linger_reset,
+    set_user_timeout,
+    tcp_state,
+)
+from faultnet.testing import wait_until
+
+
+def _listener() -> socket.socket:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen(8)
+    return s
+
+
+def _connected() -> tuple[socket.socket, socket.socket, socket.socket]:
+    listener = _listener()
+    client = socket.create_connection(listener.getsockname()[:2], timeout=5)
+    server, _ = listener.accept()
+    return listener, client, server
+
+
+async def test_drop_all_on_a_listener_makes_connects_hang_until_detached() -> None:
+    listener = _listener()
+    addr = listener.getsockname()[:2]
+    try:
+        attach_drop_all(listener)
+        assert (await probe(addr, 0.3)).kind is ProbeKind.HUNG
+        detach_filter(listener)
+        assert (await probe(addr, 2.0)).kind is ProbeKind.CONNECTED
+    finally:
+        listener.close()
+
+
+def test_detach_without_a_filter_is_not_an_error() -> None:
+    s = socket.socket()
+    try:
+        detach_filter(s)
+    finally:
+        s.close()
+
+
+def test_linger_reset_makes_close_send_an_rst() -> None:
+    listener, client, server = _connected()
+    try:
+        set_linger_reset(server)
+        server.close()
+        with pytest.raises(ConnectionResetError):
+            client.recv(1)
+    finally:
+        listener.close()
+        client.close()
+
+
+def test_a_plain_close_sends_a_fin_not_an_rst() -> None:
+    # The other arm of the linger test: without set_linger_reset, the peer reads EOF.
+    listener, client, server = _connected()
+    try:
+        server.close()
+        assert client.recv(1) == b""
+    finally:
+        listener.close()
+        client.close()
+
+
+async def test_tcp_state_follows_the_connection() -> None:
+    listener, client, server = _connected()
+    try:
+        assert tcp_state(server) == 1  # ESTABLISHED
+        client.shutdown(socket.SHUT_WR)
+        await wait_until(lambda: tcp_state(server) == 8, what="CLOSE_WAIT after the FIN")
+    finally:
+        for s in (listener, client, server):
+            s.close()
+
+
+def test_keepalive_and_user_timeout_are_set_as_asked() -> None:
+    s = socket.socket()
+    try:
+        set_keepalive(s, idle_s=7, interval_s=3, count=4)
+        assert s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 7
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 3
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 4
+        set_user_timeout(s, 1500)
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT) == 1500
+    finally:
+        s.close()
+
+
+def test_raise_fd_limit_lifts_the_soft_limit_to_the_hard_one() -> None:
+    # Lowered first, so the raise has something to do (the proxy raises it again anyway).
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, max(hard // 2, 256)), hard))
+    got = raise_fd_limit()
+    now_soft, now_hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert got == now_soft and now_hard == hard
+    if hard != resource.RLIM_INFINITY:
+        assert now_soft == hard
