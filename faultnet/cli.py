@@ -32,6 +32,7 @@ __all__ = ["UsageError", "main"]  # UsageError: faultnet.errors's, re-exported
 COMMAND_MODULES = (
     "faultnet.cli_proxy",  # proxy control-test, probe
     "faultnet.server.cli",  # server and its client commands
+    "faultnet.chaos.cli",  # chaos: seeded fault plans, rails, join log
 )
 #: The entry-point group through which packages above faultnet add commands.
 COMMAND_GROUP = "faultnet.commands"
