@@ -48,6 +48,7 @@ Exit codes: 0 every check passed (targets are reported, not enforced, unless
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import hashlib
 import json
@@ -72,7 +73,7 @@ from pathlib import Path
 from typing import Any
 
 from faultnet.errors import EnvironmentProblem, UsageError, fail
-from faultnet.procs import ProcessIdentity, fd_count, signal_exact
+from faultnet.procs import ProcessIdentity, fd_count, signal_exact, stop_exact
 from faultnet.sockopts import raise_fd_limit
 
 __all__ = [
@@ -505,8 +506,7 @@ class Child:
         except OSError as exc:
             self._stderr.close()
             raise EnvironmentProblem(f"cannot start {name}: {exc}") from None
-        # The child cannot be reaped before we wait(), so its /proc entry exists now.
-        self.ident = ProcessIdentity.of(self.proc.pid)
+        self.ident = ProcessIdentity.spawned(self.proc.pid, argv)
         self._buf = b""
 
     @property
@@ -557,14 +557,12 @@ class Child:
                 self.proc.stdin.close()
             except OSError:
                 pass
-        for sig in (None, signal.SIGTERM, signal.SIGKILL):
-            if sig is not None:
-                signal_exact(self.ident, sig)
-            try:
-                self.proc.wait(timeout=grace)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        try:
+            self.proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            stop_exact(self.ident, term_timeout=grace, kill_timeout=grace)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=grace)  # reap it
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         self._stderr.close()

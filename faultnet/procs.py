@@ -9,23 +9,36 @@ there is no way here to signal by name or pattern.
 The re-check and the ``kill()`` are two system calls, so a PID could in principle be
 recycled between them; on Linux that window is microseconds against a PID space of 4
 million, and :func:`signal_exact` uses a pidfd where it can, which closes it entirely.
+
+One routine per job, used by every package that starts processes (the environment, the
+MCP driver, the experiment runner, the benchmark):
+
+* :meth:`ProcessIdentity.spawned`: the identity of a child just started, read once;
+* :func:`stop_exact`: SIGTERM, a bounded wait, SIGKILL, a bounded wait, each signal
+  through a pidfd after re-checking the start time, and a :class:`StopReport` of what
+  happened.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 __all__ = [
     "ProcessIdentity",
+    "StopOutcome",
+    "StopReport",
     "fd_count",
     "read_cmdline",
     "read_start_time",
     "signal_exact",
+    "stop_exact",
 ]
 
 
@@ -67,19 +80,32 @@ class ProcessIdentity:
 
     @classmethod
     def of(cls, pid: int) -> ProcessIdentity:
-        """Record the identity of the live process *pid* (raises ProcessLookupError)."""
+        """Record the identity of the live process *pid* (raises ProcessLookupError).
+
+        For a child this process has just started, use :meth:`spawned` instead.
+        """
         start = read_start_time(pid)
         if start is None:
             raise ProcessLookupError(pid)
-        cmdline = read_cmdline(pid)
-        # Caught between fork and exec (just after Popen returns), a process's cmdline
-        # reads empty: 4 spawns in 40 here. Wait for the exec, bounded at ~100 ms.
-        for _ in range(50):
-            if cmdline or cmdline is None:
-                break
-            time.sleep(0.002)
-            cmdline = read_cmdline(pid)
-        return cls(pid, start, tuple(cmdline or ()))
+        return cls(pid, start, tuple(read_cmdline(pid) or ()))
+
+    @classmethod
+    def spawned(cls, pid: int, argv: Sequence[str]) -> ProcessIdentity:
+        """The identity of a child this process started with *argv* and has not yet
+        waited for (just after ``subprocess.Popen`` or ``trio.lowlevel.open_process``).
+
+        Read once, and correctly: the start time is set at fork and unchanged by exec,
+        and an unreaped child's ``/proc/PID`` exists even if it has already exited, so it
+        is read now. The command line is *argv* itself, not ``/proc/PID/cmdline``: Popen
+        returns once the exec has passed the point where the child's close-on-exec pipe
+        closes, and the kernel sets up the new image's argument area only after that, so
+        the file can still read empty then (measured here: 4 spawns in 40). Raises
+        ProcessLookupError if *pid* has been reaped.
+        """
+        start = read_start_time(pid)
+        if start is None:
+            raise ProcessLookupError(pid)
+        return cls(pid, start, tuple(argv))
 
     def is_alive(self) -> bool:
         """True while the PID still belongs to this process and it has not been reaped.
@@ -115,14 +141,112 @@ def signal_exact(ident: ProcessIdentity, sig: int = signal.SIGTERM) -> bool:
     except (ProcessLookupError, OSError):
         return False
     try:
-        # The pidfd pins the process: if the start time matches now, the pidfd refers to
-        # the recorded process, and signalling through it cannot reach a successor.
-        if read_start_time(ident.pid) != ident.start_time:
-            return False
-        try:
-            signal.pidfd_send_signal(pidfd, sig)
-        except ProcessLookupError:
-            return False
-        return True
+        return _signal_pinned(pidfd, ident, sig)
     finally:
         os.close(pidfd)
+
+
+def _signal_pinned(pidfd: int, ident: ProcessIdentity, sig: int) -> bool:
+    # The pidfd pins the process: if the start time matches now, the pidfd refers to the
+    # recorded process, and signalling through it cannot reach a successor.
+    if read_start_time(ident.pid) != ident.start_time:
+        return False
+    try:
+        signal.pidfd_send_signal(pidfd, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+StopOutcome = Literal["gone", "not-ours", "stopped", "killed", "survived"]
+
+
+@dataclass(frozen=True)
+class StopReport:
+    """What :func:`stop_exact` did to one recorded process.
+
+    ``outcome`` is one of:
+
+    * ``"gone"``: the recorded process had exited (or was a zombie) before any signal;
+      nothing was sent;
+    * ``"not-ours"``: the PID names another process now (another start time); nothing
+      was sent to it;
+    * ``"stopped"``: SIGTERM was sent and it exited within ``term_timeout``;
+    * ``"killed"``: it outlived SIGTERM's bound, SIGKILL was sent and it exited;
+    * ``"survived"``: still there ``kill_timeout`` after SIGKILL (uninterruptible sleep).
+
+    ``signals`` lists the signals delivered, in order; ``seconds`` the time it all took.
+    """
+
+    pid: int
+    outcome: StopOutcome
+    signals: tuple[str, ...] = ()
+    seconds: float = 0.0
+
+    @property
+    def ended(self) -> bool:
+        """True unless the process survived SIGKILL (nothing left of it to stop)."""
+        return self.outcome != "survived"
+
+
+def stop_exact(
+    ident: ProcessIdentity, *, term_timeout: float = 5.0, kill_timeout: float = 5.0
+) -> StopReport:
+    """Stop the recorded process: SIGTERM, wait up to *term_timeout* seconds for it to
+    exit; if it has not, SIGKILL and wait up to *kill_timeout*. Blocks for at most the
+    sum of the two bounds.
+
+    Every signal goes through one pidfd opened at the start, after the start time is
+    re-checked, so neither can reach a process that took the PID over. Exiting means
+    what :meth:`ProcessIdentity.is_alive` means (a zombie has exited); reaping a child
+    is its parent's business (``Popen.wait``), not this function's.
+    """
+    t0 = time.monotonic()
+    sent: list[str] = []
+
+    def report(outcome: StopOutcome) -> StopReport:
+        return StopReport(ident.pid, outcome, tuple(sent), time.monotonic() - t0)
+
+    try:
+        pidfd: int | None = os.pidfd_open(ident.pid)
+    except ProcessLookupError:
+        return report("gone")
+    except OSError:  # no pidfd here (pre-5.3 kernel): signal_exact's re-check alone
+        pidfd = None
+    try:
+        now = read_start_time(ident.pid)
+        if now is not None and now != ident.start_time:
+            return report("not-ours")
+        if not ident.is_alive():
+            return report("gone")
+        for sig, bound, outcome in (
+            (signal.SIGTERM, term_timeout, "stopped"),
+            (signal.SIGKILL, kill_timeout, "killed"),
+        ):
+            ok = (
+                _signal_pinned(pidfd, ident, sig) if pidfd is not None else signal_exact(ident, sig)
+            )
+            if not ok:  # it exited between the last look and this signal
+                return report("stopped" if sent else "gone")
+            sent.append(signal.Signals(sig).name)
+            if _wait_exit(ident, pidfd, bound):
+                return report(outcome)  # type: ignore[arg-type]
+        return report("survived")
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _wait_exit(ident: ProcessIdentity, pidfd: int | None, timeout: float) -> bool:
+    """Wait up to *timeout* seconds for *ident* to exit; True if it did."""
+    deadline = time.monotonic() + timeout
+    while ident.is_alive():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        if pidfd is not None:
+            # A pidfd polls readable once the process has exited: no busy wait.
+            select.select([pidfd], [], [], min(left, 0.2))
+        else:
+            time.sleep(min(left, 0.02))  # no pidfd: poll, bounded by the deadline
+    return True

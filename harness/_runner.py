@@ -49,7 +49,8 @@ import trio
 
 from faultnet.errors import CommandError, EnvironmentProblem, UsageError, fail
 from faultnet.eventlog import JsonlWriter, flatten
-from faultnet.procs import ProcessIdentity, signal_exact
+from faultnet.procs import stop_exact
+from harness import env as envmod
 from harness._report import EXIT_ENV, EXIT_FAILED, EXIT_OK, Result, render_result
 from harness._timescale import TimeScale, time_scale_from
 
@@ -585,10 +586,6 @@ async def environment(
 ) -> AsyncIterator[Any]:
     """Yield an EnvState: the one in *state* (or env's default), or, for mode "auto", a
     private one brought up under *run_dir* and brought down by its exact PID after."""
-    try:
-        from harness import env as envmod
-    except ImportError as exc:
-        raise EnvironmentProblem(f"harness.env is not available: {exc}") from exc
     if mode != "auto":
         if state is None and os.environ.get("ENCLAVE_STATE_DIR"):
             state = Path(os.environ["ENCLAVE_STATE_DIR"])
@@ -629,47 +626,19 @@ async def environment(
         with trio.CancelScope(shield=True):
             try:
                 rep = await trio.to_thread.run_sync(envmod.down, env_dir)
-                say(f"-- environment down: {_down_text(rep, st)}")
+                say(f"-- environment down: {rep.message}")
+                done = rep.outcome in ("stopped", "killed", "gone")
             except Exception as exc:
-                rep = None
                 say(f"-- environment down FAILED: {type(exc).__name__}: {exc}")
-            if getattr(rep, "outcome", None) not in ("stopped", "killed", "gone"):
-                await trio.to_thread.run_sync(_stop_started_server, st, say)
-
-
-def _stop_started_server(st: Any, say: Callable[[str], None]) -> None:
-    """Backstop when env.down declined to stop the server this run brought up.
-
-    Seen: env.up recording an empty CMDLINE (read while the child was still between fork
-    and exec), after which down refuses because the command line does not match. The
-    PID plus its recorded start time still pin the one process env.up started, which
-    is all faultnet.procs needs to signal it safely; nothing else is ever signalled.
-    """
-    ident = ProcessIdentity(int(st.pid), int(st.start_time))
-    if not ident.is_alive():
-        return
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        if not signal_exact(ident, sig):
-            break
-        deadline = time.monotonic() + 5.0
-        while ident.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.02)  # polling another process's exit, bounded
-        if not ident.is_alive():
-            break
-    with contextlib.suppress(ChildProcessError, OSError):
-        os.waitpid(ident.pid, os.WNOHANG)  # reap it if it was our child
-    say(
-        f"-- environment down (backstop): stopped server pid {ident.pid} by its recorded "
-        f"PID and start time{'' if not ident.is_alive() else ' -- IT SURVIVED'}"
-    )
-
-
-def _down_text(rep: Any, st: Any) -> str:
-    for attr in ("summary", "message", "text"):
-        v = getattr(rep, attr, None)
-        if isinstance(v, str) and v:
-            return v
-    return f"server pid {st.pid} stopped by recorded PID and start time"
+                done = False
+            if not done:
+                # Backstop: this run started the server, and its PID and start time (read
+                # once at spawn) pin that one process, which is all stop_exact needs.
+                stopped = await trio.to_thread.run_sync(stop_exact, st.identity)
+                say(
+                    f"-- environment down (backstop): server pid {st.pid} by its recorded "
+                    f"PID and start time: {stopped.outcome}"
+                )
 
 
 # --------------------------------------------------------------------------- attempts

@@ -48,8 +48,6 @@ import argparse
 import fcntl
 import json
 import os
-import select
-import signal
 import socket
 import subprocess
 import sys
@@ -62,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from faultnet.errors import CommandError, EnvironmentProblem, UsageError, fail
-from faultnet.procs import ProcessIdentity, read_cmdline, read_start_time, signal_exact
+from faultnet.procs import ProcessIdentity, read_cmdline, read_start_time, stop_exact
 from harness.enclave import REGISTRY_FILE, Registry, RegistryError
 
 __all__ = [
@@ -318,34 +316,6 @@ def _clear_stale(root: Path) -> None:
             pass
 
 
-def _identity_after_exec(
-    proc: subprocess.Popen[bytes], argv: list[str], deadline: float, root: Path
-) -> ProcessIdentity:
-    """The child's identity, read once its command line is the one we exec'd.
-
-    Measured here: for a short window after ``Popen`` returns, ``/proc/PID/cmdline`` of
-    the new process reads EMPTY (the kernel has not yet set up the new image's argv), in
-    4 of 40 spawns. Recording that empty command line would make every later identity
-    check fail, so we wait (bounded) until it reads as *argv*.
-    """
-    while True:
-        if proc.poll() is not None:
-            raise EnvironmentProblem(
-                f"server exited with {proc.returncode} at once: {_log_tail(root / LOG_FILE)}"
-            )
-        try:
-            ident = ProcessIdentity.of(proc.pid)
-        except ProcessLookupError:
-            ident = None
-        if ident is not None and list(ident.cmdline) == argv:
-            return ident
-        if time.monotonic() >= deadline:
-            proc.kill()  # our own child, through its Popen: exact by construction
-            proc.wait()
-            raise EnvironmentProblem(f"server pid {proc.pid} never showed its command line")
-        time.sleep(0.005)  # a window of microseconds to milliseconds; bounded above
-
-
 def _start_server(
     root: Path,
     token: str,
@@ -383,7 +353,7 @@ def _start_server(
         )
     _children[proc.pid] = proc
     deadline = time.monotonic() + timeout
-    ident = _identity_after_exec(proc, argv, deadline, root)
+    ident = ProcessIdentity.spawned(proc.pid, argv)
     port: int | None = None
     while True:
         if proc.poll() is not None:
@@ -396,7 +366,8 @@ def _start_server(
         if port is not None and _accepts(host, port):
             break
         if time.monotonic() >= deadline:
-            _stop(ident, term_timeout=2.0, kill_timeout=2.0)
+            stop_exact(ident, term_timeout=2.0, kill_timeout=2.0)
+            _reap(ident.pid)
             raise EnvironmentProblem(
                 f"server did not accept connections within {timeout} s; stopped it"
             )
@@ -456,56 +427,12 @@ class DownReport:
         }
 
 
-def _wait_exit(ident: ProcessIdentity, pidfd: int | None, timeout: float) -> bool:
-    """Wait up to *timeout* for *ident* to exit; True if it did."""
-    deadline = time.monotonic() + timeout
-    while True:
-        _reap(ident.pid)
-        if not ident.is_alive():
-            return True
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        if pidfd is not None:
-            # A pidfd polls readable when the process exits: no busy wait.
-            select.select([pidfd], [], [], min(left, 0.2))
-        else:
-            time.sleep(min(left, 0.02))
-
-
 def _reap(pid: int) -> None:
     """Reap *pid* if this process started it with :func:`up` (never a bare waitpid:
     that would steal the exit status from whoever else owns the child)."""
     proc = _children.get(pid)
     if proc is not None and proc.poll() is not None:
         del _children[pid]
-
-
-def _stop(
-    ident: ProcessIdentity, term_timeout: float, kill_timeout: float
-) -> tuple[str, list[str]]:
-    """SIGTERM, wait, SIGKILL, wait. Returns (outcome, signals sent)."""
-    try:
-        pidfd: int | None = os.pidfd_open(ident.pid)
-    except (ProcessLookupError, OSError):
-        pidfd = None
-    sent: list[str] = []
-    try:
-        if read_start_time(ident.pid) != ident.start_time:
-            return "gone", sent
-        if not signal_exact(ident, signal.SIGTERM):
-            return "gone", sent
-        sent.append("SIGTERM")
-        if _wait_exit(ident, pidfd, term_timeout):
-            return "stopped", sent
-        if signal_exact(ident, signal.SIGKILL):
-            sent.append("SIGKILL")
-        if _wait_exit(ident, pidfd, kill_timeout):
-            return "killed", sent
-        return "survived", sent
-    finally:
-        if pidfd is not None:
-            os.close(pidfd)
 
 
 def _tcp_listen_inodes(port: int) -> set[str]:
@@ -594,11 +521,14 @@ def down(
         return DownReport(
             st.state_dir, ident.pid, outcome, why.lstrip("; "), elapsed_s=time.monotonic() - t0
         )
-    result, sent = _stop(target, term_timeout, kill_timeout)
+    stopped = stop_exact(target, term_timeout=term_timeout, kill_timeout=kill_timeout)
+    _reap(target.pid)
+    result, sent = stopped.outcome, list(stopped.signals)
     messages = {
         "stopped": f"stopped server pid {target.pid} (SIGTERM)",
         "killed": f"killed server pid {target.pid} (SIGKILL after {term_timeout} s of SIGTERM)",
         "gone": f"server pid {target.pid} exited before it was signalled",
+        "not-ours": f"pid {target.pid} changed hands before it was signalled: not signalled",
         "survived": f"server pid {target.pid} is still alive after SIGKILL",
     }
     return DownReport(

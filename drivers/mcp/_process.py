@@ -9,10 +9,10 @@ helpers must stop them itself when its stdin closes or it gets SIGTERM).
 from __future__ import annotations
 
 import collections
+import functools
 import math
 import os
 import re
-import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from faultnet.procs import ProcessIdentity, fd_count, signal_exact
+from faultnet.procs import ProcessIdentity, StopOutcome, fd_count, stop_exact
 
 from ._errors import StartError
 from ._framing import LineFramer
@@ -82,6 +82,19 @@ class CloseReport:
     signals: tuple[str, ...] = field(default=())
 
 
+#: CloseReport.how for each stop_exact outcome. "gone": it exited on its own just after
+#: the stdin-EOF bound, before any signal. "not-ours": our unreaped child's PID cannot
+#: change hands, so its recorded identity was wrong; nothing was signalled and it is
+#: still there, as after a SIGKILL that did not take.
+_CLOSE_HOW: dict[StopOutcome, str] = {
+    "gone": "stdin_eof",
+    "not-ours": "unkillable",
+    "stopped": "sigterm",
+    "killed": "sigkill",
+    "survived": "unkillable",
+}
+
+
 class ServerProcess:
     """A child process with stdin/stdout pipes and line-captured stderr.
 
@@ -130,9 +143,7 @@ class ServerProcess:
             )
         except OSError as exc:
             raise StartError(f"cannot start {argv[0]!r}: {exc.strerror or exc}") from exc
-        # Popen returns only after exec succeeded, and the child cannot be reaped before
-        # we wait for it, so /proc/PID is there (as a zombie at worst).
-        identity = ProcessIdentity.of(proc.pid)
+        identity = ProcessIdentity.spawned(proc.pid, argv)
         return cls(proc, argv, identity)
 
     # -- state ---------------------------------------------------------------------
@@ -269,17 +280,20 @@ class ServerProcess:
             await self._close_pipe(self._proc.stdin)
             if not how:
                 how = await self._wait_step(timeouts.eof, "stdin_eof")
-            for sig, step, bound in (
-                (signal.SIGTERM, "sigterm", timeouts.term),
-                (signal.SIGKILL, "sigkill", timeouts.kill),
-            ):
-                if how:
-                    break
-                if signal_exact(self.identity, sig):
-                    sent.append(sig.name)
-                how = await self._wait_step(bound, step)
             if not how:
-                how = "unkillable"
+                stopped = await trio.to_thread.run_sync(
+                    functools.partial(
+                        stop_exact,
+                        self.identity,
+                        term_timeout=timeouts.term,
+                        kill_timeout=timeouts.kill,
+                    ),
+                    abandon_on_cancel=True,
+                )
+                sent.extend(stopped.signals)
+                how = _CLOSE_HOW[stopped.outcome]
+                if stopped.ended:  # reap it: stop_exact counts a zombie as exited
+                    await self._wait_step(timeouts.kill, "")
             # Let the stderr reader reach EOF so the capture is complete; a grandchild
             # holding the pipe open must not hold us, hence the bound.
             with trio.move_on_after(1.0):

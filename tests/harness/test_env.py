@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from faultnet.errors import EnvironmentProblem
-from faultnet.procs import ProcessIdentity, read_start_time
+from faultnet.procs import ProcessIdentity, read_start_time, stop_exact
 from harness import env
 from harness.env import STATE_FILE, read_state
 from tests import REPO
@@ -51,7 +51,7 @@ def cleanup() -> Iterator[list[ProcessIdentity]]:
     yield idents
     for ident in idents:
         if ident.is_alive():
-            env._stop(ident, term_timeout=3, kill_timeout=3)
+            stop_exact(ident, term_timeout=3, kill_timeout=3)
 
 
 def accepts(port: int) -> bool:

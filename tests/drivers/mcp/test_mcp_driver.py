@@ -203,7 +203,7 @@ async def test_close_escalates_by_exact_pid(tmp_path: Path) -> None:
     sibling = await trio.lowlevel.open_process(
         stubborn, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    sibling_id = ProcessIdentity.of(sibling.pid)
+    sibling_id = ProcessIdentity.spawned(sibling.pid, stubborn)
     reports: dict[str, object] = {}
     stderr: dict[str, str] = {}
 
