@@ -8,6 +8,9 @@ The public API, re-exported here:
 * :data:`MODES` -- the fault-mode table (:mod:`faultnet.modes`);
 * the controls, as :data:`faultnet.controls.__all__` lists them (``assert_accepting``
   and one per mode, see :mod:`faultnet.controls`) and :class:`ControlFailed`;
+* UDP, in :mod:`faultnet.udp`: :class:`~faultnet.udp.UdpProxy` (per-client sessions;
+  freeze, blackhole and seeded loss, latency, duplicate, reorder, size limit), its probe
+  and its controls;
 * the JSONL event log (:class:`JsonlWriter`, :func:`read_jsonl`) and exact-PID process
   identity (:class:`ProcessIdentity`, :func:`signal_exact`).
 """

@@ -6,6 +6,8 @@ plugin (the way ``trio.testing`` serves trio's users and its own tests alike).
 * :func:`echo_server`, :func:`sink_server`, :func:`accept_server` -- real TCP peers on
   127.0.0.1, each yielding its address; all keep half-close (a FIN from the client is
   answered by the echo with its own FIN after the echoed bytes).
+* :func:`udp_echo_server` -- a UDP peer on 127.0.0.1 that sends every datagram back to
+  whoever sent it, counting them;
 * :func:`read_exactly` -- read *n* bytes or raise ``EOFError`` saying how many came.
 * :func:`wait_until` -- wait for a condition that has no event to wait on, bounded by
   a timeout; raises ``trio.TooSlowError`` naming what it waited for.
@@ -30,6 +32,7 @@ __all__ = [
     "echo_server",
     "read_exactly",
     "sink_server",
+    "udp_echo_server",
     "wait_for_record",
     "wait_until",
 ]
@@ -102,6 +105,32 @@ async def accept_server(
 
     async with _serve(handler, host) as address:
         yield address, receive
+
+
+@asynccontextmanager
+async def udp_echo_server(host: str = "127.0.0.1") -> AsyncIterator[tuple[Address, list[int]]]:
+    """A UDP server that echoes every datagram to its sender for the duration of the
+    block; yields ``(address, counter)`` where ``counter[0]`` counts datagrams echoed."""
+    import socket
+
+    counter = [0]
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with trio.socket.socket(family, socket.SOCK_DGRAM) as sock:
+        await sock.bind((host, 0))
+
+        async def echo() -> None:
+            while True:
+                data, peer = await sock.recvfrom(65536)
+                try:
+                    await sock.sendto(data, peer)
+                except OSError:  # the sender is gone (ICMP): not the echo's business
+                    continue
+                counter[0] += 1
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(echo)
+            yield sock.getsockname()[:2], counter
+            nursery.cancel_scope.cancel()
 
 
 async def read_exactly(stream: trio.abc.ReceiveStream, n: int) -> bytes:
