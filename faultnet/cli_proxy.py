@@ -13,6 +13,7 @@ from faultnet.addresses import parse_address
 from faultnet.controltest import Step, run_control_test
 from faultnet.errors import UsageError
 from faultnet.probe import probe
+from faultnet.udp.probe import udp_probe
 
 __all__ = ["register"]
 
@@ -41,7 +42,11 @@ def register(sub: Any) -> None:
         "probe",
         help="classify one fresh connect: connected, refused, hung or reset",
         description="Connect once to HOST:PORT and print connected, refused, hung or "
-        "reset. Exit 0 after any classification; 2 for a bad address.",
+        "reset; with --udp send one datagram and print answered, refused or silent. "
+        "Exit 0 after any classification; 2 for a bad address.",
+    )
+    pr.add_argument(
+        "--udp", action="store_true", help="probe a UDP service with one datagram instead"
     )
     pr.add_argument("address", metavar="HOST:PORT")
     pr.add_argument(
@@ -49,7 +54,7 @@ def register(sub: Any) -> None:
         type=float,
         default=1.0,
         metavar="S",
-        help="seconds before a connect counts as hung (default 1)",
+        help="seconds before a connect counts as hung, or a datagram as unanswered (default 1)",
     )
     pr.add_argument("--json", action="store_true", help="print one JSON object")
     pr.set_defaults(func=_probe)
@@ -101,7 +106,7 @@ def _probe(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, not {args.timeout}")
     try:
-        result = trio.run(probe, address, args.timeout)
+        result = trio.run(udp_probe if args.udp else probe, address, args.timeout)
     except OSError as exc:
         raise UsageError(f"cannot probe {args.address}: {exc.strerror or exc}") from None
     print(json.dumps(result.to_json()) if args.json else str(result))

@@ -6,6 +6,7 @@ import json
 import socket
 import subprocess
 import sys
+import threading
 
 from faultnet import __version__
 
@@ -65,3 +66,26 @@ def test_probe_prints_an_ipv6_address_in_brackets() -> None:
         assert json.loads(out.stdout)["address"] == f"[::1]:{port}"
     finally:
         listener.close()
+
+
+def test_udp_probe_prints_answered_silent_and_refused() -> None:
+    echo = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    echo.bind(("127.0.0.1", 0))
+    port = echo.getsockname()[1]
+    try:
+        # Answered: this thread echoes the one datagram the probe sends.
+        echo.settimeout(30)
+        answer = threading.Thread(target=lambda: echo.sendto(*echo.recvfrom(65536)))
+        answer.start()
+        out = run("probe", "--udp", f"127.0.0.1:{port}", "--json")
+        answer.join()
+        assert out.returncode == 0
+        assert json.loads(out.stdout)["kind"] == "answered"
+        assert json.loads(out.stdout)["echoed"] is True
+        # Bound but never read: the datagram waits in its buffer, nothing answers.
+        out = run("probe", "--udp", f"127.0.0.1:{port}", "--timeout", "0.2", "--json")
+        assert out.returncode == 0 and json.loads(out.stdout)["kind"] == "silent"
+    finally:
+        echo.close()
+    out = run("probe", "--udp", f"127.0.0.1:{port}")
+    assert out.returncode == 0 and "refused" in out.stdout
