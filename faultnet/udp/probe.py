@@ -27,6 +27,8 @@ from typing import Any
 
 import trio
 
+from faultnet.addresses import format_address
+
 __all__ = ["UdpProbeKind", "UdpProbeResult", "udp_probe"]
 
 
@@ -49,18 +51,17 @@ class UdpProbeResult:
     echoed: bool = False
 
     def __str__(self) -> str:
-        host, port = self.address
-        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        text = f"{where} {self.kind.value} after {self.elapsed_s * 1000:.1f} ms"
+        text = (
+            f"{format_address(self.address)} {self.kind.value} after {self.elapsed_s * 1000:.1f} ms"
+        )
         if self.reply is not None:
             text += f" ({len(self.reply)} bytes{', an echo' if self.echoed else ''})"
         return text
 
     def to_json(self) -> dict[str, Any]:
-        host, port = self.address
         return {
             "kind": self.kind.value,
-            "address": f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
+            "address": format_address(self.address),
             "elapsed_s": self.elapsed_s,
             "sent_bytes": self.sent_bytes,
             "reply_bytes": None if self.reply is None else len(self.reply),

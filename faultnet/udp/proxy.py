@@ -38,8 +38,9 @@ from typing import Any
 
 import trio
 
+from faultnet.addresses import format_address
 from faultnet.eventlog import JsonlWriter
-from faultnet.proxy import ProxyError
+from faultnet.proxy import AddressInUse, ProxyError
 from faultnet.sockopts import raise_fd_limit
 from faultnet.udp.impairments import Impairment, fate
 from faultnet.udp.lane import Lane
@@ -60,11 +61,6 @@ def _streams(stream: str) -> tuple[str, ...]:
     if stream not in _STREAM_CHOICES:
         raise ValueError(f"stream must be one of {', '.join(_STREAM_CHOICES)}, not {stream!r}")
     return STREAMS if stream == "both" else (stream,)
-
-
-def _fmt(addr: Any) -> str:
-    host, port = addr[0], addr[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _family(host: str) -> socket.AddressFamily:
@@ -116,7 +112,7 @@ class Session:
         self.proxy = proxy
         self.id = session_id
         self.peer = peer
-        self.peer_text = _fmt(peer)
+        self.peer_text = format_address(peer)
         host, port = proxy.upstream
         self.upstream = socket.socket(_family(host), socket.SOCK_DGRAM)
         self.upstream.setblocking(False)
@@ -208,7 +204,7 @@ class Session:
             c.sent, c.send_errors = self.lanes[s].sent, self.lanes[s].send_errors
             counts[s] = asdict(c)
         try:
-            local = _fmt(self.upstream.getsockname())
+            local = format_address(self.upstream.getsockname())
         except OSError:
             local = "closed"
         return SessionInfo(
@@ -300,9 +296,9 @@ class UdpProxy:
             sock.bind(self.listen)
         except OSError as exc:
             sock.close()
-            where = _fmt(self.listen)
+            where = format_address(self.listen)
             if exc.errno == errno.EADDRINUSE:
-                raise ProxyError(f"listen address {where} is already in use") from None
+                raise AddressInUse(f"listen address {where} is already in use") from None
             raise ProxyError(f"cannot listen on {where}: {exc.strerror}") from None
         sock.setblocking(False)
         self._sock = sock
@@ -320,8 +316,8 @@ class UdpProxy:
         self.log.write(
             "listening",
             protocol="udp",
-            listen=_fmt(self.address),
-            upstream=_fmt(self.upstream),
+            listen=format_address(self.address),
+            upstream=format_address(self.upstream),
             seed=self.seed,
             idle_timeout=self.idle_timeout,
         )
@@ -372,7 +368,9 @@ class UdpProxy:
         try:
             session = Session(self, self._next_id, addr)
         except OSError as exc:
-            self.log.write("session_failed", peer=_fmt(addr), error=exc.strerror or str(exc))
+            self.log.write(
+                "session_failed", peer=format_address(addr), error=exc.strerror or str(exc)
+            )
             return None
         self._next_id += 1
         self._sessions[addr] = session
