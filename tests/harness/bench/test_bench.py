@@ -1,4 +1,4 @@
-"""scripts/bench (``python -m faultnet.bench``): it runs end to end at tiny sizes and writes
+"""scripts/bench (``python -m harness.bench``): it runs end to end at tiny sizes and writes
 valid JSON, and its checks go red when what they guard is broken. No timing is asserted
 here: speed is what the benchmark measures, never what a test requires."""
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from faultnet.bench import human_size, make_block, matches_block, parse_size, watch_silence
+from harness.bench import human_size, make_block, matches_block, parse_size, watch_silence
 from tests import REPO
 
 # Tiny sizes: each run is a few seconds, mostly process start-up.
@@ -25,7 +25,7 @@ TINY = [
 
 def bench(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "faultnet.bench", *args],
+        [sys.executable, "-m", "harness.bench", *args],
         capture_output=True,
         text=True,
         timeout=100,

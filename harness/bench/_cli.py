@@ -1,0 +1,179 @@
+"""The ``scripts/bench`` command line (``python -m harness.bench``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from faultnet.errors import EnvironmentProblem, UsageError, fail
+from harness.bench._report import format_report
+from harness.bench._roles import _proxy_main, _upstream_main
+from harness.bench._run import BenchParams, run_bench
+from harness.bench._stream import PRESETS, parse_size
+
+# ---------------------------------------------------------------------------------------
+# CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="scripts/bench",
+        description=(
+            "Benchmark direct loopback, socat and the faultnet proxy in one run: bulk "
+            "throughput (verified), 64-byte RTT, concurrent connections, freeze time over "
+            "all of them (and that no byte crosses after it), proxy RSS per idle "
+            "connection. Prints a table with faultnet's ratios and each target as "
+            "MET/MISSED. Exit 0 if every check passed, 1 if one failed, 2 on a usage or "
+            "environment error."
+        ),
+        epilog=(
+            "Presets: default = 1 GiB per transfer, 20000 pings, 5000 connections, 3 rounds, "
+            "0.5 s freeze window; --quick = 256 MiB, 3000 pings, 500 connections, 3 rounds, "
+            "0.2 s. Explicit flags override the preset. socat is Debian's package "
+            "(apt-get install socat); without it the socat arm is skipped and said so."
+        ),
+    )
+    ap.add_argument("--quick", action="store_true", help="small sizes: under a minute")
+    ap.add_argument("--bytes", metavar="SIZE", help="bulk bytes per transfer (default 1G)")
+    ap.add_argument("--pings", type=int, metavar="N", help="timed round trips per arm")
+    ap.add_argument(
+        "--connections", type=int, metavar="N", help="connections to try to hold (default 5000)"
+    )
+    ap.add_argument("--rounds", type=int, metavar="N", help="bulk/RTT rounds (default 3)")
+    ap.add_argument(
+        "--freeze-window",
+        type=float,
+        metavar="S",
+        help="how long nothing may arrive after freeze (default 0.5)",
+    )
+    ap.add_argument(
+        "--verify",
+        choices=("compare", "sha256"),
+        default="compare",
+        help="bulk check: byte-for-byte compare (default) or SHA-256 of the stream",
+    )
+    ap.add_argument(
+        "--rtt-cpu",
+        metavar="CPU",
+        default="auto",
+        help="also measure RTT with every process on this one CPU, where the added RTT is "
+        "the proxy's own work; the RTT target is judged there (default: auto = the "
+        "highest-numbered usable CPU; 'none' to skip)",
+    )
+    ap.add_argument("--socat", metavar="PATH", help="socat binary (default: found on PATH)")
+    ap.add_argument("--no-socat", action="store_true", help="skip the socat arm")
+    ap.add_argument("--seed", type=int, help="seed of the bulk stream (default: random)")
+    ap.add_argument(
+        "--proxy-log", metavar="PATH", help="write the faultnet proxy's JSONL event log here"
+    )
+    ap.add_argument("--json", metavar="PATH", help="also write the result as JSON ('-': stdout)")
+    ap.add_argument("--require-targets", action="store_true", help="exit 1 if a target is MISSED")
+    # Internal: the child roles, and deliberate breakage for the bench's own tests.
+    ap.add_argument("--role", choices=("upstream", "proxy"), help=argparse.SUPPRESS)
+    ap.add_argument("--upstream-port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--sabotage", default="", help=argparse.SUPPRESS)
+    return ap
+
+
+def params_from_args(args: argparse.Namespace) -> BenchParams:
+    preset = "quick" if args.quick else "default"
+    d = PRESETS[preset]
+    size = parse_size(args.bytes) if args.bytes is not None else d["bytes"]
+    pings = args.pings if args.pings is not None else d["pings"]
+    conns = args.connections if args.connections is not None else d["connections"]
+    rounds = args.rounds if args.rounds is not None else d["rounds"]
+    window = args.freeze_window if args.freeze_window is not None else d["freeze_window"]
+    if pings < 1:
+        raise UsageError("--pings must be at least 1")
+    if rounds < 1:
+        raise UsageError("--rounds must be at least 1")
+    if not 0 < window <= 60:
+        raise UsageError("--freeze-window must be in (0, 60] seconds")
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    cap = hard - 100 if hard != resource.RLIM_INFINITY else 100000
+    if not 1 <= conns <= cap:
+        raise UsageError(f"--connections must be 1..{cap} (this process's descriptor limit)")
+    sabotage = tuple(s for s in args.sabotage.split(",") if s)
+    for s in sabotage:
+        if s not in ("freeze", "corrupt"):
+            raise UsageError(f"unknown sabotage {s!r}")
+    usable = os.sched_getaffinity(0)
+    rtt_cpu: int | None
+    if args.rtt_cpu == "none":
+        rtt_cpu = None
+    elif args.rtt_cpu == "auto":
+        rtt_cpu = max(usable)
+    else:
+        try:
+            rtt_cpu = int(args.rtt_cpu)
+        except ValueError:
+            raise UsageError(f"--rtt-cpu: not a CPU number: {args.rtt_cpu!r}") from None
+        if rtt_cpu not in usable:
+            raise UsageError(f"--rtt-cpu {rtt_cpu}: not usable here ({sorted(usable)})")
+    socat: str | None = None
+    reason: str | None = None
+    if args.no_socat:
+        reason = "--no-socat"
+    else:
+        path = args.socat or shutil.which("socat") or "/usr/bin/socat"
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            socat = path
+        else:
+            reason = f"socat not found at {path}"
+    return BenchParams(
+        bytes=size,
+        pings=pings,
+        connections=conns,
+        rounds=rounds,
+        freeze_window=window,
+        verify=args.verify,
+        socat=socat,
+        socat_skip_reason=reason,
+        seed=args.seed if args.seed is not None else random.SystemRandom().randrange(2**31),
+        sabotage=sabotage,
+        preset=preset,
+        proxy_log=str(Path(args.proxy_log).resolve()) if args.proxy_log else None,
+        rtt_cpu=rtt_cpu,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.role == "upstream":
+            return _upstream_main(args.seed or 0)
+        if args.role == "proxy":
+            if args.upstream_port is None:
+                raise UsageError("--role proxy needs --upstream-port")
+            return _proxy_main(args.upstream_port, tuple(args.sabotage.split(",")), args.proxy_log)
+        params = params_from_args(args)
+        if args.json and args.json != "-":
+            parent = Path(args.json).resolve().parent
+            if not parent.is_dir():
+                raise UsageError(f"--json: no such directory: {parent}")
+        res = run_bench(params)
+    # OSError: the load generator itself could not run (e.g. no descriptors).
+    except (UsageError, EnvironmentProblem, OSError) as exc:
+        return fail("bench", exc)
+    except KeyboardInterrupt:
+        return 130
+    report = format_report(res)
+    if args.json == "-":
+        print(report, file=sys.stderr)
+        print(json.dumps(res, indent=2))
+    else:
+        print(report)
+        if args.json:
+            Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+    if not res["ok"]:
+        return 1
+    if args.require_targets and any(t["status"] == "MISSED" for t in res["targets"]):
+        return 1
+    return 0

@@ -1,0 +1,104 @@
+"""The human-readable table of a result document."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from harness.bench._stream import human_size
+
+# ---------------------------------------------------------------------------------------
+# Report
+
+
+def _num(spec: str) -> Callable[[Any], str]:
+    return lambda v: format(v, spec)
+
+
+def _leak(v: Any) -> str:
+    return "0" if v is True else "SOME"
+
+
+def _delivered(d: Any) -> str:
+    return f"{d['right']}/{d['right'] + d['wrong'] + d['missing']}"
+
+
+def _cpu_pair(freeze: Any) -> str:
+    return f"{freeze['idle_cpu_pct']:.1f} / {freeze['frozen_cpu_pct']:.1f}"
+
+
+def format_report(res: dict[str, Any]) -> str:
+    """The human table: one row per figure, the three arms, and faultnet's ratios; then
+    the targets (MET / MISSED / N/A) and the checks."""
+    arms, ratios, p = res["arms"], res["ratios"], res["params"]
+
+    def cell(arm: str, path: tuple[str, ...], show: Callable[[Any], str]) -> str:
+        v: Any = arms.get(arm, {})
+        for k in path:
+            if isinstance(v, dict) and "n/a" in v:
+                return "n/a"
+            v = v.get(k) if isinstance(v, dict) and k else v
+            if v is None:
+                return "-"
+        return show(v)
+
+    def ratio(key: str | None) -> str:
+        v = ratios.get(key) if key else None
+        return "-" if v is None else f"{v:.2f}x"
+
+    spec: list[tuple[str, tuple[str, ...], Callable[[Any], str], str | None, str | None]] = [
+        (f"bulk MB/s ({human_size(p['bytes'])}, median of {p['rounds']})", ("bulk", "mbps"),
+         _num(".0f"), "throughput_vs_direct", "throughput_vs_socat"),
+        ("  proxy CPU s/GiB", ("bulk", "proxy_cpu_s_per_gib"), _num(".2f"), None, None),
+        ("RTT p50 us (64 B ping-pong)", ("rtt", "p50_us"), _num(".1f"),
+         "rtt_p50_vs_direct", "rtt_p50_vs_socat"),
+        ("RTT p99 us", ("rtt", "p99_us"), _num(".1f"), "rtt_p99_vs_direct", "rtt_p99_vs_socat"),
+        ("  RTT p50 added over direct us", ("rtt", "added_p50_us"), _num(".1f"),
+         None, "rtt_added_vs_socat"),
+        ("  proxy CPU us per round trip", ("rtt", "proxy_cpu_us_per_rtt"), _num(".1f"),
+         None, None),
+        ("RTT p50 us, all on one CPU", ("rtt_one_cpu", "p50_us"), _num(".1f"),
+         "rtt_one_cpu_p50_vs_direct", "rtt_one_cpu_p50_vs_socat"),
+        ("RTT p99 us, all on one CPU", ("rtt_one_cpu", "p99_us"), _num(".1f"),
+         "rtt_one_cpu_p99_vs_direct", "rtt_one_cpu_p99_vs_socat"),
+        ("  RTT p50 added over direct us", ("rtt_one_cpu", "added_p50_us"), _num(".1f"),
+         None, "rtt_one_cpu_added_vs_socat"),
+        ("  proxy CPU us per round trip", ("rtt_one_cpu", "proxy_cpu_us_per_rtt"),
+         _num(".1f"), None, None),
+        (f"connections held (asked {p['connections']})", ("hold", "held"), _num("d"),
+         "held_vs_direct", None),
+        ("  proxy CPU ms per connection opened", ("hold", "proxy_cpu_ms_per_conn"),
+         _num(".3f"), None, None),
+        ("  proxy RSS KiB per idle connection", ("hold", "rss_per_conn_kib"), _num(".2f"),
+         None, None),
+        ("freeze all: ms inside the proxy", ("freeze", "elapsed_ms"), _num(".2f"), None, None),
+        ("  bytes crossed after freeze", ("freeze", "zero_bytes_crossed"), _leak, None, None),
+        ("  connections lost while frozen", ("freeze", "connections_lost"), _num("d"),
+         None, None),
+        ("  proxy descriptors while frozen", ("freeze", "proxy_fds_while_frozen"), _num("d"),
+         None, None),
+        ("  proxy CPU % idle / frozen", ("freeze", ""), _cpu_pair, None, None),
+        ("  thaw: connections given their held bytes", ("freeze", "delivered_after_thaw"),
+         _delivered, None, None),
+    ]  # fmt: skip
+    rows = [("", "direct", "socat", "faultnet", "fn/direct", "fn/socat")]
+    for label, path, show, rd, rs in spec:
+        cells = tuple(cell(a, path, show) for a in ("direct", "socat", "faultnet"))
+        rows.append((label, *cells, ratio(rd), ratio(rs)))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = [
+        "  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(row))
+        for row in rows
+    ]
+    skipped = arms["socat"].get("skipped")
+    if skipped:
+        hint = " (install it: apt-get install socat)" if "not found" in skipped else ""
+        lines.append(f"socat arm skipped: {skipped}{hint}")
+    lines += ["", "targets"]
+    for t in res["targets"]:
+        note = f"  ({t['note']})" if t["note"] else ""
+        lines.append(f"  {t['status']:6}  {t['target']}: {t['shown']}{note}")
+    lines += ["", "checks"]
+    for c in res["checks"]:
+        lines.append(f"  {'ok' if c['ok'] else 'FAILED':6}  {c['name']}: {c['detail']}")
+    return "\n".join(lines)
