@@ -716,7 +716,7 @@ class Proxy:
         applies to connections opened from now on; existing ones keep their decision."""
         toxic = self.get_toxic(name)
         if attributes:
-            toxic.update(attributes)  # type: ignore[attr-defined]
+            toxic.update(attributes)
         if toxicity is not None:
             toxic.toxicity = toxicity
         self.log.write(

@@ -35,7 +35,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from faultnet._version import __version__
 from faultnet.server.openapi import openapi_document
 from faultnet.server.registry import ApiError, ProxyRegistry, bad_body, open_registry
-from faultnet.toxics import toxic_to_json
+from faultnet.server.toxic_codec import toxic_to_json
 
 __all__ = ["RunningServer", "create_app", "open_server", "serve_api"]
 

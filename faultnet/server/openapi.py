@@ -1,8 +1,11 @@
 """The OpenAPI 3.0 document of the server's API (served at ``GET /openapi.json``).
 
 Written by hand so the document states the contract (units, semantics, error codes)
-rather than whatever a framework infers. tests/test_server_fuzz.py fuzzes the server
-from this document, so a route or status missing here shows up there.
+rather than whatever a framework infers, except what is declared elsewhere once: the
+fault modes come from :data:`faultnet.modes.MODES`, the toxic types and their attribute
+schemas from the toxics' own declarations (:data:`faultnet.toxics.TOXICS`).
+tests/faultnet/server/test_server_fuzz.py fuzzes the server from this document, so a
+route or status missing here shows up there.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 from faultnet.modes import MODES, STREAM_CHOICES, modes_that
+from faultnet.toxics import TOXICS
+from faultnet.toxics._attributes import INT64_MIN
 
 __all__ = ["openapi_document"]
 
@@ -56,226 +61,212 @@ NOT_FOUND = _error("proxy not found (or toxic not found)")
 BAD = _error("bad request body, missing required field, invalid stream or toxic type")
 EMPTY = {"description": "done, no body"}
 
-TOXIC_ATTRIBUTES: dict[str, Any] = {
-    "type": "object",
-    "description": "Depends on the toxic's type; unknown keys are ignored, null keeps a value.",
-    "properties": {
-        "latency": {"type": "integer", "minimum": 0, "description": "latency: ms added per chunk"},
-        "jitter": {"type": "integer", "minimum": 0, "description": "latency: ± ms of variation"},
-        "rate": {
-            "type": "integer",
-            "description": "bandwidth: KB/s with KB = 1000 bytes; <= 0 is unlimited",
-        },
-        "delay": {
-            "type": "integer",
-            "minimum": 0,
-            "description": "slow_close: ms before the FIN is forwarded; slicer: µs between pieces",
-        },
-        "timeout": {
-            "type": "integer",
-            "minimum": 0,
-            "description": "timeout: ms until the connection closes (0 = never); "
-            "reset_peer: ms until it is reset",
-        },
-        "average_size": {"type": "integer", "minimum": 0, "description": "slicer: bytes"},
-        "size_variation": {"type": "integer", "minimum": 0, "description": "slicer: ± bytes"},
-        "bytes": {
-            "type": "integer",
-            "minimum": 0,
-            "description": "limit_data: bytes forwarded before the connection closes",
-        },
-    },
-}
 
-SCHEMAS: dict[str, Any] = {
-    "Error": {
+def _toxic_attributes() -> dict[str, Any]:
+    """Every toxic's attributes, from their :class:`~faultnet.toxics.Attribute`
+    declarations; a name two toxics share says what it means for each."""
+    properties: dict[str, dict[str, Any]] = {}
+    for cls in TOXICS.values():
+        for attr in cls.ATTRIBUTES:
+            prop = properties.setdefault(attr.name, {"type": "integer", "minimum": attr.minimum})
+            prop["minimum"] = min(prop["minimum"], attr.minimum)
+            said = prop.get("description")
+            prop["description"] = (said + "; " if said else "") + f"{cls.type}: {attr.doc}"
+    for prop in properties.values():
+        if prop["minimum"] <= INT64_MIN:  # no lower bound worth stating (bandwidth's rate)
+            del prop["minimum"]
+    return {
         "type": "object",
-        "required": ["error", "status"],
-        "properties": {"error": {"type": "string"}, "status": {"type": "integer"}},
-    },
-    "Toxic": {
-        "type": "object",
-        "required": ["name", "type", "stream", "toxicity", "attributes"],
-        "properties": {
-            "name": {"type": "string"},
-            "type": {"type": "string"},
-            "stream": {"type": "string", "enum": ["upstream", "downstream"]},
-            "toxicity": {"type": "number", "minimum": 0, "maximum": 1},
-            "attributes": TOXIC_ATTRIBUTES,
+        "description": "Depends on the toxic's type; unknown keys are ignored, null keeps a value.",
+        "properties": properties,
+    }
+
+
+def _schemas() -> dict[str, Any]:
+    # Built per document, so a toxic registered later is in it too.
+    toxic_attributes = _toxic_attributes()
+    return {
+        "Error": {
+            "type": "object",
+            "required": ["error", "status"],
+            "properties": {"error": {"type": "string"}, "status": {"type": "integer"}},
         },
-    },
-    "ToxicCreate": {
-        "type": "object",
-        "description": "Defaults: stream downstream, toxicity 1.0, name <type>_<stream>. "
-        "Names are unique across both streams.",
-        "properties": {
-            "name": {"type": "string", "example": "latency_downstream"},
-            "type": {
-                "type": "string",
-                "enum": [
-                    "latency",
-                    "bandwidth",
-                    "slicer",
-                    "limit_data",
-                    "slow_close",
-                    "timeout",
-                    "reset_peer",
-                ],
-            },
-            "stream": {"type": "string", "enum": ["upstream", "downstream"]},
-            "toxicity": {
-                "type": "number",
-                "minimum": 0,
-                "maximum": 1,
-                "description": "probability that a connection is affected, decided once "
-                "per connection and kept; 0 never affects one",
-            },
-            "attributes": TOXIC_ATTRIBUTES,
-        },
-    },
-    "ToxicUpdate": {
-        "type": "object",
-        "description": "Only attributes (merged) and toxicity are read. A new toxicity "
-        "applies to connections opened afterwards.",
-        "properties": {
-            "toxicity": {"type": "number", "minimum": 0, "maximum": 1},
-            "attributes": TOXIC_ATTRIBUTES,
-        },
-    },
-    "Proxy": {
-        "type": "object",
-        "required": ["name", "listen", "upstream", "enabled", "toxics"],
-        "properties": {
-            "name": {"type": "string"},
-            "listen": {"type": "string", "description": "the bound host:port"},
-            "upstream": {"type": "string"},
-            "enabled": {"type": "boolean"},
-            "toxics": {"type": "array", "items": _ref("Toxic")},
-        },
-    },
-    "ProxyCreate": {
-        "type": "object",
-        "required": ["name", "upstream"],
-        "properties": {
-            "name": {"type": "string", "example": "redis"},
-            "listen": {
-                "type": "string",
-                "example": "127.0.0.1:0",
-                "description": "host:port; port 0 picks a free port; empty host = 127.0.0.1",
-            },
-            "upstream": {"type": "string", "example": "127.0.0.1:6379"},
-            "enabled": {"type": "boolean", "default": True},
-        },
-    },
-    "ProxyUpdate": {
-        "type": "object",
-        "description": "Missing fields keep their values; a changed listen or upstream "
-        "restarts the proxy. enabled false closes the listener and every connection.",
-        "properties": {
-            "listen": {"type": "string", "example": "127.0.0.1:0"},
-            "upstream": {"type": "string", "example": "127.0.0.1:6379"},
-            "enabled": {"type": "boolean"},
-        },
-    },
-    "Fault": {
-        "type": "object",
-        "required": ["mode"],
-        "properties": {
-            "mode": {
-                "type": "string",
-                "enum": list(MODES),
-                "description": "; ".join(f"{m.name}: {m.summary}" for m in MODES.values()),
-            },
-            "stream": {
-                "type": "string",
-                "enum": list(STREAM_CHOICES),
-                "default": "both",
-                "description": f"{_modes_that('takes_stream')} only",
-            },
-            "include_new": {
-                "type": "boolean",
-                "default": False,
-                "description": f"{_modes_that('takes_include_new')} only: also catch "
-                "connections accepted later, until their undo",
-            },
-            "connections": {
-                "type": "array",
-                "items": {"type": "integer"},
-                "description": f"{_modes_that('per_connection')}: act only on these live "
-                "connections (ids from /proxies/{proxy}/connections); default all",
+        "Toxic": {
+            "type": "object",
+            "required": ["name", "type", "stream", "toxicity", "attributes"],
+            "properties": {
+                "name": {"type": "string"},
+                "type": {"type": "string"},
+                "stream": {"type": "string", "enum": ["upstream", "downstream"]},
+                "toxicity": {"type": "number", "minimum": 0, "maximum": 1},
+                "attributes": toxic_attributes,
             },
         },
-    },
-    "FaultState": {
-        "type": "object",
-        "required": ["proxy", "enabled"],
-        "properties": {
-            "proxy": {"type": "string"},
-            "enabled": {"type": "boolean"},
-            "refusing": {"type": "boolean"},
-            "syn_dropped": {"type": "boolean"},
-            "frozen_new": {"type": "array", "items": {"type": "string"}},
-            "blackhole_new": {"type": "boolean"},
-            "connections": {
-                "type": "object",
-                "description": "count of live connections per state",
-                "additionalProperties": {"type": "integer"},
+        "ToxicCreate": {
+            "type": "object",
+            "description": "Defaults: stream downstream, toxicity 1.0, name <type>_<stream>. "
+            "Names are unique across both streams.",
+            "properties": {
+                "name": {"type": "string", "example": "latency_downstream"},
+                "type": {
+                    "type": "string",
+                    "enum": list(TOXICS),
+                },
+                "stream": {"type": "string", "enum": ["upstream", "downstream"]},
+                "toxicity": {
+                    "type": "number",
+                    "minimum": 0,
+                    "maximum": 1,
+                    "description": "probability that a connection is affected, decided once "
+                    "per connection and kept; 0 never affects one",
+                },
+                "attributes": toxic_attributes,
             },
         },
-    },
-    "FaultResult": {
-        "type": "object",
-        "required": ["proxy", "mode", "state"],
-        "properties": {
-            "proxy": {"type": "string"},
-            "mode": {"type": "string"},
-            "stream": {"type": "string"},
-            "connections": {
-                "type": "integer",
-                "description": "live connections the mode acted on",
+        "ToxicUpdate": {
+            "type": "object",
+            "description": "Only attributes (merged) and toxicity are read. A new toxicity "
+            "applies to connections opened afterwards.",
+            "properties": {
+                "toxicity": {"type": "number", "minimum": 0, "maximum": 1},
+                "attributes": toxic_attributes,
             },
-            "state": _ref("FaultState"),
         },
-    },
-    "Connection": {
-        "type": "object",
-        "required": ["id", "peer", "bytes_upstream", "bytes_downstream", "state"],
-        "properties": {
-            "id": {"type": "integer"},
-            "peer": {"type": "string", "description": "the client's host:port"},
-            "upstream": {"type": "string"},
-            "bytes_upstream": {"type": "integer", "description": "client to server, bytes"},
-            "bytes_downstream": {"type": "integer", "description": "server to client, bytes"},
-            "state": {
-                "type": "string",
-                "description": "open, half-closed, frozen, frozen-upstream, "
-                "frozen-downstream, blackholed or closing",
+        "Proxy": {
+            "type": "object",
+            "required": ["name", "listen", "upstream", "enabled", "toxics"],
+            "properties": {
+                "name": {"type": "string"},
+                "listen": {"type": "string", "description": "the bound host:port"},
+                "upstream": {"type": "string"},
+                "enabled": {"type": "boolean"},
+                "toxics": {"type": "array", "items": _ref("Toxic")},
             },
-            "age_s": {"type": "number", "description": "seconds since accepted"},
         },
-    },
-    "Events": {
-        "type": "object",
-        "required": ["events", "last_seq"],
-        "properties": {
-            "events": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["seq", "event", "wall", "mono"],
-                    "properties": {
-                        "seq": {"type": "integer"},
-                        "event": {"type": "string"},
-                        "wall": {"type": "number"},
-                        "mono": {"type": "number"},
-                    },
+        "ProxyCreate": {
+            "type": "object",
+            "required": ["name", "upstream"],
+            "properties": {
+                "name": {"type": "string", "example": "redis"},
+                "listen": {
+                    "type": "string",
+                    "example": "127.0.0.1:0",
+                    "description": "host:port; port 0 picks a free port; empty host = 127.0.0.1",
+                },
+                "upstream": {"type": "string", "example": "127.0.0.1:6379"},
+                "enabled": {"type": "boolean", "default": True},
+            },
+        },
+        "ProxyUpdate": {
+            "type": "object",
+            "description": "Missing fields keep their values; a changed listen or upstream "
+            "restarts the proxy. enabled false closes the listener and every connection.",
+            "properties": {
+                "listen": {"type": "string", "example": "127.0.0.1:0"},
+                "upstream": {"type": "string", "example": "127.0.0.1:6379"},
+                "enabled": {"type": "boolean"},
+            },
+        },
+        "Fault": {
+            "type": "object",
+            "required": ["mode"],
+            "properties": {
+                "mode": {
+                    "type": "string",
+                    "enum": list(MODES),
+                    "description": "; ".join(f"{m.name}: {m.summary}" for m in MODES.values()),
+                },
+                "stream": {
+                    "type": "string",
+                    "enum": list(STREAM_CHOICES),
+                    "default": "both",
+                    "description": f"{_modes_that('takes_stream')} only",
+                },
+                "include_new": {
+                    "type": "boolean",
+                    "default": False,
+                    "description": f"{_modes_that('takes_include_new')} only: also catch "
+                    "connections accepted later, until their undo",
+                },
+                "connections": {
+                    "type": "array",
+                    "items": {"type": "integer"},
+                    "description": f"{_modes_that('per_connection')}: act only on these live "
+                    "connections (ids from /proxies/{proxy}/connections); default all",
                 },
             },
-            "last_seq": {"type": "integer"},
-            "path": {"type": "string", "nullable": True, "description": "the JSONL file"},
         },
-    },
-}
+        "FaultState": {
+            "type": "object",
+            "required": ["proxy", "enabled"],
+            "properties": {
+                "proxy": {"type": "string"},
+                "enabled": {"type": "boolean"},
+                "refusing": {"type": "boolean"},
+                "syn_dropped": {"type": "boolean"},
+                "frozen_new": {"type": "array", "items": {"type": "string"}},
+                "blackhole_new": {"type": "boolean"},
+                "connections": {
+                    "type": "object",
+                    "description": "count of live connections per state",
+                    "additionalProperties": {"type": "integer"},
+                },
+            },
+        },
+        "FaultResult": {
+            "type": "object",
+            "required": ["proxy", "mode", "state"],
+            "properties": {
+                "proxy": {"type": "string"},
+                "mode": {"type": "string"},
+                "stream": {"type": "string"},
+                "connections": {
+                    "type": "integer",
+                    "description": "live connections the mode acted on",
+                },
+                "state": _ref("FaultState"),
+            },
+        },
+        "Connection": {
+            "type": "object",
+            "required": ["id", "peer", "bytes_upstream", "bytes_downstream", "state"],
+            "properties": {
+                "id": {"type": "integer"},
+                "peer": {"type": "string", "description": "the client's host:port"},
+                "upstream": {"type": "string"},
+                "bytes_upstream": {"type": "integer", "description": "client to server, bytes"},
+                "bytes_downstream": {"type": "integer", "description": "server to client, bytes"},
+                "state": {
+                    "type": "string",
+                    "description": "open, half-closed, frozen, frozen-upstream, "
+                    "frozen-downstream, blackholed or closing",
+                },
+                "age_s": {"type": "number", "description": "seconds since accepted"},
+            },
+        },
+        "Events": {
+            "type": "object",
+            "required": ["events", "last_seq"],
+            "properties": {
+                "events": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["seq", "event", "wall", "mono"],
+                        "properties": {
+                            "seq": {"type": "integer"},
+                            "event": {"type": "string"},
+                            "wall": {"type": "number"},
+                            "mono": {"type": "number"},
+                        },
+                    },
+                },
+                "last_seq": {"type": "integer"},
+                "path": {"type": "string", "nullable": True, "description": "the JSONL file"},
+            },
+        },
+    }
+
 
 EVENT_QUERY = [
     {
@@ -511,5 +502,5 @@ def openapi_document(version: str) -> dict[str, Any]:
             "are refused with 403, except this document.",
         },
         "paths": paths,
-        "components": {"schemas": SCHEMAS},
+        "components": {"schemas": _schemas()},
     }

@@ -33,14 +33,8 @@ from faultnet.eventlog import JsonlWriter
 from faultnet.modes import STREAM_CHOICES, ModeArgumentError, mode
 from faultnet.proxy import AddressInUse, Proxy, ProxyError
 from faultnet.seeds import derive_seed
-from faultnet.toxics import (
-    STREAMS,
-    Toxic,
-    ToxicError,
-    check_update,
-    toxic_from_json,
-    toxic_to_json,
-)
+from faultnet.server.toxic_codec import ToxicError, check_update, toxic_from_json, toxic_to_json
+from faultnet.toxics import STREAMS, Toxic
 
 __all__ = [
     "ApiError",
@@ -275,7 +269,7 @@ class ManagedProxy:
             self.proxy.update_toxic(toxic.name, attributes, toxicity)
         else:
             if attributes:
-                toxic.update(attributes)  # type: ignore[attr-defined]
+                toxic.update(attributes)
             if toxicity is not None:
                 toxic.toxicity = toxicity
 

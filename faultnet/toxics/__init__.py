@@ -1,166 +1,54 @@
 """Byte-level toxics, named and typed as Toxiproxy's, one module per toxic.
 
-:data:`TOXICS` maps a Toxiproxy type name to its class. :func:`toxic_from_json` builds a
-toxic from an API body (Toxiproxy's defaults, checks and messages, in its order);
-:func:`check_update` validates an update body; :func:`toxic_to_json` renders one.
+Each toxic is a class in its own module of this package that declares its attributes
+(:class:`Attribute`, with units) and registers itself with :func:`register`; importing
+this package imports every module in it, so :data:`TOXICS` (Toxiproxy type name ->
+class) holds them all, and each class is re-exported here under its own name.
 
-Every error raised for a client's mistake is a :class:`ToxicError` carrying the HTTP
-status and message Toxiproxy answers with (all 400).
+* :mod:`faultnet.toxics.base` -- the interface (:class:`Toxic`, :class:`ToxicContext`);
+* :mod:`faultnet.toxics._attributes` -- typed, validated, live-updatable attributes;
+* :mod:`faultnet.toxics.chain` -- the chain a stream's bytes run through;
+* :mod:`faultnet.toxics.registry` -- :data:`TOXICS` and :func:`register`.
+
+The HTTP API's JSON codec for toxics lives with the server
+(:mod:`faultnet.server.toxic_codec`); the OpenAPI document's toxic type enum and
+attribute schemas are generated from :data:`TOXICS`.
+
+Adding a toxic touches:
+
+1. one module here, e.g. ``faultnet/toxics/packet_loss.py``: an
+   :class:`AttributeToxic` subclass with ``type``, ``ATTRIBUTES`` and the hooks it needs
+   (``on_chunk``, ``on_eof``, ``run``), decorated with ``@register``;
+2. its unit tests in ``tests/faultnet/toxics/test_toxics.py`` (a fake context on trio's
+   mock clock) and an end-to-end test through a real proxy in ``test_toxics_e2e.py``.
+
+Nothing else: the server, the CLI and the OpenAPI document find it in :data:`TOXICS`.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
-from typing import Any
+import importlib
+import pkgutil
 
 from faultnet.toxics._attributes import Attribute, AttributeToxic
-from faultnet.toxics.bandwidth import Bandwidth
 from faultnet.toxics.base import STREAMS, Toxic, ToxicContext
-from faultnet.toxics.latency import Latency
-from faultnet.toxics.limit_data import LimitData
-from faultnet.toxics.reset_peer import ResetPeer
-from faultnet.toxics.slicer import Slicer
-from faultnet.toxics.slow_close import SlowClose
-from faultnet.toxics.timeout import Timeout
+from faultnet.toxics.registry import TOXICS, register
 
-__all__ = [
+# Every module of the package, so that each toxic registers itself.
+for _module in pkgutil.iter_modules(__path__):
+    if not _module.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module.name}")
+
+# Each registered class under its own name (from faultnet.toxics import Latency).
+globals().update({cls.__name__: cls for cls in TOXICS.values()})
+
+__all__ = [  # the toxic classes are found, not listed
     "STREAMS",
     "TOXICS",
     "Attribute",
     "AttributeToxic",
-    "Bandwidth",
-    "BadToxicBody",
-    "InvalidStream",
-    "InvalidToxicType",
-    "Latency",
-    "LimitData",
-    "ResetPeer",
-    "Slicer",
-    "SlowClose",
-    "Timeout",
     "Toxic",
     "ToxicContext",
-    "ToxicError",
-    "ToxicExists",
-    "check_toxicity",
-    "check_update",
-    "toxic_from_json",
-    "toxic_to_json",
+    "register",
+    *sorted(cls.__name__ for cls in TOXICS.values()),
 ]
-
-#: Toxiproxy type name -> class.
-TOXICS: dict[str, type[AttributeToxic]] = {
-    cls.type: cls for cls in (Latency, Bandwidth, Slicer, LimitData, SlowClose, Timeout, ResetPeer)
-}
-
-
-class ToxicError(ValueError):
-    """A client's mistake in a toxic body: Toxiproxy's status and message."""
-
-    status = 400
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-class BadToxicBody(ToxicError):
-    def __init__(self, detail: str) -> None:
-        super().__init__(f"bad request body: {detail}")
-
-
-class InvalidStream(ToxicError):
-    def __init__(self) -> None:
-        super().__init__("stream was invalid, can be either upstream or downstream")
-
-
-class InvalidToxicType(ToxicError):
-    def __init__(self) -> None:
-        super().__init__("invalid toxic type")
-
-
-class ToxicExists(ToxicError):
-    status = 409
-
-    def __init__(self) -> None:
-        super().__init__("toxic already exists")
-
-
-def check_toxicity(value: Any) -> float:
-    """A toxicity: a JSON number from 0 to 1 (the probability a connection is affected)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise BadToxicBody(f"toxicity must be a number, not {type(value).__name__} {value!r}")
-    if not (math.isfinite(value) and 0 <= value <= 1):
-        raise BadToxicBody(f"toxicity must be between 0 and 1, not {value!r}")
-    return float(value)
-
-
-def _string_field(body: Mapping[str, Any], key: str, default: str) -> str:
-    value = body.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, str):
-        raise BadToxicBody(f"{key} must be a string, not {type(value).__name__} {value!r}")
-    return value
-
-
-def toxic_from_json(body: Any, taken: Callable[[str], bool] = lambda name: False) -> AttributeToxic:
-    """Build a toxic from a ``POST /proxies/{p}/toxics`` body.
-
-    Defaults as Toxiproxy's: stream ``downstream``, toxicity 1.0, name
-    ``<type>_<stream>``. Checks in Toxiproxy's order: body shape and field types, stream,
-    type, name not *taken* (:class:`ToxicExists`, 409), then the attributes.
-    """
-    if not isinstance(body, Mapping):
-        raise BadToxicBody(f"expected a JSON object, not {type(body).__name__}")
-    stream = _string_field(body, "stream", "downstream").lower()
-    type_name = _string_field(body, "type", "")
-    name = _string_field(body, "name", "")
-    toxicity = check_toxicity(body["toxicity"]) if body.get("toxicity") is not None else 1.0
-    if stream not in STREAMS:
-        raise InvalidStream()
-    cls = TOXICS.get(type_name)
-    if cls is None:
-        raise InvalidToxicType()
-    name = name or f"{type_name}_{stream}"
-    if taken(name):
-        raise ToxicExists()
-    try:
-        attributes = cls.check_attributes(body.get("attributes"))
-    except (TypeError, ValueError) as exc:
-        raise BadToxicBody(str(exc)) from None
-    return cls(name, stream, toxicity, **attributes)
-
-
-def check_update(toxic: Toxic, body: Any) -> tuple[dict[str, Any], float | None]:
-    """Validate a toxic update body against *toxic*; return ``(attributes, toxicity)``.
-
-    Only ``attributes`` (merged) and ``toxicity`` are read, as Toxiproxy does; toxicity
-    is None when the body leaves it unchanged. Nothing is applied here.
-    """
-    if not isinstance(body, Mapping):
-        raise BadToxicBody(f"expected a JSON object, not {type(body).__name__}")
-    toxicity = check_toxicity(body["toxicity"]) if body.get("toxicity") is not None else None
-    try:
-        if isinstance(toxic, AttributeToxic):
-            attributes: dict[str, Any] = toxic.check_attributes(body.get("attributes"))
-        else:
-            raw = body.get("attributes") or {}
-            if not isinstance(raw, Mapping):
-                raise TypeError(f"attributes must be an object, not {type(raw).__name__}")
-            attributes = dict(raw)
-    except (TypeError, ValueError) as exc:
-        raise BadToxicBody(str(exc)) from None
-    return attributes, toxicity
-
-
-def toxic_to_json(toxic: Toxic) -> dict[str, Any]:
-    """The toxic as Toxiproxy renders it: name, type, stream, toxicity, attributes."""
-    return {
-        "name": toxic.name,
-        "type": toxic.type,
-        "stream": toxic.stream,
-        "toxicity": toxic.toxicity,
-        "attributes": toxic.attributes(),
-    }

@@ -82,10 +82,9 @@ class AttributeToxic(Toxic):
         Unknown keys are ignored and a ``null`` value leaves its attribute unchanged (both
         as Toxiproxy's JSON decoding does). Raises TypeError/ValueError.
         """
+        super().check_attributes(attributes)  # the shape: an object or null
         if attributes is None:
             return {}
-        if not isinstance(attributes, Mapping):
-            raise TypeError(f"attributes must be an object, not {type(attributes).__name__}")
         checked: dict[str, int] = {}
         for attr in cls.ATTRIBUTES:
             value = attributes.get(attr.name)

@@ -6,6 +6,7 @@ import trio
 
 from faultnet.toxics._attributes import INT64_MIN, Attribute, AttributeToxic
 from faultnet.toxics.base import ToxicContext
+from faultnet.toxics.registry import register
 
 __all__ = ["Bandwidth"]
 
@@ -14,6 +15,7 @@ __all__ = ["Bandwidth"]
 PIECE_SECONDS = 0.1
 
 
+@register
 class Bandwidth(AttributeToxic):
     """Pace the stream at ``rate`` KB/s; ``rate <= 0`` means unlimited.
 

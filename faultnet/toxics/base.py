@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import random
 from abc import ABC
+from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol
 
 __all__ = ["STREAMS", "Toxic", "ToxicContext"]
@@ -72,6 +73,19 @@ class Toxic(ABC):
     def attributes(self) -> dict[str, Any]:
         """The toxic's attributes as Toxiproxy names them (units in the names' docs)."""
         return {}
+
+    @classmethod
+    def check_attributes(cls, attributes: Any) -> dict[str, Any]:
+        """Validate a JSON ``attributes`` value (an object, or null); return the keys this
+        toxic knows, checked. The base knows none: unknown keys are ignored, as Toxiproxy
+        ignores them. Raises TypeError/ValueError."""
+        if attributes is not None and not isinstance(attributes, Mapping):
+            raise TypeError(f"attributes must be an object, not {type(attributes).__name__}")
+        return {}
+
+    def update(self, attributes: Mapping[str, Any]) -> None:
+        """Merge *attributes* into this toxic, all or nothing; live for every connection."""
+        self.check_attributes(attributes)
 
     async def on_chunk(self, ctx: ToxicContext, data: bytes, t_read: float) -> None:
         await ctx.forward(data, t_read)

@@ -6,10 +6,12 @@ import trio
 
 from faultnet.toxics._attributes import Attribute, AttributeToxic
 from faultnet.toxics.base import ToxicContext
+from faultnet.toxics.registry import register
 
 __all__ = ["Latency"]
 
 
+@register
 class Latency(AttributeToxic):
     """Delay every chunk of the stream; bytes are kept exact and never reordered.
 

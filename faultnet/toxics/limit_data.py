@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from faultnet.toxics._attributes import Attribute, AttributeToxic
 from faultnet.toxics.base import ToxicContext
+from faultnet.toxics.registry import register
 
 __all__ = ["LimitData"]
 
 
+@register
 class LimitData(AttributeToxic):
     """Forward exactly the first ``bytes`` bytes, then close the connection (clean FIN).
 

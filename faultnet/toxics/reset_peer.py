@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from faultnet.toxics._attributes import Attribute, AttributeToxic
 from faultnet.toxics.base import ToxicContext
+from faultnet.toxics.registry import register
 
 __all__ = ["ResetPeer"]
 
 
+@register
 class ResetPeer(AttributeToxic):
     """Reset the connection (SO_LINGER 0, so both peers see ECONNRESET) after a time.
 

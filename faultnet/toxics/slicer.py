@@ -7,10 +7,12 @@ import trio
 
 from faultnet.toxics._attributes import Attribute, AttributeToxic
 from faultnet.toxics.base import ToxicContext
+from faultnet.toxics.registry import register
 
 __all__ = ["Slicer"]
 
 
+@register
 class Slicer(AttributeToxic):
     """Split every chunk into small pieces, with a pause between consecutive pieces.
 

@@ -6,10 +6,12 @@ import trio
 
 from faultnet.toxics._attributes import Attribute, AttributeToxic
 from faultnet.toxics.base import ToxicContext
+from faultnet.toxics.registry import register
 
 __all__ = ["SlowClose"]
 
 
+@register
 class SlowClose(AttributeToxic):
     """Hold this stream's FIN for ``delay`` ms, then forward it; data passes untouched.
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from faultnet.toxics._attributes import Attribute, AttributeToxic
 from faultnet.toxics.base import ToxicContext
+from faultnet.toxics.registry import register
 
 __all__ = ["Timeout"]
 
 
+@register
 class Timeout(AttributeToxic):
     """Drop every byte of the stream and hold its FIN; close the connection after a time.
 

@@ -615,3 +615,11 @@ async def test_relisten_on_a_taken_address_is_500_naming_it(
         assert_error(await api.post("/reset"), 500, message)
     assert (await api.post("/reset")).status_code == 204  # the address is free again
     await assert_accepting(parse_address(q["listen"]))
+
+
+def test_the_error_class_chooses_the_status_never_its_text() -> None:
+    from faultnet.proxy import AddressInUse, ProxyError
+    from faultnet.server.registry import _proxy_error
+
+    assert _proxy_error(AddressInUse("listen address 127.0.0.1:1 is taken")).status == 500
+    assert _proxy_error(ProxyError("listen address 127.0.0.1:1 is already in use")).status == 400

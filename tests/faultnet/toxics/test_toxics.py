@@ -14,22 +14,24 @@ from typing import Any
 import pytest
 import trio
 
-from faultnet.toxics import (
-    TOXICS,
+from faultnet.server.toxic_codec import (
     BadToxicBody,
-    Bandwidth,
     InvalidStream,
     InvalidToxicType,
+    ToxicExists,
+    check_update,
+    toxic_from_json,
+    toxic_to_json,
+)
+from faultnet.toxics import (
+    TOXICS,
+    Bandwidth,
     Latency,
     LimitData,
     ResetPeer,
     Slicer,
     SlowClose,
     Timeout,
-    ToxicExists,
-    check_update,
-    toxic_from_json,
-    toxic_to_json,
 )
 
 
@@ -316,3 +318,51 @@ async def test_reset_peer_resets_after_timeout(autojump_clock: Any) -> None:
     t1 = trio.current_time()
     await t.run(ctx0)
     assert ctx0.events == [("reset", t1)]
+
+
+# -- registration: a toxic is one module ---------------------------------------------------
+
+
+def test_a_registered_toxic_is_known_to_the_codec_and_the_openapi_document(
+    request: pytest.FixtureRequest,
+) -> None:
+    from faultnet.server.openapi import openapi_document
+    from faultnet.toxics import Attribute, AttributeToxic, register
+
+    # Every module holds the same TOXICS dict: restore its entries afterwards.
+    saved = dict(TOXICS)
+    request.addfinalizer(lambda: (TOXICS.clear(), TOXICS.update(saved)))
+
+    @register
+    class Drop(AttributeToxic):
+        type = "test_drop"
+        ATTRIBUTES = (Attribute("percent", 0, "share of chunks dropped, in percent (bytes)"),)
+
+    t = toxic_from_json({"type": "test_drop", "attributes": {"percent": 5}})
+    assert isinstance(t, Drop) and toxic_to_json(t)["attributes"] == {"percent": 5}
+    schemas = openapi_document("x")["components"]["schemas"]
+    assert "test_drop" in schemas["ToxicCreate"]["properties"]["type"]["enum"]
+    percent = schemas["Toxic"]["properties"]["attributes"]["properties"]["percent"]
+    assert percent == {
+        "type": "integer",
+        "minimum": 0,
+        "description": "test_drop: share of chunks dropped, in percent (bytes)",
+    }
+    with pytest.raises(ValueError, match="taken"):
+
+        @register
+        class Other(AttributeToxic):
+            type = "test_drop"
+
+
+def test_the_base_toxic_updates_without_attributes() -> None:
+    from faultnet.toxics import Toxic
+
+    class Plain(Toxic):
+        type = "plain"
+
+    t = Plain("p")
+    t.update({"anything": 1})  # unknown keys are ignored, as Toxiproxy does
+    assert t.attributes() == {}
+    with pytest.raises(TypeError, match="must be an object"):
+        t.update([1])  # type: ignore[arg-type]

@@ -17,15 +17,7 @@ import trio
 
 from faultnet.controls import assert_reset
 from faultnet.proxy import Proxy
-from faultnet.toxics import (
-    Bandwidth,
-    Latency,
-    LimitData,
-    ResetPeer,
-    Slicer,
-    SlowClose,
-    Timeout,
-)
+from faultnet.toxics import Bandwidth, Latency, LimitData, ResetPeer, Slicer, SlowClose, Timeout
 
 Address = tuple[str, int]
 Factory = Callable[..., Awaitable[Proxy]]
