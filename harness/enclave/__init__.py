@@ -69,11 +69,22 @@ seconds)``. A client's own ``PING <token>`` is answered ``PONG enclave :<token>`
 every earlier line of that client has been processed, so the PONG proves the server
 consumed what was sent before it.
 
+Flood control
+=============
+
+Each client may send a burst of ``--flood-burst`` lines (default 500), then
+``--flood-rate`` lines per second (default 100; 0 switches it off). Lines beyond that
+are not lost: the server stops reading that client until it may take the next one, so
+the flooder's own writes block. A client whose lines have all had to wait for
+``--excess-flood`` seconds running (default 10) is dropped with ``ERROR :Closing Link:
+<host> (Excess Flood)``. Its channel peers, reading at any ordinary pace, are not
+dropped for SendQ on its account.
+
 Event log
 =========
 
 One JSON object per line on stderr per connection event (``listening``, ``accepted``,
-``registered``, ``auth_failed``, ``joined``, ``ping_sent``, ``ping_timeout``,
+``registered``, ``auth_failed``, ``joined``, ``ping_sent``, ``ping_timeout``, ``excess_flood``,
 ``ghost_replaced``, ``spawned``, ``revoked``, ``expired``, ``service_error``,
 ``closed``, ``signal``, ``stopped``), plus one plain line ``LISTENING <host> <port>``.
 :func:`read_events` reads them back. Records are written synchronously, so stderr must

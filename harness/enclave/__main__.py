@@ -1,7 +1,8 @@
 """``enclave-server`` / ``python -m harness.enclave``: run the server, or manage its registry.
 
     python -m harness.enclave --host 127.0.0.1 --port 0 --state DIR \\
-        [--ping-interval S] [--ping-timeout S] [--port-file PATH]
+        [--ping-interval S] [--ping-timeout S] [--flood-rate N] [--flood-burst N]
+        [--excess-flood S] [--port-file PATH]
     python -m harness.enclave mint-leader --state DIR --nick NICK [--json]
     python -m harness.enclave bots --state DIR [--json]
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sqlite3
@@ -30,14 +32,29 @@ __all__ = ["main"]
 PROG = "enclave-server"
 
 
-def _positive(text: str) -> float:
+def _number(text: str, *, zero_ok: bool = False) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+        raise argparse.ArgumentTypeError(f"must be {'>=' if zero_ok else '>'} 0: {text!r}")
     return value
+
+
+def _positive(text: str) -> float:
+    return _number(text)
+
+
+def _rate(text: str) -> float:
+    return _number(text, zero_ok=True)
+
+
+def _count(text: str) -> int:
+    value = _number(text)
+    if value != int(value):
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}")
+    return int(value)
 
 
 def _serve_parser() -> argparse.ArgumentParser:
@@ -66,6 +83,27 @@ def _serve_parser() -> argparse.ArgumentParser:
         type=_positive,
         default=2.0,
         help="seconds a closing client gets to take its final bytes (default 2)",
+    )
+    p.add_argument(
+        "--flood-rate",
+        type=_rate,
+        default=100.0,
+        help="lines per second a client may send once its burst is spent; more wait "
+        "unread (0: no flood control; default 100)",
+    )
+    p.add_argument(
+        "--flood-burst",
+        type=_count,
+        default=500,
+        help="lines a client may send at once before the rate applies (default 500)",
+    )
+    p.add_argument(
+        "--excess-flood",
+        type=_positive,
+        default=10.0,
+        metavar="S",
+        help="drop a client ('Excess Flood') whose lines have all waited for S seconds "
+        "running (default 10)",
     )
     p.add_argument(
         "--port-file",
@@ -152,6 +190,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ping_interval=args.ping_interval,
         ping_timeout=args.ping_timeout,
         close_grace=args.close_grace,
+        flood_rate=args.flood_rate,
+        flood_burst=args.flood_burst,
+        excess_flood_s=args.excess_flood,
         port_file=args.port_file,
     )
     if not _is_loopback(args.host):

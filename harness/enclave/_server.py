@@ -10,6 +10,11 @@ Semantics that other code relies on:
   course, not implied.
 * **Send queues are bounded** (``sendq`` lines). A client whose queue overflows is
   dropped ("SendQ exceeded") instead of stalling the server or other clients.
+* **Flood control is per sender** (:mod:`harness.enclave._flood`): past a burst, a
+  client's lines are read at ``flood_rate`` per second at most; the rest waits unread
+  (backpressure), and a client held back for ``excess_flood_s`` without a break is
+  dropped ("Excess Flood"). So a flooder slows itself down; its audience, reading at
+  any ordinary speed, is never dropped for SendQ on its account.
 * **Keepalive**: any bytes received from a client count as activity. After
   ``ping_interval`` seconds without any, the server sends ``PING :<token>``; if nothing
   at all arrives within ``ping_timeout`` more, the client is dropped with
@@ -58,6 +63,7 @@ from drivers.irc import (
     parse_line,
 )
 from harness.enclave._events import EventSink, make_record, stderr_sink
+from harness.enclave._flood import ExcessFlood, FloodBucket
 from harness.enclave._registry import (
     SERVICE_NICK,
     BotRecord,
@@ -92,6 +98,15 @@ class ServerConfig:
     ping_timeout: float = 60.0
     #: Lines queued for one client before it is dropped as too slow.
     sendq: int = 4096
+    #: Flood control (see harness.enclave._flood): each client may send a burst of
+    #: ``flood_burst`` lines, then ``flood_rate`` lines/s (0: no limit); lines beyond
+    #: that wait unread, and a client held back ``excess_flood_s`` running is dropped.
+    #: 100 lines/s is far above what a bot sends (the chatty-bot test: 8 lines/s, posts
+    #: and their PINGs); the burst is well under ``sendq``, so one client's burst cannot
+    #: overflow a member that reads nothing meanwhile.
+    flood_rate: float = 100.0
+    flood_burst: int = 500
+    excess_flood_s: float = 10.0
     #: How long a closing client gets to take its final bytes.
     close_grace: float = 2.0
     port_file: Path | None = None
@@ -121,6 +136,7 @@ class Client:
     port: int
     out_send: trio.MemorySendChannel[bytes | None]
     out_recv: trio.MemoryReceiveChannel[bytes | None]
+    flood: FloodBucket
     accepted_at: float
     last_rx: float
     nick: str | None = None
@@ -224,7 +240,8 @@ class EnclaveServer:
         except OSError:
             await trio.aclose_forcefully(stream)
             return
-        send, recv = trio.open_memory_channel[bytes | None](self.config.sendq)
+        cfg = self.config
+        send, recv = trio.open_memory_channel[bytes | None](cfg.sendq)
         now = trio.current_time()
         c = Client(
             id=next(self._ids),
@@ -233,6 +250,7 @@ class EnclaveServer:
             port=int(peer[1]),
             out_send=send,
             out_recv=recv,
+            flood=FloodBucket(cfg.flood_rate, cfg.flood_burst, cfg.excess_flood_s),
             accepted_at=now,
             last_rx=now,
         )
@@ -272,6 +290,20 @@ class EnclaveServer:
             c.last_rx = trio.current_time()
             c.ping_sent_at = None
             for item in buf.feed(data):
+                try:
+                    if await c.flood.take():
+                        # Lines are waiting on it: a held-back client is not an idle one.
+                        c.last_rx, c.ping_sent_at = trio.current_time(), None
+                except ExcessFlood:
+                    self.emit(
+                        "excess_flood",
+                        conn=c.id,
+                        nick=c.nick,
+                        rx_lines=c.rx_lines,
+                        held_s=round(c.flood.held_s, 3),
+                    )
+                    self.close(c, "Excess Flood")
+                    return
                 if c.closing:
                     return
                 c.rx_lines += 1
@@ -978,26 +1010,17 @@ def _write_atomic(path: Path, text: str) -> None:
 async def open_server(
     state_dir: str | os.PathLike[str],
     *,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    ping_interval: float = 90.0,
-    ping_timeout: float = 60.0,
-    close_grace: float = 2.0,
     events: EventSink | None = None,
+    **settings: Any,
 ) -> AsyncIterator[EnclaveServer]:
     """Run a server in the background for the duration of the block.
 
-    ``server.address`` is the bound ``(host, port)``; the registry is
-    ``server.registry``. Leaving the block stops the server and closes every client.
+    *settings* are :class:`ServerConfig` fields (``ping_interval=0.2``,
+    ``flood_rate=0``, ...). ``server.address`` is the bound ``(host, port)``; the
+    registry is ``server.registry``. Leaving the block stops the server and closes every
+    client.
     """
-    config = ServerConfig(
-        state_dir=Path(state_dir),
-        host=host,
-        port=port,
-        ping_interval=ping_interval,
-        ping_timeout=ping_timeout,
-        close_grace=close_grace,
-    )
+    config = ServerConfig(state_dir=Path(state_dir), **settings)
     server = EnclaveServer(config, events=events)
     try:
         async with trio.open_nursery() as nursery:

@@ -485,7 +485,8 @@ async def test_unregistered_connection_times_out(tmp_path: Path) -> None:
 
 async def test_slow_reader_is_dropped_not_waited_for(tmp_path: Path) -> None:
     """A client that never reads cannot stall the server: its send queue overflows."""
-    async with server(tmp_path) as (srv, events), raw(srv) as talker:
+    # Flood control off: here the talker's flood is the tool, the sink's queue the subject.
+    async with server(tmp_path, flood_rate=0) as (srv, events), raw(srv) as talker:
         srv.config.sendq = 64  # applies to connections accepted from now on
         async with raw(srv) as sink:
             await register(talker, "talker")
@@ -502,6 +503,84 @@ async def test_slow_reader_is_dropped_not_waited_for(tmp_path: Path) -> None:
             assert closed and closed[0]["reason"] == "SendQ exceeded", closed
             await talker.send("PING talker-unaffected")
             await talker.expect(r"PONG enclave :talker-unaffected")
+
+
+# --------------------------------------------------------------------------- flood control
+
+
+async def test_a_flooder_is_held_back_and_dropped_not_its_audience(tmp_path: Path) -> None:
+    """One client sends 30,000 lines to a channel; a raw reader reading as fast as it can
+    and an observer sit in it. Without flood control both members were dropped for SendQ
+    (one run: the observer saw 19,361 lines, then EOF). With it the flooder is read at
+    its rate, then dropped for Excess Flood, and the members get every line it was let
+    say, in order, and stay."""
+    from drivers.irc import open_observer
+
+    rate, burst, limit, total = 500.0, 200, 1.0, 30_000
+    flood = dict(flood_rate=rate, flood_burst=burst, excess_flood_s=limit)
+    async with (
+        server(tmp_path, **flood) as (srv, events),
+        raw(srv) as reader,
+        raw(srv) as flooder,
+        open_observer(*srv.address, "obs", "#flood") as obs,  # type: ignore[misc]
+    ):
+        await register(reader, "reader")
+        await join(reader, "reader", "#flood")
+        await register(flooder, "flooder")
+        await join(flooder, "flooder", "#flood")
+
+        async def keep_reading() -> None:
+            while not reader.eof:
+                await reader._fill()
+
+        pad = "x" * 300
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(keep_reading)
+            t0 = trio.current_time()
+            with trio.fail_after(30):  # held, not dropped, would hang here: a failure
+                try:
+                    for start in range(0, total, 500):
+                        lines = (
+                            f"PRIVMSG #flood :flood {n} {pad}" for n in range(start, start + 500)
+                        )
+                        await flooder.send(*lines)
+                except trio.BrokenResourceError:
+                    pass  # the server dropped the flooder
+            dropped_after = trio.current_time() - t0
+            nursery.cancel_scope.cancel()
+
+        closed = {e["nick"]: e["reason"] for e in events if e["event"] == "closed"}
+        assert closed == {"flooder": "Excess Flood"}, closed
+        # Every line the server took reached both members, in order, before their PONG.
+        mark = reader.mark()
+        await reader.send("PING after-the-flood")
+        await reader.expect(r"PONG enclave :after-the-flood", since=mark)
+        got = [int(line.split()[4]) for line in reader.lines if " PRIVMSG #flood :" in line]
+        assert got == list(range(len(got))), "lost or reordered"
+        await obs.send_raw("PING after-the-flood")
+        assert await obs.wait_line(lambda ln: ln.command == "PONG", T) is not None
+        assert [int(m.text.split()[1]) for m in obs.messages] == got
+        await reader.expect(r"^:flooder!\S+ QUIT :Excess Flood$")
+        # Held to the rate: the burst, then at most `rate` lines a second.
+        assert burst <= len(got) <= burst + rate * dropped_after + 1, (len(got), dropped_after)
+    excess = [e for e in events if e["event"] == "excess_flood"]
+    assert [e["nick"] for e in excess] == ["flooder"] and excess[0]["held_s"] >= limit
+
+
+async def test_a_burst_past_the_allowance_is_delayed_not_dropped(tmp_path: Path) -> None:
+    """300 lines against a burst of 100 at 200 lines/s: the last 200 wait about a second
+    in all, under the 3 s limit, so all arrive and the sender stays."""
+    flood = dict(flood_rate=200.0, flood_burst=100, excess_flood_s=3.0)
+    async with server(tmp_path, **flood) as (srv, events), raw(srv) as a, raw(srv) as b:
+        await register(a, "alice")
+        await register(b, "bob")
+        await a.send(*(f"PRIVMSG bob :burst {n}" for n in range(300)), "PING burst-done")
+        await a.expect(r"PONG enclave :burst-done")
+        await b.expect(r"PRIVMSG bob :burst 299$")
+        assert [ln.split()[-1] for ln in b.lines if " PRIVMSG " in ln] == [
+            str(n) for n in range(300)
+        ]
+    assert not [e for e in events if e["event"] == "excess_flood"]
 
 
 # --------------------------------------------------------------------------- process
@@ -589,7 +668,9 @@ def test_bad_usage_is_one_line_exit_2(tmp_path: Path) -> None:
     r = enclave("--state", str(tmp_path), "--host", "0.0.0.0")
     assert r.returncode == 2 and "non-loopback" in r.stderr and "Traceback" not in r.stderr
     r = enclave("--help")
-    assert r.returncode == 0 and "--ping-interval" in r.stdout
+    assert r.returncode == 0 and "--ping-interval" in r.stdout and "--flood-rate" in r.stdout
+    r = enclave("--state", str(tmp_path), "--flood-rate", "-1")
+    assert r.returncode == 2 and "--flood-rate" in r.stderr and "Traceback" not in r.stderr
 
 
 async def test_client_behind_frozen_proxy_is_given_up_on(tmp_path: Path) -> None:
