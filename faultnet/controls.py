@@ -164,34 +164,27 @@ async def _read_outcome(stream: trio.abc.ReceiveStream, timeout: float) -> tuple
     return "nothing", time.perf_counter() - start
 
 
+async def _expect_end(
+    name: str, stream: trio.abc.ReceiveStream, timeout: float, want: str, expected: str
+) -> float:
+    # Read until the stream ends; the end must be *want* ('eof' or 'reset').
+    outcome, elapsed = await _read_outcome(stream, timeout)
+    if outcome != want:
+        confused = {"reset": "a reset is not a sever", "eof": "a clean close is not a reset"}
+        raise ControlFailed(name, expected, outcome, elapsed, confused.get(outcome, ""))
+    return elapsed
+
+
 async def assert_severed(stream: trio.abc.ReceiveStream, timeout: float = 1.0) -> float:
     """Positive control for sever: reading *stream* ends in a clean EOF within *timeout*
     (not a reset, not a hang). Returns the seconds it took."""
-    outcome, elapsed = await _read_outcome(stream, timeout)
-    if outcome != "eof":
-        raise ControlFailed(
-            "assert_severed",
-            "EOF (a clean FIN)",
-            outcome,
-            elapsed,
-            "a reset is not a sever" if outcome == "reset" else "",
-        )
-    return elapsed
+    return await _expect_end("assert_severed", stream, timeout, "eof", "EOF (a clean FIN)")
 
 
 async def assert_reset(stream: trio.abc.ReceiveStream, timeout: float = 1.0) -> float:
     """Positive control for reset: reading *stream* fails with ECONNRESET within
     *timeout*. Returns the seconds it took."""
-    outcome, elapsed = await _read_outcome(stream, timeout)
-    if outcome != "reset":
-        raise ControlFailed(
-            "assert_reset",
-            "ECONNRESET (an RST)",
-            outcome,
-            elapsed,
-            "a clean close is not a reset" if outcome == "eof" else "",
-        )
-    return elapsed
+    return await _expect_end("assert_reset", stream, timeout, "reset", "ECONNRESET (an RST)")
 
 
 async def assert_blackholed(stream: trio.SocketStream, timeout: float = 6.0) -> float:

@@ -38,29 +38,26 @@ if TYPE_CHECKING:
     from faultnet.server import RunningServer
 
 
-_CONTROLS = (
-    "ControlFailed",
-    "assert_accepting",
-    "assert_blackholed",
-    "assert_frozen",
-    "assert_refusing",
-    "assert_reset",
-    "assert_severed",
-    "assert_syn_dropped",
-)
-
-__all__ = ["ProxyFactory", *_CONTROLS]
+__all__ = ["ProxyFactory"]  # and the controls, found lazily below
 
 #: ``await faultnet_proxy(upstream, listen=..., **Proxy kwargs) -> Proxy``
 ProxyFactory = Callable[..., Awaitable["Proxy"]]
 
 
-def __getattr__(name: str) -> Any:
-    # The controls, re-exported lazily (importing them pulls in trio and faultnet).
-    if name in _CONTROLS:
-        import faultnet.controls
+def _controls() -> dict[str, Any]:
+    # The controls as faultnet.controls.__all__ lists them (the one list).
+    import faultnet.controls
 
-        return getattr(faultnet.controls, name)
+    return {name: getattr(faultnet.controls, name) for name in faultnet.controls.__all__}
+
+
+def __getattr__(name: str) -> Any:
+    # The controls, re-exported lazily (importing them pulls in trio). Only their names
+    # reach the import: pytest looks up many other attributes on a plugin module.
+    if name == "ControlFailed" or name.startswith("assert_"):
+        controls = _controls()
+        if name in controls:
+            return controls[name]
     raise AttributeError(name)
 
 
@@ -129,9 +126,7 @@ async def faultnet_proxy(
 @pytest.fixture
 def faultnet_controls() -> SimpleNamespace:
     """The controls as attributes: ``faultnet_controls.assert_refusing(addr)``..."""
-    import faultnet.controls
-
-    return SimpleNamespace(**{name: getattr(faultnet.controls, name) for name in _CONTROLS})
+    return SimpleNamespace(**_controls())
 
 
 @pytest.fixture

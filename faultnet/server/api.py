@@ -51,6 +51,12 @@ def _error(status: int, message: str, **extra: Any) -> JSONResponse:
     return JSONResponse({"error": message, "status": status, **extra}, status_code=status)
 
 
+async def _done(action: Awaitable[None]) -> Response:
+    """Run *action*; answer 204 (done, no body)."""
+    await action
+    return Response(status_code=204)
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
@@ -161,8 +167,7 @@ def create_app(registry: ProxyRegistry) -> Starlette:
 
     @handler
     async def proxy_delete(request: Request) -> Response:
-        await registry.delete(proxy_name(request))
-        return Response(status_code=204)
+        return await _done(registry.delete(proxy_name(request)))
 
     @handler
     async def toxic_index(request: Request) -> Response:
@@ -189,13 +194,11 @@ def create_app(registry: ProxyRegistry) -> Starlette:
 
     @handler
     async def toxic_delete(request: Request) -> Response:
-        await registry.remove_toxic(proxy_name(request), request.path_params["toxic"])
-        return Response(status_code=204)
+        return await _done(registry.remove_toxic(proxy_name(request), request.path_params["toxic"]))
 
     @handler
     async def reset(request: Request) -> Response:
-        await registry.reset()
-        return Response(status_code=204)
+        return await _done(registry.reset())
 
     @handler
     async def version(request: Request) -> Response:
@@ -216,8 +219,7 @@ def create_app(registry: ProxyRegistry) -> Starlette:
 
     @handler
     async def fault_clear(request: Request) -> Response:
-        await registry.clear_faults(proxy_name(request))
-        return Response(status_code=204)
+        return await _done(registry.clear_faults(proxy_name(request)))
 
     @handler
     async def connections(request: Request) -> Response:

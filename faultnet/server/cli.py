@@ -68,6 +68,11 @@ def _human(result: Any) -> str:
     return json.dumps(result, indent=2)
 
 
+def _lines(items: list[Any], line: Callable[[Any], str], empty: str) -> str:
+    """One line per item, or *empty* when there are none."""
+    return "\n".join(line(x) for x in items) or empty
+
+
 def _proxy_table(proxies: dict[str, Any]) -> str:
     if not proxies:
         return "no proxies"
@@ -154,18 +159,32 @@ def _toxic_remove(args: argparse.Namespace, c: ApiClient) -> Any:
     return {"removed": args.name} if args.json else f"removed {args.name} from {args.proxy}"
 
 
-def _toxic_list(args: argparse.Namespace, c: ApiClient) -> Any:
-    toxics = c.request("GET", f"/proxies/{c.quote(args.proxy)}/toxics")
-    if args.json:
-        return toxics
-    return (
-        "\n".join(
-            f"{t['name']}  {t['type']}  {t['stream']}  toxicity={t['toxicity']}  "
-            f"{json.dumps(t['attributes'])}"
-            for t in toxics
-        )
-        or "no toxics"
-    )
+def _listing(
+    what: str, line: Callable[[Any], str]
+) -> Callable[[argparse.Namespace, ApiClient], Any]:
+    """A command printing one line per item of ``GET /proxies/{proxy}/{what}``."""
+
+    def run(args: argparse.Namespace, c: ApiClient) -> Any:
+        items = c.request("GET", f"/proxies/{c.quote(args.proxy)}/{what}")
+        return items if args.json else _lines(items, line, f"no {what}")
+
+    return run
+
+
+_toxic_list = _listing(
+    "toxics",
+    lambda t: (
+        f"{t['name']}  {t['type']}  {t['stream']}  toxicity={t['toxicity']}  "
+        f"{json.dumps(t['attributes'])}"
+    ),
+)
+_connections = _listing(
+    "connections",
+    lambda x: (
+        f"#{x['id']}  {x['peer']}  up={x['bytes_upstream']}  "
+        f"down={x['bytes_downstream']}  {x['state']}"
+    ),
+)
 
 
 def _fault(args: argparse.Namespace, c: ApiClient) -> Any:
@@ -183,26 +202,12 @@ def _fault(args: argparse.Namespace, c: ApiClient) -> Any:
     return f"{args.proxy}: {args.mode}{acted}"
 
 
-def _connections(args: argparse.Namespace, c: ApiClient) -> Any:
-    conns = c.request("GET", f"/proxies/{c.quote(args.proxy)}/connections")
-    if args.json:
-        return conns
-    return (
-        "\n".join(
-            f"#{x['id']}  {x['peer']}  up={x['bytes_upstream']}  down={x['bytes_downstream']}  "
-            f"{x['state']}"
-            for x in conns
-        )
-        or "no connections"
-    )
-
-
 def _events(args: argparse.Namespace, c: ApiClient) -> Any:
     path = f"/proxies/{c.quote(args.proxy)}/events" if args.proxy else "/events"
     r = c.request("GET", f"{path}?since={args.since}&limit={args.limit}")
     if args.json:
         return r
-    return "\n".join(json.dumps(e) for e in r["events"]) or "no events"
+    return _lines(r["events"], json.dumps, "no events")
 
 
 def _reset(args: argparse.Namespace, c: ApiClient) -> Any:

@@ -35,6 +35,30 @@ def _error(description: str) -> dict[str, Any]:
     return _json(_ref("Error"), description)
 
 
+def _array(items: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "array", "items": items}
+
+
+def _object(required: list[str], **properties: Any) -> dict[str, Any]:
+    return {"type": "object", "required": required, "properties": properties}
+
+
+def _op(
+    summary: str,
+    responses: dict[str, Any],
+    parameters: list[dict[str, Any]] | None = None,
+    body: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One operation: its summary, path/query parameters, JSON body and responses."""
+    op: dict[str, Any] = {"summary": summary}
+    if parameters:
+        op["parameters"] = parameters
+    if body is not None:
+        op["requestBody"] = _body(body)
+    op["responses"] = responses
+    return op
+
+
 def _body(schema: dict[str, Any], description: str = "") -> dict[str, Any]:
     return {
         "required": True,
@@ -43,20 +67,18 @@ def _body(schema: dict[str, Any], description: str = "") -> dict[str, Any]:
     }
 
 
-PROXY = {
-    "name": "proxy",
-    "in": "path",
-    "required": True,
-    "schema": {"type": "string"},
-    "example": "redis",
-}
-TOXIC = {
-    "name": "toxic",
-    "in": "path",
-    "required": True,
-    "schema": {"type": "string"},
-    "example": "latency_downstream",
-}
+def _path_parameter(name: str, example: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string"},
+        "example": example,
+    }
+
+
+PROXY = _path_parameter("proxy", "redis")
+TOXIC = _path_parameter("toxic", "latency_downstream")
 NOT_FOUND = _error("proxy not found (or toxic not found)")
 BAD = _error("bad request body, missing required field, invalid stream or toxic type")
 EMPTY = {"description": "done, no body"}
@@ -132,17 +154,14 @@ def _schemas() -> dict[str, Any]:
                 "attributes": toxic_attributes,
             },
         },
-        "Proxy": {
-            "type": "object",
-            "required": ["name", "listen", "upstream", "enabled", "toxics"],
-            "properties": {
-                "name": {"type": "string"},
-                "listen": {"type": "string", "description": "the bound host:port"},
-                "upstream": {"type": "string"},
-                "enabled": {"type": "boolean"},
-                "toxics": {"type": "array", "items": _ref("Toxic")},
-            },
-        },
+        "Proxy": _object(
+            ["name", "listen", "upstream", "enabled", "toxics"],
+            name={"type": "string"},
+            listen={"type": "string", "description": "the bound host:port"},
+            upstream={"type": "string"},
+            enabled={"type": "boolean"},
+            toxics=_array(_ref("Toxic")),
+        ),
         "ProxyCreate": {
             "type": "object",
             "required": ["name", "upstream"],
@@ -227,23 +246,20 @@ def _schemas() -> dict[str, Any]:
                 "state": _ref("FaultState"),
             },
         },
-        "Connection": {
-            "type": "object",
-            "required": ["id", "peer", "bytes_upstream", "bytes_downstream", "state"],
-            "properties": {
-                "id": {"type": "integer"},
-                "peer": {"type": "string", "description": "the client's host:port"},
-                "upstream": {"type": "string"},
-                "bytes_upstream": {"type": "integer", "description": "client to server, bytes"},
-                "bytes_downstream": {"type": "integer", "description": "server to client, bytes"},
-                "state": {
-                    "type": "string",
-                    "description": "open, half-closed, frozen, frozen-upstream, "
-                    "frozen-downstream, blackholed or closing",
-                },
-                "age_s": {"type": "number", "description": "seconds since accepted"},
+        "Connection": _object(
+            ["id", "peer", "bytes_upstream", "bytes_downstream", "state"],
+            id={"type": "integer"},
+            peer={"type": "string", "description": "the client's host:port"},
+            upstream={"type": "string"},
+            bytes_upstream={"type": "integer", "description": "client to server, bytes"},
+            bytes_downstream={"type": "integer", "description": "server to client, bytes"},
+            state={
+                "type": "string",
+                "description": "open, half-closed, frozen, frozen-upstream, "
+                "frozen-downstream, blackholed or closing",
             },
-        },
+            age_s={"type": "number", "description": "seconds since accepted"},
+        ),
         "Events": {
             "type": "object",
             "required": ["events", "last_seq"],
@@ -288,207 +304,158 @@ EVENT_QUERY = [
 
 def openapi_document(version: str) -> dict[str, Any]:
     """The document; *version* is the server's."""
-    proxy_update = {
-        "summary": "Update a proxy (POST is Toxiproxy's older spelling of PATCH)",
-        "parameters": [PROXY],
-        "requestBody": _body(_ref("ProxyUpdate")),
-        "responses": {
-            "200": _json(_ref("Proxy"), "the proxy"),
-            "400": BAD,
-            "404": NOT_FOUND,
-            "500": _error("listen address in use"),
-        },
-    }
-    toxic_update = {
-        "summary": "Update a toxic's attributes (merged) and toxicity, live",
-        "parameters": [PROXY, TOXIC],
-        "requestBody": _body(_ref("ToxicUpdate")),
-        "responses": {"200": _json(_ref("Toxic"), "the toxic"), "400": BAD, "404": NOT_FOUND},
-    }
+    proxy = _json(_ref("Proxy"), "the proxy")
+    toxic = _json(_ref("Toxic"), "the toxic")
+    in_use = _error("listen address in use")
+    records = _json(_ref("Events"), "records, oldest first")
+    bad_query = _error("bad since or limit")
+    ext = "faultnet extension: "
+    proxy_update = _op(
+        "Update a proxy (POST is Toxiproxy's older spelling of PATCH)",
+        {"200": proxy, "400": BAD, "404": NOT_FOUND, "500": in_use},
+        [PROXY],
+        _ref("ProxyUpdate"),
+    )
+    toxic_update = _op(
+        "Update a toxic's attributes (merged) and toxicity, live",
+        {"200": toxic, "400": BAD, "404": NOT_FOUND},
+        [PROXY, TOXIC],
+        _ref("ToxicUpdate"),
+    )
+    populate_error = _object(
+        ["error", "status", "proxies"],
+        error={"type": "string"},
+        status={"type": "integer"},
+        proxies=_array(_ref("Proxy")),
+    )
     paths: dict[str, Any] = {
         "/proxies": {
-            "get": {
-                "summary": "Every proxy, keyed by name",
-                "responses": {
+            "get": _op(
+                "Every proxy, keyed by name",
+                {
                     "200": _json(
                         {"type": "object", "additionalProperties": _ref("Proxy")}, "proxies"
                     )
                 },
-            },
-            "post": {
-                "summary": "Create a proxy (listening at once unless enabled is false)",
-                "requestBody": _body(_ref("ProxyCreate")),
-                "responses": {
+            ),
+            "post": _op(
+                "Create a proxy (listening at once unless enabled is false)",
+                {
                     "201": _json(_ref("Proxy"), "the proxy, listen = the bound address"),
                     "400": BAD,
                     "409": _error("proxy already exists"),
-                    "500": _error("listen address in use"),
+                    "500": in_use,
                 },
-            },
+                body=_ref("ProxyCreate"),
+            ),
         },
         "/populate": {
-            "post": {
-                "summary": "Create or replace the listed proxies; the others are kept",
-                "requestBody": _body({"type": "array", "items": _ref("ProxyCreate")}),
-                "responses": {
+            "post": _op(
+                "Create or replace the listed proxies; the others are kept",
+                {
                     "201": _json(
-                        {
-                            "type": "object",
-                            "required": ["proxies"],
-                            "properties": {"proxies": {"type": "array", "items": _ref("Proxy")}},
-                        },
-                        "the proxies",
+                        _object(["proxies"], proxies=_array(_ref("Proxy"))), "the proxies"
                     ),
                     "400": BAD,
                     "500": _json(
-                        {
-                            "type": "object",
-                            "required": ["error", "status", "proxies"],
-                            "properties": {
-                                "error": {"type": "string"},
-                                "status": {"type": "integer"},
-                                "proxies": {"type": "array", "items": _ref("Proxy")},
-                            },
-                        },
-                        "a listen address in use; the proxies done before it",
+                        populate_error, "a listen address in use; the proxies done before it"
                     ),
                 },
-            }
+                body=_array(_ref("ProxyCreate")),
+            )
         },
         "/proxies/{proxy}": {
-            "get": {
-                "summary": "One proxy",
-                "parameters": [PROXY],
-                "responses": {"200": _json(_ref("Proxy"), "the proxy"), "404": NOT_FOUND},
-            },
+            "get": _op("One proxy", {"200": proxy, "404": NOT_FOUND}, [PROXY]),
             "post": proxy_update,
             "patch": proxy_update,
-            "delete": {
-                "summary": "Delete a proxy: its listener and connections close",
-                "parameters": [PROXY],
-                "responses": {"204": EMPTY, "404": NOT_FOUND},
-            },
+            "delete": _op(
+                "Delete a proxy: its listener and connections close",
+                {"204": EMPTY, "404": NOT_FOUND},
+                [PROXY],
+            ),
         },
         "/proxies/{proxy}/toxics": {
-            "get": {
-                "summary": "The proxy's toxics: upstream chain, then downstream chain",
-                "parameters": [PROXY],
-                "responses": {
-                    "200": _json({"type": "array", "items": _ref("Toxic")}, "toxics"),
-                    "404": NOT_FOUND,
-                },
-            },
-            "post": {
-                "summary": "Add a toxic, live on existing connections too",
-                "parameters": [PROXY],
-                "requestBody": _body(_ref("ToxicCreate")),
-                "responses": {
-                    "200": _json(_ref("Toxic"), "the toxic"),
-                    "400": BAD,
-                    "404": NOT_FOUND,
-                    "409": _error("toxic already exists"),
-                },
-            },
+            "get": _op(
+                "The proxy's toxics: upstream chain, then downstream chain",
+                {"200": _json(_array(_ref("Toxic")), "toxics"), "404": NOT_FOUND},
+                [PROXY],
+            ),
+            "post": _op(
+                "Add a toxic, live on existing connections too",
+                {"200": toxic, "400": BAD, "404": NOT_FOUND, "409": _error("toxic already exists")},
+                [PROXY],
+                _ref("ToxicCreate"),
+            ),
         },
         "/proxies/{proxy}/toxics/{toxic}": {
-            "get": {
-                "summary": "One toxic",
-                "parameters": [PROXY, TOXIC],
-                "responses": {"200": _json(_ref("Toxic"), "the toxic"), "404": NOT_FOUND},
-            },
+            "get": _op("One toxic", {"200": toxic, "404": NOT_FOUND}, [PROXY, TOXIC]),
             "post": toxic_update,
             "patch": toxic_update,
-            "delete": {
-                "summary": "Remove a toxic, live",
-                "parameters": [PROXY, TOXIC],
-                "responses": {"204": EMPTY, "404": NOT_FOUND},
-            },
+            "delete": _op("Remove a toxic, live", {"204": EMPTY, "404": NOT_FOUND}, [PROXY, TOXIC]),
         },
         "/reset": {
-            "post": {
-                "summary": "Enable every proxy, remove every toxic, end every faultnet mode",
-                "responses": {"204": EMPTY, "500": _error("a listen address in use")},
-            }
+            "post": _op(
+                "Enable every proxy, remove every toxic, end every faultnet mode",
+                {"204": EMPTY, "500": _error("a listen address in use")},
+            )
         },
         "/version": {
-            "get": {
-                "summary": "The server's version",
-                "responses": {
-                    "200": _json(
-                        {
-                            "type": "object",
-                            "required": ["version"],
-                            "properties": {"version": {"type": "string"}},
-                        },
-                        "version",
-                    )
-                },
-            }
+            "get": _op(
+                "The server's version",
+                {"200": _json(_object(["version"], version={"type": "string"}), "version")},
+            )
         },
         "/proxies/{proxy}/faults": {
-            "get": {
-                "summary": "faultnet extension: the proxy's modes in force",
-                "parameters": [PROXY],
-                "responses": {"200": _json(_ref("FaultState"), "state"), "404": NOT_FOUND},
-            },
-            "post": {
-                "summary": "faultnet extension: apply a fault mode (total when answered)",
-                "parameters": [PROXY],
-                "requestBody": _body(_ref("Fault")),
-                "responses": {
+            "get": _op(
+                ext + "the proxy's modes in force",
+                {"200": _json(_ref("FaultState"), "state"), "404": NOT_FOUND},
+                [PROXY],
+            ),
+            "post": _op(
+                ext + "apply a fault mode (total when answered)",
+                {
                     "200": _json(_ref("FaultResult"), "what the mode did"),
                     "400": _error("invalid mode, stream or option"),
                     "404": NOT_FOUND,
                     "409": _error("proxy is disabled"),
                     "500": _error("restore: the listen address was taken meanwhile"),
                 },
-            },
-            "delete": {
-                "summary": "faultnet extension: undo every mode (thaw, then restore)",
-                "parameters": [PROXY],
-                "responses": {
+                [PROXY],
+                _ref("Fault"),
+            ),
+            "delete": _op(
+                ext + "undo every mode (thaw, then restore)",
+                {
                     "204": EMPTY,
                     "404": NOT_FOUND,
                     "500": _error("the listen address was taken meanwhile"),
                 },
-            },
+                [PROXY],
+            ),
         },
         "/proxies/{proxy}/connections": {
-            "get": {
-                "summary": "faultnet extension: the proxy's live connections",
-                "parameters": [PROXY],
-                "responses": {
-                    "200": _json({"type": "array", "items": _ref("Connection")}, "connections"),
-                    "404": NOT_FOUND,
-                },
-            }
+            "get": _op(
+                ext + "the proxy's live connections",
+                {"200": _json(_array(_ref("Connection")), "connections"), "404": NOT_FOUND},
+                [PROXY],
+            )
         },
         "/proxies/{proxy}/events": {
-            "get": {
-                "summary": "faultnet extension: the proxy's event log records",
-                "parameters": [PROXY, *EVENT_QUERY],
-                "responses": {
-                    "200": _json(_ref("Events"), "records, oldest first"),
-                    "400": _error("bad since or limit"),
-                    "404": NOT_FOUND,
-                },
-            }
+            "get": _op(
+                ext + "the proxy's event log records",
+                {"200": records, "400": bad_query, "404": NOT_FOUND},
+                [PROXY, *EVENT_QUERY],
+            )
         },
         "/events": {
-            "get": {
-                "summary": "faultnet extension: every event log record (server and proxies)",
-                "parameters": EVENT_QUERY,
-                "responses": {
-                    "200": _json(_ref("Events"), "records, oldest first"),
-                    "400": _error("bad since or limit"),
-                },
-            }
+            "get": _op(
+                ext + "every event log record (server and proxies)",
+                {"200": records, "400": bad_query},
+                EVENT_QUERY,
+            )
         },
         "/openapi.json": {
-            "get": {
-                "summary": "This document",
-                "responses": {"200": _json({"type": "object"}, "OpenAPI 3.0 document")},
-            }
+            "get": _op("This document", {"200": _json({"type": "object"}, "OpenAPI 3.0 document")})
         },
     }
     return {
