@@ -22,6 +22,7 @@ Every connection and every fault is one record in the JSONL event log.
 from __future__ import annotations
 
 import errno
+import os
 import random
 import socket
 import time
@@ -32,6 +33,7 @@ from typing import Any
 
 import trio
 
+from faultnet import dataplane
 from faultnet.addresses import format_address
 from faultnet.eventlog import JsonlWriter
 from faultnet.modes import STREAM_CHOICES, mode
@@ -61,6 +63,8 @@ Address = tuple[str, int]
 #: How often held FINs/RSTs are looked for on frozen connections (TCP_INFO polls).
 _HELD_CLOSE_POLL_S = 0.1
 _HELD_POLL_BATCH = 256
+#: The data planes a Proxy can forward with (see Proxy's docstring).
+DATAPLANES = ("trio", "thread")
 
 
 class ProxyError(Exception):
@@ -102,7 +106,12 @@ class Connection:
         self.client = client
         self.peer = peer
         self.server: socket.socket | None = None
-        self.directions: dict[str, Direction] = {}
+        self.directions: dict[str, Direction] | dict[str, dataplane.Lane] = {}
+        #: This connection in the thread data plane (None on the trio pumps).
+        self.link: dataplane.Link | None = None
+        self._toxic_lanes: dict[str, dataplane.ToxicLane] = {}
+        self._wakes: dict[str, trio.Event] = {s: trio.Event() for s in STREAMS}
+        self._done = trio.Event()
         # Gates exist from the accept, before the upstream connect completes, so a fault
         # called in between catches this connection too.
         self.gates = {s: Gate() for s in STREAMS}
@@ -157,6 +166,8 @@ class Connection:
         # bytes arrive, before it touches them (see Direction._splice).
         if self._nursery is not None:
             self._start_toxic(link)
+            if self.link is not None:
+                self._start_toxic_lane(toxic.stream)
 
     def _start_toxic(self, link: ChainLink) -> None:
         assert self._nursery is not None
@@ -182,15 +193,23 @@ class Connection:
     # -- faults --
 
     def freeze(self, streams: Iterable[str]) -> None:
+        streams = tuple(streams)
         for s in streams:
             self.gates[s].close()
+        if self.link is not None:
+            self.link.freeze(streams)  # total on return: see faultnet.dataplane
 
     def thaw(self, streams: Iterable[str]) -> None:
+        streams = tuple(streams)
         if self.blackholed and set(streams) == set(STREAMS):
             detach_filter(self.client)
             self.blackholed = False
         for s in streams:
             self.gates[s].open()
+        if self.link is not None:
+            self.link.thaw(streams)
+            for s in streams:
+                self._wake(s)
 
     def blackhole(self) -> None:
         self.freeze(STREAMS)
@@ -210,6 +229,8 @@ class Connection:
             return
         self.closing = how
         self._scope.cancel()
+        if self.link is not None:
+            self.link.end()  # the thread forgets the sockets before they are closed
         for sock in (self.client, self.server):
             if sock is None or sock.fileno() < 0:
                 continue
@@ -225,7 +246,7 @@ class Connection:
     def held_closes(self) -> None:
         """Log a FIN or RST that arrived on a frozen direction (held, not forwarded)."""
         for stream, d in self.directions.items():
-            if d.gate.is_open or stream in self._held_logged or d.src.fileno() < 0:
+            if self.gates[stream].is_open or stream in self._held_logged or d.src.fileno() < 0:
                 continue
             try:
                 state = tcp_state(d.src)
@@ -283,6 +304,9 @@ class Connection:
                         reason=str(exc) or type(exc).__name__,
                     )
                     return
+                if proxy._plane is not None:
+                    await self._run_in_plane(proxy._plane)
+                    return
                 self.directions = {
                     s: Direction(self, s, src, dst, self.gates[s], proxy._recv_buf)
                     for s, src, dst in (
@@ -302,6 +326,8 @@ class Connection:
                 self._nursery = None
         finally:
             how = self.closing or how
+            if self.link is not None:
+                self.link.end()
             for sock in (self.client, self.server):
                 if sock is not None and sock.fileno() >= 0:
                     if how == "reset":
@@ -318,6 +344,69 @@ class Connection:
                 bytes_downstream=info.bytes_downstream,
                 age_s=info.age_s,
             )
+
+    # -- the thread data plane --
+
+    async def _run_in_plane(self, plane: dataplane.DataPlane) -> None:
+        """Forward through the thread data plane until both EOFs have crossed (or a fault
+        or a reset ends the connection: it cancels this scope)."""
+        assert self.server is not None
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            for t in self.proxy.toxics:
+                self.attach_toxic(t)
+            for link in self.links.values():  # decided while connecting
+                if link is not None and link.toxic.name not in self._toxic_scopes:
+                    self._start_toxic(link)
+            if self.closing is not None:
+                return  # ended (sockets closed) before its first turn
+            # No checkpoint from reading the gates to add(): a freeze cannot fall between.
+            self.link = plane.add(
+                self.client,
+                self.server,
+                self._on_plane_event,
+                frozen=[s for s in STREAMS if not self.gates[s].is_open],
+                to_trio=[s for s in STREAMS if self.wants_copy(s)],
+            )
+            self.directions = self.link.lanes
+            for s in STREAMS:
+                if self.wants_copy(s):
+                    self._start_toxic_lane(s)
+            await self._done.wait()
+            nursery.cancel_scope.cancel()
+        self._nursery = None
+
+    def _start_toxic_lane(self, stream: str) -> None:
+        assert self.link is not None and self._nursery is not None
+        if stream in self._toxic_lanes:
+            return
+        self.link.to_trio(stream)
+        lane = dataplane.ToxicLane(self.link, stream, self, self._wake_event)
+        self._toxic_lanes[stream] = lane
+        self._nursery.start_soon(lane.run)
+
+    def _wake_event(self, stream: str) -> trio.Event:
+        return self._wakes[stream]
+
+    def _wake(self, stream: str) -> None:
+        self._wakes[stream].set()
+        self._wakes[stream] = trio.Event()
+
+    def _on_plane_event(self, kind: str, stream: str | None) -> None:
+        # In the trio thread, delivered in batches by the plane.
+        if kind == dataplane.DONE:
+            self._done.set()
+        elif kind == dataplane.RESET:
+            assert self.link is not None
+            self.proxy.log.write(
+                "peer_reset",
+                conn=self.id,
+                stream=stream,
+                errno=errno.errorcode.get(self.link.errno, "?"),
+            )
+            self._end("reset")
+        elif stream is not None:  # CHUNKS or DRAINED
+            self._wake(stream)
 
     async def _pump(self, d: Direction) -> None:
         # except*: the copy path runs a reader task, so its errors come in a group.
@@ -361,6 +450,11 @@ class Proxy:
     ``splice=True`` (default on Linux) forwards connections no toxic applies to through
     kernel pipes, without copying bytes into Python; a connection moves to the copy path
     the first time a toxic applies to it and stays there.
+
+    ``dataplane`` picks what moves the bytes: ``"trio"`` (a pump task per direction,
+    :mod:`faultnet.pump`) or ``"thread"`` (one OS thread with its own epoll for every
+    connection, :mod:`faultnet.dataplane`: no trio task switch per message). The default
+    is ``$FAULTNET_DATAPLANE``, else ``"trio"``. Fault semantics are the same.
     """
 
     def __init__(
@@ -374,6 +468,7 @@ class Proxy:
         connect_timeout: float = 5.0,
         backlog: int = 4096,
         splice: bool = True,
+        dataplane: str | None = None,
     ) -> None:
         self.name = name
         self.upstream = (upstream[0], int(upstream[1]))
@@ -387,8 +482,14 @@ class Proxy:
         self.toxics: list[Toxic] = []
         self.address: Address | None = None
         self.fd_limit = raise_fd_limit()
-        self._splice = splice and hasattr(__import__("os"), "splice")
+        self._splice = splice and hasattr(os, "splice")
         self._pipes = PipePool()
+        self.dataplane = dataplane or os.environ.get("FAULTNET_DATAPLANE") or "trio"
+        if self.dataplane not in DATAPLANES:
+            raise ValueError(
+                f"dataplane must be one of {', '.join(DATAPLANES)}, not {self.dataplane!r}"
+            )
+        self._plane: dataplane.DataPlane | None = None
         # The copy path's read buffer (a memoryview: slicing it copies nothing).
         self._recv_buf = memoryview(bytearray(CHUNK))
         self._listener: trio.socket.SocketType | None = None
@@ -424,6 +525,9 @@ class Proxy:
             upstream=format_address(self.upstream),
             seed=self.seed,
         )
+        if self.dataplane == "thread":
+            self._plane = dataplane.DataPlane(self._pipes, splice=self._splice)
+            self._plane.start(trio.lowlevel.current_trio_token())
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -433,6 +537,9 @@ class Proxy:
                 nursery.cancel_scope.cancel()
         finally:
             self._nursery = None
+            if self._plane is not None:
+                self._plane.stop()
+                self._plane = None
             if self._listener is not None:
                 self._listener.close()
                 self._listener = None

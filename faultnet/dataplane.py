@@ -1,0 +1,604 @@
+"""The thread data plane: one OS thread forwards every connection's bytes.
+
+Theory of operation
+-------------------
+
+Per message, trio's scheduler costs ~12 us of CPU (run loop, task switches,
+rescheduling); a plain-Python epoll loop forwards a 64-byte round trip for socat's ~19 us
+(issue 14). So the bytes move on one OS thread that owns a private, level-triggered epoll
+with persistent registrations, and trio only hears about what it must act on.
+
+**The gate under a lock.** Each direction of a connection is a :class:`Lane` with an
+``open`` flag (its gate) and a byte counter. The thread reads the gate and makes the
+byte-moving syscall (recv, send, splice, shutdown) while holding the plane's one
+``lock``, and counts what moved before letting go. Every fault operation (freeze, thaw,
+end, toxic handover) takes the same lock. So when :meth:`Link.freeze` returns, the thread
+is not inside a syscall for that lane, and it will look at the gate before its next one:
+the freeze is total, and the counter is final, the instant it returns. (Measured: with
+the gate check skipped, or without the lock, 128-828 bytes crossed a frozen link in the
+stress test, tests/faultnet/test_freeze_stress.py.) The lock is held for one socket's
+work at a time, bounded by :data:`_FAIR_OPS` syscalls, so a fault waits microseconds.
+
+**Reads.** A small read is copied through one reused 64 KiB buffer and written at once
+(recv_into + send: 2 syscalls per message, no allocation but the held remainder). A read
+that fills the buffer means a burst: the lane switches to splice through a pipe lent for
+the burst, until a splice comes back short. What ``dst`` does not take is held in the
+lane (copied bytes, or bytes left in the pipe) and the lane waits for EPOLLOUT on ``dst``
+instead of reading: back-pressure, at most one read's worth held per lane.
+
+**Interest.** A socket's interest is EPOLLIN while the lane reading it may read (gate
+open, nothing held, no EOF yet) and EPOLLOUT while the lane writing to it holds bytes.
+It is recomputed, under the lock, after every change; a socket with no interest is
+unregistered (level-triggered EPOLLHUP on a socket we are not reading would spin). A
+lane parked by a freeze is re-armed synchronously by thaw: :meth:`Link.thaw` registers
+its interest again before it returns.
+
+**Toward trio.** The thread never touches a trio object. It appends events (a peer
+reset, the connection finished, chunks read for a toxic chain, held bytes drained) to an
+outbox under the lock and, once per epoll batch, asks trio to deliver them with
+``TrioToken.run_sync_soon``; delivery calls each link's ``on_event(kind, stream)`` in the
+trio thread. Byte counters and half-close state are plain attributes trio reads directly.
+
+**Toxics.** A lane with a toxic chain is handed to trio (:meth:`Link.to_trio`): the
+thread still reads it (gate first, under the lock) into the lane's inbox, up to
+:data:`_INBOX_CAP` chunks, and trio's one task for that lane runs the chain and writes
+with :meth:`Link.offer` (gate, then send, under the lock; what the socket does not take
+is handed to the thread). No reader task and no channel per chunk.
+
+**Descriptors.** Only the trio side closes sockets, and only after :meth:`Link.end`
+(which unregisters them under the lock) or the ``done`` event; the thread forgets a
+link's descriptors before either, so it never makes a syscall on a reused number.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import select
+import socket
+import threading
+from collections import deque
+from collections.abc import Callable, Iterable
+
+import trio
+
+from faultnet.pump import Owner, PipePool
+
+__all__ = ["DataPlane", "Lane", "Link", "ToxicLane"]
+
+#: Bytes per copied read; a read that fills it starts a splice burst.
+COPY_CHUNK = 64 * 1024
+#: Bytes per splice (the pipe asks for as much; see faultnet.pump.SPLICE_CHUNK).
+SPLICE_CHUNK = 1024 * 1024
+#: Syscalls one socket may make per epoll wake-up before the others get a turn (level
+#: triggered: it is offered again at the next poll).
+_FAIR_OPS = 16
+#: Chunks a toxic lane's reader may run ahead of trio's chain.
+_INBOX_CAP = 16
+_SPLICE_FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
+_IN, _OUT = select.EPOLLIN, select.EPOLLOUT
+_MAX_EVENTS = 256
+
+#: Event kinds delivered to ``on_event``.
+RESET = "reset"  # a peer reset (or a syscall failed): errno in Link.errno; link ended
+DONE = "done"  # both ways forwarded their EOF; link ended, sockets not yet closed
+CHUNKS = "chunks"  # a toxic lane's inbox has chunks (take them with Link.take)
+DRAINED = "drained"  # a toxic lane's held bytes were written (offer may go on)
+
+
+class _Failed(Exception):
+    """A syscall failed in a way only a reset can pass on."""
+
+
+class Lane:
+    """One direction of one link: bytes from ``src`` to ``dst``.
+
+    Every field is written under the plane's lock; trio may read ``bytes`` and
+    ``eof_forwarded`` without it (single attribute reads).
+    """
+
+    __slots__ = (
+        "burst",
+        "bytes",
+        "dst",
+        "eof_forwarded",
+        "eof_pending",
+        "eof_read",
+        "held",
+        "inbox",
+        "notified",
+        "open",
+        "pipe",
+        "piped",
+        "src",
+        "stream",
+        "to_trio",
+        "waiting",
+    )
+
+    def __init__(self, stream: str, src: socket.socket, dst: socket.socket) -> None:
+        self.stream = stream
+        self.src = src
+        self.dst = dst
+        self.open = True
+        #: Bytes written to dst: what crossed the proxy.
+        self.bytes = 0
+        self.held: memoryview | None = None
+        self.pipe: tuple[int, int] | None = None
+        self.piped = 0
+        self.burst = False
+        self.eof_read = False
+        #: The EOF must be forwarded once what is held has been written.
+        self.eof_pending = False
+        self.eof_forwarded = False
+        self.to_trio = False
+        self.inbox: deque[bytes] = deque()
+        self.notified = False
+        self.waiting = False
+
+    def wants_read(self) -> bool:
+        if not self.open or self.eof_read or self.held is not None or self.piped:
+            return False
+        return not self.to_trio or len(self.inbox) < _INBOX_CAP
+
+    def wants_write(self) -> bool:
+        return self.open and (self.held is not None or self.piped > 0)
+
+
+class Link:
+    """One connection in the plane: two lanes, ``upstream`` (client to server) and
+    ``downstream``. Made by :meth:`DataPlane.add`; every method acts under the lock and
+    returns at once."""
+
+    def __init__(
+        self,
+        plane: DataPlane,
+        client: socket.socket,
+        server: socket.socket,
+        on_event: Callable[[str, str | None], None],
+    ) -> None:
+        self.plane = plane
+        self.on_event = on_event
+        self.lanes = {
+            "upstream": Lane("upstream", client, server),
+            "downstream": Lane("downstream", server, client),
+        }
+        self.fds = (client.fileno(), server.fileno())
+        self.ended = False
+        self.errno = 0
+        self.reset_stream: str | None = None
+
+    def _lanes_of(self, fd: int) -> tuple[Lane, Lane]:
+        """(the lane reading fd, the lane writing to it)."""
+        up, down = self.lanes["upstream"], self.lanes["downstream"]
+        return (up, down) if fd == self.fds[0] else (down, up)
+
+    # -- fault operations (trio thread) --
+
+    def freeze(self, streams: Iterable[str]) -> None:
+        """Close the gates: total on return (no syscall of these lanes is in progress
+        and none starts; their counters are final)."""
+        with self.plane.lock:
+            for s in streams:
+                self.lanes[s].open = False
+            self.plane._rearm(self)  # (a no-op once the link has ended)
+
+    def thaw(self, streams: Iterable[str]) -> None:
+        """Open the gates and re-arm the parked lanes before returning."""
+        with self.plane.lock:
+            for s in streams:
+                lane = self.lanes[s]
+                lane.open = True
+                if self.ended:
+                    continue
+                try:
+                    self.plane._maybe_eof(self, lane)  # an EOF due once nothing is held
+                except _Failed as exc:
+                    self.plane._fail(self, lane, exc.args[0])
+            self.plane._rearm(self)
+
+    def end(self) -> bool:
+        """Take the link out of the plane (the caller then closes its sockets). False if
+        it had already ended."""
+        with self.plane.lock:
+            return self.plane._end(self)
+
+    def is_open(self, stream: str) -> bool:
+        return self.lanes[stream].open
+
+    # -- the toxic path (trio thread) --
+
+    def to_trio(self, stream: str) -> None:
+        """From now on bytes read on *stream* go to trio's chain (:meth:`take`), and
+        trio writes them with :meth:`offer`. Bytes already read keep going out."""
+        with self.plane.lock:
+            self.lanes[stream].to_trio = True
+
+    def take(self, stream: str) -> list[bytes]:
+        """The chunks read for trio so far (b"" is the EOF), and re-arm the reader."""
+        with self.plane.lock:
+            lane = self.lanes[stream]
+            chunks = list(lane.inbox)
+            lane.inbox.clear()
+            lane.notified = False
+            if chunks and not self.ended:
+                self.plane._rearm(self)
+            return chunks
+
+    def offer(self, stream: str, data: bytes | memoryview) -> bool:
+        """Write *data* to the lane's ``dst`` (gate first, under the lock); what the
+        socket does not take is handed to the thread. False (nothing done) while the gate
+        is closed or earlier bytes are still held: wait for thaw or DRAINED, offer again.
+        Raises ConnectionError if the link has ended or the write failed."""
+        with self.plane.lock:
+            lane = self.lanes[stream]
+            if self.ended:
+                raise ConnectionResetError(self.errno or errno.EBADF, "link ended")
+            if not lane.open or lane.held is not None:
+                lane.waiting = True
+                return False
+            try:
+                self.plane._send(lane, memoryview(data))
+            except _Failed as exc:
+                self.plane._fail(self, lane, exc.args[0])
+                raise ConnectionResetError(self.errno, os.strerror(self.errno)) from None
+            lane.waiting = lane.held is not None
+            self.plane._rearm(self)
+            return True
+
+    def offer_eof(self, stream: str) -> bool:
+        """Forward the EOF after what is held (a FIN, the other way kept open). False
+        while the gate is closed: wait for thaw and offer again."""
+        with self.plane.lock:
+            lane = self.lanes[stream]
+            if self.ended or lane.eof_forwarded:
+                return True
+            if not lane.open:
+                lane.waiting = True
+                return False
+            lane.eof_pending = True
+            try:
+                self.plane._maybe_eof(self, lane)
+            except _Failed as exc:
+                self.plane._fail(self, lane, exc.args[0])
+            return True
+
+
+class DataPlane:
+    """The forwarding thread, its epoll, and the lock every fault operation takes.
+
+    ``start(token)`` from trio (events are delivered through *token*), ``stop()`` to
+    end the thread; links still in the plane are left to their owners to end.
+    """
+
+    def __init__(self, pipes: PipePool | None = None, splice: bool = True) -> None:
+        self.lock = threading.Lock()
+        self._pipes = pipes or PipePool()
+        self._splice = splice and hasattr(os, "splice")
+        self._ep = select.epoll()
+        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._ep.register(self._wake, _IN)
+        self._fds: dict[int, Link] = {}
+        self._mask: dict[int, int] = {}
+        self._buf = bytearray(COPY_CHUNK)
+        self._view = memoryview(self._buf)
+        self._outbox: list[tuple[Link, str, str | None]] = []
+        self._scheduled = False
+        self._token: object | None = None
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    def start(self, token: object) -> None:
+        """Start the thread; events reach trio through *token* (``trio.lowlevel.
+        current_trio_token()``)."""
+        self._token = token
+        self._thread = threading.Thread(target=self._run, name="faultnet-dataplane", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """End the thread (at its next wake-up, which this causes) and wait for it."""
+        self._stopping = True
+        os.eventfd_write(self._wake, 1)
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self._ep.close()
+        os.close(self._wake)
+
+    def add(
+        self,
+        client: socket.socket,
+        server: socket.socket,
+        on_event: Callable[[str, str | None], None],
+        frozen: Iterable[str] = (),
+        to_trio: Iterable[str] = (),
+    ) -> Link:
+        """Start forwarding between two connected non-blocking sockets. *frozen* lanes
+        start with their gate closed, *to_trio* lanes on the toxic path."""
+        link = Link(self, client, server, on_event)
+        with self.lock:
+            for s in frozen:
+                link.lanes[s].open = False
+            for s in to_trio:
+                link.lanes[s].to_trio = True
+            for fd in link.fds:
+                self._fds[fd] = link
+                self._mask[fd] = 0
+            self._rearm(link)
+        return link
+
+    # -- under the lock --
+
+    def _rearm(self, link: Link) -> None:
+        if link.ended:
+            return
+        for fd in link.fds:
+            reading, writing = link._lanes_of(fd)
+            mask = (_IN if reading.wants_read() else 0) | (_OUT if writing.wants_write() else 0)
+            old = self._mask[fd]
+            if mask == old:
+                continue
+            if not old:
+                self._ep.register(fd, mask)
+            elif not mask:
+                self._ep.unregister(fd)
+            else:
+                self._ep.modify(fd, mask)
+            self._mask[fd] = mask
+
+    def _end(self, link: Link) -> bool:
+        if link.ended:
+            return False
+        link.ended = True
+        for fd in link.fds:
+            if self._mask.pop(fd, 0):
+                self._ep.unregister(fd)
+            self._fds.pop(fd, None)
+        for lane in link.lanes.values():
+            if lane.pipe is not None:
+                self._pipes.discard(lane.pipe)
+                lane.pipe = None
+                lane.piped = 0
+        return True
+
+    def _post(self, link: Link, kind: str, stream: str | None) -> None:
+        self._outbox.append((link, kind, stream))
+        if not self._scheduled:
+            self._scheduled = True
+            try:
+                self._token.run_sync_soon(self._deliver)  # type: ignore[attr-defined]
+            except Exception:  # trio.RunFinishedError: nobody is left to tell
+                self._outbox.clear()
+
+    def _fail(self, link: Link, lane: Lane, err: int) -> None:
+        if self._end(link):
+            link.errno = err or errno.ECONNRESET
+            link.reset_stream = lane.stream
+            self._post(link, RESET, lane.stream)
+
+    def _send(self, lane: Lane, view: memoryview) -> None:
+        """Send what dst takes of *view* (gate checked by the caller); hold the rest."""
+        try:
+            n = lane.dst.send(view)
+        except BlockingIOError:
+            n = 0
+        except OSError as exc:
+            raise _Failed(exc.errno) from None
+        lane.bytes += n
+        if n < len(view):
+            # Held bytes must outlive the shared buffer: copy them out.
+            lane.held = memoryview(bytes(view[n:]))
+        else:
+            lane.held = None
+
+    def _flush(self, link: Link, lane: Lane) -> None:
+        """Write what the lane holds (gate open, lock held)."""
+        if lane.held is not None:
+            self._send(lane, lane.held)
+        elif lane.piped:
+            assert lane.pipe is not None
+            try:
+                m = os.splice(lane.pipe[0], lane.dst.fileno(), lane.piped, flags=_SPLICE_FLAGS)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                raise _Failed(exc.errno) from None
+            lane.bytes += m
+            lane.piped -= m
+            if not lane.piped:
+                self._pipes.give(lane.pipe)
+                lane.pipe = None
+        if lane.held is None and not lane.piped:
+            if lane.to_trio and lane.waiting:
+                lane.waiting = False
+                self._post(link, DRAINED, lane.stream)
+            self._maybe_eof(link, lane)
+
+    def _maybe_eof(self, link: Link, lane: Lane) -> None:
+        if not lane.eof_pending or lane.held is not None or lane.piped or not lane.open:
+            return
+        try:
+            lane.dst.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            if exc.errno != errno.ENOTCONN:
+                raise _Failed(exc.errno) from None
+        lane.eof_pending = False
+        lane.eof_forwarded = True
+        other = link.lanes["downstream" if lane.stream == "upstream" else "upstream"]
+        if other.eof_forwarded and self._end(link):
+            self._post(link, DONE, None)
+
+    def _read(self, link: Link, lane: Lane) -> None:
+        """Move what src has (gate open, nothing held, lock held)."""
+        src = lane.src
+        for _ in range(_FAIR_OPS):
+            if lane.to_trio:
+                try:
+                    n = src.recv_into(self._buf)
+                except BlockingIOError:
+                    return
+                except OSError as exc:
+                    raise _Failed(exc.errno) from None
+                lane.inbox.append(bytes(self._view[:n]))
+                if not lane.notified:
+                    lane.notified = True
+                    self._post(link, CHUNKS, lane.stream)
+                if not n:
+                    lane.eof_read = True
+                    return
+                if n < COPY_CHUNK or len(lane.inbox) >= _INBOX_CAP:
+                    return
+                continue
+            if lane.burst:
+                if not self._splice_once(link, lane):
+                    return
+                continue
+            try:
+                n = src.recv_into(self._buf)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                raise _Failed(exc.errno) from None
+            if not n:
+                lane.eof_read = lane.eof_pending = True
+                self._maybe_eof(link, lane)
+                return
+            self._send(lane, self._view[:n])
+            if lane.held is not None:
+                return
+            if n < COPY_CHUNK:
+                return  # a short read: the socket is almost surely empty
+            lane.burst = self._splice
+
+    def _splice_once(self, link: Link, lane: Lane) -> bool:
+        """One splice in and out. True while the burst goes on."""
+        if lane.pipe is None:
+            try:
+                lane.pipe = self._pipes.take()
+            except OSError:  # out of descriptors: copy instead
+                lane.burst = False
+                return True
+        r, w = lane.pipe
+        try:
+            n = os.splice(lane.src.fileno(), w, SPLICE_CHUNK, flags=_SPLICE_FLAGS)
+        except BlockingIOError:
+            n = -1
+        except OSError as exc:
+            raise _Failed(exc.errno) from None
+        if n <= 0:
+            self._pipes.give(lane.pipe)
+            lane.pipe = None
+            lane.burst = False
+            if n == 0:
+                lane.eof_read = lane.eof_pending = True
+                self._maybe_eof(link, lane)
+            return False
+        lane.piped = n
+        self._flush(link, lane)
+        if lane.piped:
+            return False  # dst is full: wait for EPOLLOUT
+        if n < SPLICE_CHUNK:
+            lane.burst = False
+            return False
+        return True
+
+    # -- the thread --
+
+    def _run(self) -> None:
+        ep, lock = self._ep, self.lock
+        while not self._stopping:
+            try:
+                events = ep.poll(-1, _MAX_EVENTS)
+            except InterruptedError:
+                continue
+            for fd, _ in events:
+                with lock:
+                    link = self._fds.get(fd)
+                    if link is not None:
+                        self._handle(link, fd)
+
+    def _handle(self, link: Link, fd: int) -> None:
+        reading, writing = link._lanes_of(fd)
+        lane = writing
+        try:
+            if writing.wants_write():
+                self._flush(link, writing)
+            lane = reading
+            if not link.ended and reading.wants_read():
+                self._read(link, reading)
+        except _Failed as exc:
+            self._fail(link, lane, exc.args[0])
+            return
+        self._rearm(link)
+
+    def _deliver(self) -> None:
+        """In the trio thread: hand the batch of events to their links."""
+        with self.lock:
+            batch, self._outbox = self._outbox, []
+            self._scheduled = False
+        for link, kind, stream in batch:
+            link.on_event(kind, stream)
+
+
+# -- the toxic path, trio side -----------------------------------------------------------
+
+
+class ToxicLane:
+    """trio's side of one lane on the toxic path: runs each chunk the thread read through
+    the stream's toxic chain, in one task (:meth:`run`), and is the chain's sink: what
+    comes out is written with :meth:`Link.offer`. *owner* is the connection
+    (:class:`faultnet.pump.Owner`: its ``chain`` and ``chain_changed``); ``wake(stream)``
+    returns the trio.Event set at the next CHUNKS, DRAINED or thaw.
+    """
+
+    def __init__(
+        self, link: Link, stream: str, owner: Owner, wake: Callable[[str], trio.Event]
+    ) -> None:
+        self.link = link
+        self.stream = stream
+        self.owner = owner
+        self._wake = wake
+        self.eof_offered = False
+
+    async def run(self) -> None:
+        """Until the EOF has been offered through the chain (or the link ends)."""
+        try:
+            while True:
+                woken = self._wake(self.stream)  # taken before looking: no lost wake-up
+                chunks = self.link.take(self.stream)
+                if not chunks:
+                    await woken.wait()
+                    continue
+                t_read = trio.current_time()
+                for data in chunks:
+                    if not data:
+                        return await self._eof()
+                    await self.owner.chain(self.stream).send(data, t_read, self)
+        except ConnectionError:
+            return  # the link ended: its RESET event (or the fault that ended it) acts
+
+    async def _eof(self) -> None:
+        while True:
+            changed = self.owner.chain_changed  # taken before offering: no lost wake-up
+            await self.owner.chain(self.stream).send_eof(self)
+            if self.eof_offered or self.link.ended:
+                return
+            # A toxic held the EOF (timeout does): offer it again whenever the chain
+            # changes, so removing that toxic lets the FIN through.
+            await changed.wait()
+
+    # The chain's sink.
+    async def send_all(self, data: bytes | memoryview) -> None:
+        while True:
+            woken = self._wake(self.stream)
+            if self.link.offer(self.stream, data):
+                return
+            await woken.wait()
+
+    async def send_eof(self) -> None:
+        while True:
+            woken = self._wake(self.stream)
+            if self.link.offer_eof(self.stream):
+                self.eof_offered = True
+                return
+            await woken.wait()
