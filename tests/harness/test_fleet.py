@@ -1,0 +1,299 @@
+"""The fleet soak: the planner, the pair (control FAILS with lost posts, main PASSES), and
+the verifier's every check going red when what it guards is broken.
+
+The pair runs for real: two private environments, 4 reference bots each (CI-sized), at
+time scale 0.03, the two runs side by side as processes. The verifier's breakages are
+made on copies of the main run's records (one record changed per test), except the
+loss checks, which the control run breaks for real.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness._timescale import TimeScale
+from harness.fleet import LOSSY, POST_INTERVAL, draw, plan_faults
+from harness.fleet_verify import verify
+
+ROOT = Path(__file__).resolve().parents[2]
+BOTS = "4"
+SCALE = "0.03"
+SEED = "7"
+#: The pair's two runs take about 25 s side by side on an idle 2-core machine; seen at
+#: 75 s with the machine's load average at 12. The first test to use them pays for both.
+pytestmark = pytest.mark.timeout(300)
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def test_draws_follow_chaos_rule() -> None:
+    digest = hashlib.sha256(b"7:3").digest()
+    assert draw(7, 3) == int.from_bytes(digest[:8], "big") / 2**64
+
+
+def test_the_plan_is_a_pure_function_of_seed_targets_mode_and_scale() -> None:
+    scale = TimeScale(0.03)
+    labels = ["w01", "w02", "w03", "w04"]
+    a = plan_faults(7, labels, "main", scale)
+    assert a == plan_faults(7, labels, "main", scale)
+    assert a != plan_faults(8, labels, "main", scale)
+    # The control runs main's schedule: the same faults at the same times.
+    assert plan_faults(7, labels, "control", scale) == a
+    for seed in range(20):  # every plan has a lossy outage long enough to lose posts
+        eps, _ = plan_faults(seed, labels, "main", scale)
+        assert any(e.kind in LOSSY and e.duration >= 3 * scale(POST_INTERVAL) for e in eps)
+        for label in labels:  # never two episodes at once on one link
+            mine = [e for e in eps if e.target == label]
+            assert all(
+                x.start + x.duration <= y.start for x, y in zip(mine, mine[1:], strict=False)
+            )
+
+
+def test_a_storm_takes_every_link_down_at_once() -> None:
+    labels = ["w01", "w02", "w03"]
+    eps, _ = plan_faults(7, labels, "storm", TimeScale(0.03))
+    waves = {e.wave for e in eps}
+    assert len(waves) >= 2
+    for wave in waves:
+        in_wave = [e for e in eps if e.wave == wave]
+        assert sorted(e.target for e in in_wave) == labels
+        assert len({e.start for e in in_wave}) == 1
+
+
+# --------------------------------------------------------------------------- the pair
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def _verify(run_dir: Path) -> tuple[int, dict[str, Any]]:
+    r = subprocess.run(
+        [sys.executable, "-m", "harness.fleet_verify", str(run_dir), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(),
+    )
+    assert r.returncode in (0, 1), r.stderr
+    return r.returncode, json.loads(r.stdout)
+
+
+def _judge(run_dir: Path) -> tuple[int, dict[str, Any]]:
+    """The verifier in this process (the record-editing tests run it many times)."""
+    v = verify(run_dir)
+    return (0 if v.ok else 1), v.to_json()
+
+
+def _check(doc: dict[str, Any], name_part: str) -> dict[str, Any]:
+    (c,) = [c for c in doc["checks"] if name_part in c["name"]]
+    return c
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The main run and the control run, side by side (each its own environment)."""
+    base = tmp_path_factory.mktemp("fleet")
+    procs = {}
+    for mode in ("main", "control"):
+        procs[mode] = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "harness.fleet",
+                "--env",
+                "auto",
+                "--mode",
+                mode,
+                "--bots",
+                BOTS,
+                "--time-scale",
+                SCALE,
+                "--seed",
+                SEED,
+                "--bot-bin",
+                f"{sys.executable} -m harness.bot",
+                "--run-dir",
+                str(base / mode),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=_env(),
+        )
+    for mode, proc in procs.items():
+        out, _ = proc.communicate(timeout=240)
+        assert proc.returncode == 0, out
+        assert out.strip().splitlines()[-1] == str(base / mode)  # the run dir, last line
+    return {mode: base / mode for mode in procs}
+
+
+def test_the_control_fails_with_lost_posts_as_it_must(pair: dict[str, Path]) -> None:
+    code, doc = _verify(pair["control"])
+    assert doc["mode"] == "control"
+    loss = _check(doc, "no silent loss")
+    assert not loss["passed"] and doc["summary"]["lost"] > 0, loss
+    assert not _check(doc, "during an outage")["passed"]
+    assert code == 0 and doc["ok"] and "as it must" in doc["message"]
+
+
+def test_the_main_case_passes(pair: dict[str, Path]) -> None:
+    code, doc = _verify(pair["main"])
+    failed = [c for c in doc["checks"] if not c["passed"]]
+    assert code == 0 and not failed, failed
+    assert doc["summary"]["posts during outages"] > 0
+    assert doc["summary"]["faults applied"] > 0
+    assert all(j["effects"] or j["non_effect_reason"] for j in doc["joins"])
+
+
+def _copy(pair: dict[str, Path], tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(pair["main"], run, ignore=shutil.ignore_patterns("env"))
+    return run
+
+
+def _rewrite(path: Path, change) -> None:
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    path.write_text("".join(json.dumps(r) + "\n" for r in change(lines)))
+
+
+def test_a_control_that_loses_nothing_fails_the_harness(
+    pair: dict[str, Path], tmp_path: Path
+) -> None:
+    """A control whose bots are fixed: the main run's records are exactly that (the
+    control's workload, seed and schedule with confirming bots), relabelled control."""
+    run = _copy(pair, tmp_path)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["mode"] = "control"
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    code, doc = _verify(run)
+    assert code == 1 and not doc["ok"]
+    assert doc["message"].startswith("CONTROL LOST NOTHING")
+
+
+def _first_claimed(run: Path, label: str = "w01") -> dict[str, Any]:
+    posts = [json.loads(x) for x in (run / f"bots/{label}/posts.jsonl").read_text().splitlines()]
+    return next(p for p in posts if "Broadcast to" in p["reply"])
+
+
+def test_a_claimed_post_the_observer_never_got_is_a_silent_loss(
+    pair: dict[str, Path], tmp_path: Path
+) -> None:
+    run = _copy(pair, tmp_path)
+    text = _first_claimed(run)["text"]
+    _rewrite(
+        run / "observer.jsonl", lambda recs: [r for r in recs if text not in r.get("text", "")]
+    )
+    code, doc = _judge(run)
+    assert code == 1 and not _check(doc, "no silent loss")["passed"]
+    assert doc["summary"]["lost"] == 1
+
+
+def test_an_outage_post_that_claims_delivery_fails(pair: dict[str, Path], tmp_path: Path) -> None:
+    run = _copy(pair, tmp_path)
+    _, doc = _judge(run)
+    post_of = {}
+    for j in doc["joins"]:
+        for e in j["effects"]:
+            if e["effect"] == "unconfirmed_post":
+                post_of.setdefault(j["target"], e["post"])
+    label, i = next(iter(post_of.items()))
+
+    def claim(recs: list[dict]) -> list[dict]:
+        for r in recs:
+            if r["i"] == i:
+                r["reply"] = "Broadcast to #enclave (1 line)"
+        return recs
+
+    _rewrite(run / f"bots/{label}/posts.jsonl", claim)
+    code, doc = _judge(run)
+    assert code == 1 and not _check(doc, "during an outage")["passed"]
+
+
+def test_a_bot_that_never_came_back_fails_liveness(pair: dict[str, Path], tmp_path: Path) -> None:
+    run = _copy(pair, tmp_path)
+    _rewrite(
+        run / "bots/w02/posts.jsonl", lambda recs: [r for r in recs if r["kind"] != "roll_call"]
+    )
+    code, doc = _judge(run)
+    assert code == 1 and not _check(doc, "liveness")["passed"]
+    assert list(_check(doc, "liveness")["evidence"]) == ["w02"]
+
+
+def test_descriptors_that_grow_fail_flatness(pair: dict[str, Path], tmp_path: Path) -> None:
+    run = _copy(pair, tmp_path)
+
+    def leak(recs: list[dict]) -> list[dict]:
+        recs[-1]["fds"] += 2  # the final sample: two descriptors more than the baseline
+        return recs
+
+    _rewrite(run / "bots/w03/fds.jsonl", leak)
+    code, doc = _judge(run)
+    assert code == 1 and list(_check(doc, "descriptors")["evidence"]) == ["w03"]
+
+
+def test_a_post_without_its_call_record_fails(pair: dict[str, Path], tmp_path: Path) -> None:
+    run = _copy(pair, tmp_path)
+    for f in (run / "calls" / "w04").glob("*.jsonl"):
+        f.unlink()
+    code, doc = _judge(run)
+    assert code == 1 and not _check(doc, "call record")["passed"]
+
+
+def test_a_fault_with_no_effect_and_no_reason_fails_the_join(
+    pair: dict[str, Path], tmp_path: Path
+) -> None:
+    """Erase what a bot logged after a sever that took its connection down: the fault is
+    in the log, its effect is not, and no reason explains that."""
+    run = _copy(pair, tmp_path)
+    faults = [json.loads(x) for x in (run / "faults.jsonl").read_text().splitlines()]
+    sever = next(
+        f
+        for f in faults
+        if f["outcome"] == "applied"
+        and f["action"] in ("sever", "reset")
+        and f["detail"].get("conns")
+        and f["detail"].get("episode") in ("sever", "reset")
+    )
+    stderr = run / f"{sever['target']}.stderr"
+    began = sever["detail"]["began"]
+    kept = []
+    for line in stderr.read_text().splitlines():
+        if line.startswith("BOTEVENT ") and json.loads(line[9:])["mono"] >= began:
+            continue
+        kept.append(line)
+    stderr.write_text("\n".join(kept) + "\n")
+    # Its posts after it went too (those in the outage would be effects).
+    _rewrite(
+        run / f"bots/{sever['target']}/posts.jsonl",
+        lambda recs: [r for r in recs if r["done"] < began],
+    )
+    code, doc = _judge(run)
+    join = _check(doc, "joined")
+    assert code == 1 and not join["passed"]
+    assert [j["counter"] for j in join["evidence"]][:1] == [sever["counter"]]
+
+
+def test_an_unfinished_run_is_unusable(pair: dict[str, Path], tmp_path: Path) -> None:
+    run = _copy(pair, tmp_path)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest["status"] = "running"
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    r = subprocess.run(
+        [sys.executable, "-m", "harness.fleet_verify", str(run)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(),
+    )
+    assert r.returncode == 2 and "did not complete" in r.stderr and len(r.stderr.splitlines()) == 1
