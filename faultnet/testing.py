@@ -8,6 +8,10 @@ plugin (the way ``trio.testing`` serves trio's users and its own tests alike).
   answered by the echo with its own FIN after the echoed bytes).
 * :func:`udp_echo_server` -- a UDP peer on 127.0.0.1 that sends every datagram back to
   whoever sent it, counting them;
+* :func:`start_server` -- the same peers' handlers (or yours) in a nursery you hold.
+* :func:`open_link` -- a proxy in front of an accept server, and one connection
+  through it: ``(proxy, client, server)``.
+* :func:`read_line` -- one line from a child process's pipe, bounded.
 * :func:`read_exactly` -- read *n* bytes or raise ``EOFError`` saying how many came.
 * :func:`wait_until` -- wait for a condition that has no event to wait on, bounded by
   a timeout; raises ``trio.TooSlowError`` naming what it waited for.
@@ -20,18 +24,25 @@ its own bound, it does not hang.
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Callable, Mapping
+import selectors
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 import trio
+
+if TYPE_CHECKING:
+    from faultnet.proxy import Proxy
 
 __all__ = [
     "accept_server",
     "echo_server",
+    "open_link",
     "read_exactly",
+    "read_line",
     "sink_server",
+    "start_server",
     "udp_echo_server",
     "wait_for_record",
     "wait_until",
@@ -67,11 +78,24 @@ async def _sink(counter: list[int], stream: trio.SocketStream) -> None:
         await stream.aclose()
 
 
+async def start_server(
+    nursery: trio.Nursery,
+    handler: Callable[[trio.SocketStream], Awaitable[Any]] | None = None,
+    host: str = "127.0.0.1",
+) -> Address:
+    """Serve *handler* (default: :func:`echo_server`'s echo) on a free loopback port in
+    *nursery* until it is cancelled; return the address. For fixtures that already hold
+    a nursery; elsewhere use the context managers below."""
+    listeners = await nursery.start(
+        functools.partial(trio.serve_tcp, handler or _echo, 0, host=host)
+    )
+    return listeners[0].socket.getsockname()[:2]
+
+
 @asynccontextmanager
 async def _serve(handler: Callable[[trio.SocketStream], Any], host: str) -> AsyncIterator[Address]:
     async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(functools.partial(trio.serve_tcp, handler, 0, host=host))
-        yield listeners[0].socket.getsockname()[:2]
+        yield await start_server(nursery, handler, host)
         nursery.cancel_scope.cancel()
 
 
@@ -185,3 +209,31 @@ async def wait_for_record(path: str | Path, timeout: float = 5.0, **fields: Any)
 
     await wait_until(look, timeout, what=f"a record with {fields} in {path}")
     return found[0]
+
+
+@asynccontextmanager
+async def open_link(
+    **proxy_kwargs: Any,
+) -> AsyncIterator[tuple[Proxy, trio.SocketStream, trio.SocketStream]]:
+    """A :class:`~faultnet.Proxy` in front of an :func:`accept_server`, and one
+    connection through it: yields ``(proxy, client, server)``, the client's stream and
+    the server's end of the same connection. Nothing has been sent yet."""
+    from faultnet.proxy import open_proxy
+
+    async with accept_server() as (addr, accepted), open_proxy(addr, **proxy_kwargs) as proxy:
+        assert proxy.address is not None
+        client = await trio.open_tcp_stream(*proxy.address)
+        with trio.fail_after(5):
+            server = await accepted.receive()
+        yield proxy, client, server
+
+
+def read_line(stream: IO[str] | IO[bytes], timeout: float) -> str:
+    """One line from a child process's pipe (text or bytes), or ``TimeoutError`` after
+    *timeout* seconds with nothing to read. Blocking: for a test's main thread."""
+    with selectors.DefaultSelector() as sel:
+        sel.register(stream, selectors.EVENT_READ)
+        if not sel.select(timeout):
+            raise TimeoutError(f"no line within {timeout} s")
+    line = stream.readline()
+    return line.decode() if isinstance(line, bytes) else line

@@ -14,7 +14,7 @@ from faultnet.controls import ControlFailed
 from faultnet.probe import ProbeKind, probe
 from faultnet.proxy import open_proxy
 from faultnet.sockopts import attach_drop_all
-from faultnet.testing import accept_server, echo_server, read_exactly
+from faultnet.testing import accept_server, echo_server, open_link, read_exactly
 
 
 def _closed_port() -> tuple[str, int]:
@@ -98,9 +98,7 @@ async def test_sever_and_reset_controls_tell_fin_from_rst() -> None:
 
 
 async def test_frozen_control_goes_red_when_a_close_gets_through() -> None:
-    async with accept_server() as (addr, accepted), open_proxy(addr) as proxy:
-        s = await trio.open_tcp_stream(*proxy.address)
-        server = await accepted.receive()
+    async with open_link() as (proxy, s, server):
         await server.send_all(b"x")
         await read_exactly(s, 1)
         await server.aclose()

@@ -18,7 +18,7 @@ from faultnet.eventlog import read_jsonl
 from faultnet.probe import ProbeKind, probe
 from faultnet.proxy import Proxy, ProxyError, open_proxy
 from faultnet.sockopts import attach_drop_all, detach_filter, set_keepalive
-from faultnet.testing import accept_server, echo_server, read_exactly
+from faultnet.testing import accept_server, echo_server, open_link, read_exactly
 from faultnet.toxics.base import Toxic
 
 
@@ -92,28 +92,20 @@ async def test_byte_exact_both_ways_at_once(path: str) -> None:
 async def test_half_close_both_directions(splice: bool) -> None:
     """A FIN one way is forwarded as a FIN; the other direction keeps flowing."""
     async with accept_server() as (addr, accepted), open_proxy(addr, splice=splice) as proxy:
-        # Client half-closes first: the server sees EOF and can still reply.
-        client = await trio.open_tcp_stream(*proxy.address)
-        server = await accepted.receive()
-        await client.send_all(b"question")
-        await client.send_eof()
-        with trio.fail_after(5):
-            assert await read_exactly(server, 8) == b"question"
-            assert await server.receive_some(10) == b""
-            await server.send_all(b"the reply after your FIN")
-            assert await read_exactly(client, 24) == b"the reply after your FIN"
-            await server.send_eof()
-            assert await client.receive_some(10) == b""
-        # Server half-closes first: the client sees EOF and can still send.
-        client = await trio.open_tcp_stream(*proxy.address)
-        server = await accepted.receive()
-        await server.send_all(b"banner")
-        await server.send_eof()
-        with trio.fail_after(5):
-            assert await read_exactly(client, 6) == b"banner"
-            assert await client.receive_some(10) == b""
-            await client.send_all(b"still talking")
-            assert await read_exactly(server, 13) == b"still talking"
+        # Each side half-closes first in turn: the other sees EOF and can still reply.
+        for client_first in (True, False):
+            client = await trio.open_tcp_stream(*proxy.address)
+            server = await accepted.receive()
+            first, second = (client, server) if client_first else (server, client)
+            await first.send_all(b"first words")
+            await first.send_eof()
+            with trio.fail_after(5):
+                assert await read_exactly(second, 11) == b"first words"
+                assert await second.receive_some(10) == b""  # the FIN, forwarded
+                await second.send_all(b"the reply after your FIN")
+                assert await read_exactly(first, 24) == b"the reply after your FIN"
+                await second.send_eof()
+                assert await first.receive_some(10) == b""
 
 
 async def test_upstream_refusing_or_hanging_closes_client_and_logs(tmp_path) -> None:
@@ -194,9 +186,7 @@ async def test_drop_syn_hangs_and_restore_lets_a_retrying_client_in() -> None:
 
 
 async def test_sever_is_a_clean_fin_even_with_unread_bytes() -> None:
-    async with accept_server() as (addr, accepted), open_proxy(addr) as proxy:
-        client = await trio.open_tcp_stream(*proxy.address)
-        server = await accepted.receive()
+    async with open_link() as (proxy, client, server):
         await client.send_all(b"x")
         await read_exactly(server, 1)
         await proxy.freeze()
@@ -209,9 +199,7 @@ async def test_sever_is_a_clean_fin_even_with_unread_bytes() -> None:
 
 
 async def test_reset_is_an_rst_both_ways() -> None:
-    async with accept_server() as (addr, accepted), open_proxy(addr) as proxy:
-        client = await trio.open_tcp_stream(*proxy.address)
-        server = await accepted.receive()
+    async with open_link() as (proxy, client, server):
         await client.send_all(b"x")
         await read_exactly(server, 1)
         assert await proxy.reset() == 1
@@ -254,9 +242,7 @@ async def test_freeze_holds_bytes_and_fin_then_thaw_delivers_in_order(tmp_path) 
 
 
 async def test_freeze_one_stream_leaves_the_other_flowing() -> None:
-    async with accept_server() as (addr, accepted), open_proxy(addr) as proxy:
-        client = await trio.open_tcp_stream(*proxy.address)
-        server = await accepted.receive()
+    async with open_link() as (proxy, client, server):
         await proxy.freeze("upstream")
         await controls.assert_frozen(client, server, window=0.2)
         await server.send_all(b"downstream still flows")
@@ -293,9 +279,7 @@ async def test_freeze_acts_on_open_connections_unless_include_new() -> None:
 async def test_freeze_race_no_byte_crosses_after_freeze_returns() -> None:
     """A client streams flat out; once freeze() returns, the server receives exactly what
     the proxy had forwarded by then (already in the kernel), never one byte more."""
-    async with accept_server() as (addr, accepted), open_proxy(addr) as proxy:
-        client = await trio.open_tcp_stream(*proxy.address)
-        server = await accepted.receive()
+    async with open_link() as (proxy, client, server):
         received = 0
         block = os.urandom(65536)
 

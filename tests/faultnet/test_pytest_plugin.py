@@ -3,7 +3,6 @@ subprocess) its teardown, seed replay and report header."""
 
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,16 +13,9 @@ import trio
 import faultnet.controls
 import faultnet.pytest_plugin
 from faultnet.server import RunningServer
+from faultnet.testing import start_server
 
 pytest_plugins = ["pytester"]
-
-
-async def _echo(stream: trio.SocketStream) -> None:
-    try:
-        async for data in stream:
-            await stream.send_all(data)
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        pass
 
 
 async def test_factory_gives_a_started_proxy_with_its_faults(
@@ -31,8 +23,7 @@ async def test_factory_gives_a_started_proxy_with_its_faults(
     faultnet_controls: SimpleNamespace,
     nursery: trio.Nursery,
 ) -> None:
-    listeners = await nursery.start(functools.partial(trio.serve_tcp, _echo, 0, host="127.0.0.1"))
-    upstream = listeners[0].socket.getsockname()[:2]
+    upstream = await start_server(nursery)
     proxy = await faultnet_proxy(upstream=upstream)
     second = await faultnet_proxy(upstream, name="named")
     assert proxy.address is not None and proxy.address != second.address
@@ -73,16 +64,10 @@ async def test_server_fixture(faultnet_server: RunningServer) -> None:
 
 INNER = """
 import json, os
-import trio
-
-async def _echo(stream):
-    async for data in stream:
-        await stream.send_all(data)
+from faultnet.testing import start_server
 
 async def test_inner(faultnet_proxy, faultnet_seed, nursery):
-    import functools
-    listeners = await nursery.start(functools.partial(trio.serve_tcp, _echo, 0, host="127.0.0.1"))
-    proxy = await faultnet_proxy(listeners[0].socket.getsockname()[:2])
+    proxy = await faultnet_proxy(await start_server(nursery))
     with open(os.environ["FAULTNET_PLUGIN_OUT"], "w") as f:
         json.dump({"address": proxy.address, "seed": proxy.seed, "session": faultnet_seed}, f)
 """

@@ -7,7 +7,6 @@ a real echo server.
 
 from __future__ import annotations
 
-import functools
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -26,27 +25,14 @@ from faultnet.controls import (
     assert_syn_dropped,
 )
 from faultnet.server import RunningServer, open_server
+from faultnet.testing import start_server
 
 Address = tuple[str, int]
 
 
-async def _echo(stream: trio.SocketStream) -> None:
-    try:
-        async for data in stream:
-            await stream.send_all(data)
-        await stream.send_eof()
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        pass
-
-
-async def start_echo(nursery: trio.Nursery) -> Address:
-    listeners = await nursery.start(functools.partial(trio.serve_tcp, _echo, 0, host="127.0.0.1"))
-    return listeners[0].socket.getsockname()[:2]
-
-
 @pytest.fixture
 async def upstream(nursery: trio.Nursery) -> Address:
-    return await start_echo(nursery)
+    return await start_server(nursery)
 
 
 @pytest.fixture
@@ -233,7 +219,7 @@ async def test_update_changes_upstream_and_listen(
     api: httpx.AsyncClient, upstream: Address, nursery: trio.Nursery
 ) -> None:
     p = await create(api, "p", upstream)
-    other = await start_echo(nursery)
+    other = await start_server(nursery)
     r = await api.patch("/proxies/p", json={"upstream": f"127.0.0.1:{other[1]}"})
     assert r.status_code == 200 and r.json()["upstream"] == f"127.0.0.1:{other[1]}"
     assert r.json()["listen"] == p["listen"]  # restarted on the same address

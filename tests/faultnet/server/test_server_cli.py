@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import selectors
 import signal
 import socket
 import subprocess
@@ -21,11 +20,12 @@ from typing import Any
 import pytest
 import trio
 
-from faultnet.addresses import parse_address
+from faultnet.addresses import format_address, parse_address
 from faultnet.cli import main
 from faultnet.controls import assert_accepting, assert_refusing, assert_syn_dropped
 from faultnet.eventlog import read_jsonl
 from faultnet.server import RunningServer
+from faultnet.testing import read_line, start_server
 
 
 class Cli:
@@ -56,18 +56,9 @@ def cli(faultnet_server: RunningServer, capsys: pytest.CaptureFixture[str]) -> C
     return Cli(faultnet_server.url, capsys)
 
 
-async def _echo(stream: trio.SocketStream) -> None:
-    try:
-        async for data in stream:
-            await stream.send_all(data)
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        pass
-
-
 @pytest.fixture
 async def upstream(nursery: trio.Nursery) -> str:
-    listeners = await nursery.start(functools.partial(trio.serve_tcp, _echo, 0, host="127.0.0.1"))
-    return f"127.0.0.1:{listeners[0].socket.getsockname()[1]}"
+    return format_address(await start_server(nursery))
 
 
 async def test_client_commands(cli: Cli, upstream: str) -> None:
@@ -173,15 +164,6 @@ def test_unreachable_api_is_one_line_exit_2() -> None:
     assert len(r.stderr.splitlines()) == 1 and "Connection refused" in r.stderr
 
 
-def _read_line(proc: subprocess.Popen[str], timeout: float) -> str:
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        if not sel.select(timeout):
-            raise AssertionError(f"no line from the server within {timeout} s")
-    return proc.stdout.readline()
-
-
 def test_server_process_config_seed_event_log_and_sigterm(tmp_path: Path) -> None:
     config = tmp_path / "proxies.json"
     config.write_text(json.dumps([{"name": "db", "upstream": "127.0.0.1:5432"}]))
@@ -195,7 +177,7 @@ def test_server_process_config_seed_event_log_and_sigterm(tmp_path: Path) -> Non
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        line = _read_line(proc, 20)
+        line = read_line(proc.stdout, 20)
         assert "(seed 42, 1 proxies," in line
         url = line.split(" listening on ")[1].split()[0]
         r = _run("proxies", "--json", "--api", url)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import selectors
 import subprocess
 import sys
 import urllib.request
@@ -29,6 +28,7 @@ from schemathesis.checks import (
 
 from faultnet._version import __version__
 from faultnet.server.openapi import openapi_document
+from faultnet.testing import read_line
 
 MAX_EXAMPLES = 12
 
@@ -49,15 +49,6 @@ def no_unexpected_server_error(ctx: Any, response: Any, case: Any) -> bool | Non
     raise AssertionError(
         f"{case.method} {case.formatted_path}: {response.status_code} {response.content[:300]!r}"
     )
-
-
-def _read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
-    assert proc.stdout is not None
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        if not sel.select(timeout):
-            raise AssertionError(f"no line from the server within {timeout} s")
-    return proc.stdout.readline().decode()
 
 
 def _call(url: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
@@ -81,7 +72,7 @@ def server_url() -> Iterator[str]:
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     try:
-        line = _read_line(proc, 20)
+        line = read_line(proc.stdout, 20)
         url = line.split(" listening on ")[1].split()[0]
         yield url
         # Still serving after the fuzz, and nothing crashed inside it.

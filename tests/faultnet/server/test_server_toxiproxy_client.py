@@ -19,20 +19,13 @@ from toxiproxy.exceptions import InvalidToxic, NotFound, ProxyExists
 from faultnet.addresses import parse_address
 from faultnet.controls import assert_accepting, assert_refusing, assert_severed
 from faultnet.server import RunningServer
+from faultnet.testing import start_server
 
 T = TypeVar("T")
 
 
 async def call(func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return await trio.to_thread.run_sync(functools.partial(func, *args, **kwargs))
-
-
-async def _echo(stream: trio.SocketStream) -> None:
-    try:
-        async for data in stream:
-            await stream.send_all(data)
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        pass
 
 
 @pytest.fixture
@@ -58,8 +51,7 @@ async def rtt(stream: trio.SocketStream) -> float:
 async def test_toxiproxy_python_end_to_end(
     client: toxiproxy.Toxiproxy, nursery: trio.Nursery
 ) -> None:
-    listeners = await nursery.start(functools.partial(trio.serve_tcp, _echo, 0, host="127.0.0.1"))
-    up_port = listeners[0].socket.getsockname()[1]
+    up_port = (await start_server(nursery))[1]
 
     assert await call(client.running)
     assert b'"version"' in await call(client.version)

@@ -63,6 +63,20 @@ class FakeContext:
         return b"".join(d for _, d, _ in self.out)
 
 
+async def update_while_waiting(
+    toxic: Any, hook: Any, ctx: FakeContext, wait_s: float, **attributes: int
+) -> float:
+    """Run ``hook(ctx)``; after *wait_s* (mock time) with nothing seen, update *toxic*
+    with *attributes*; return the start time once the hook has returned."""
+    t0 = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hook, ctx)
+        await trio.sleep(wait_s)
+        assert ctx.events == []
+        toxic.update(attributes)
+    return t0
+
+
 # -- registry, parsing, validation -----------------------------------------------------
 
 
@@ -266,12 +280,7 @@ async def test_limit_data_zero_closes_on_first_chunk() -> None:
 async def test_slow_close_delays_fin_and_update_moves_it(autojump_clock: Any) -> None:
     t = SlowClose("s", delay=1000)
     ctx = FakeContext()
-    t0 = trio.current_time()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(t.on_eof, ctx)
-        await trio.sleep(0.2)
-        assert ctx.events == []
-        t.update({"delay": 300})  # deadline now t0 + 0.3
+    t0 = await update_while_waiting(t, t.on_eof, ctx, 0.2, delay=300)  # due at t0 + 0.3
     assert ctx.events == [("eof", pytest.approx(t0 + 0.3))]
     ctx2 = FakeContext()
     await t.on_chunk(ctx2, b"data", 0.0)
@@ -296,12 +305,8 @@ async def test_timeout_drops_holds_fin_and_closes_after_time(autojump_clock: Any
 async def test_timeout_zero_never_closes_until_updated(autojump_clock: Any) -> None:
     t = Timeout("t", timeout=0)
     ctx = FakeContext()
-    t0 = trio.current_time()
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(t.run, ctx)
-        await trio.sleep(100)
-        assert ctx.events == []
-        t.update({"timeout": 50})  # measured from when the toxic began: long past
+    # The new deadline is measured from when the toxic began: long past.
+    t0 = await update_while_waiting(t, t.run, ctx, 100, timeout=50)
     assert ctx.events == [("close", pytest.approx(t0 + 100))]
 
 

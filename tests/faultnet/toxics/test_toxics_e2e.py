@@ -7,29 +7,20 @@ toxic never makes things faster than it says).
 
 from __future__ import annotations
 
-import functools
 import statistics
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import pytest
 import trio
 
 from faultnet.controls import assert_reset
 from faultnet.proxy import Proxy
+from faultnet.testing import start_server
 from faultnet.toxics import Bandwidth, Latency, LimitData, ResetPeer, Slicer, SlowClose, Timeout
+from faultnet.toxics.base import Toxic
 
 Address = tuple[str, int]
 Factory = Callable[..., Awaitable[Proxy]]
-
-
-async def _echo(stream: trio.SocketStream) -> None:
-    try:
-        async for data in stream:
-            await stream.send_all(data)
-        await stream.send_eof()
-    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-        pass
 
 
 def _source(payload: bytes) -> Callable[[trio.SocketStream], Awaitable[None]]:
@@ -45,14 +36,25 @@ def _source(payload: bytes) -> Callable[[trio.SocketStream], Awaitable[None]]:
     return handler
 
 
-async def serve(nursery: trio.Nursery, handler: Any) -> Address:
-    listeners = await nursery.start(functools.partial(trio.serve_tcp, handler, 0, host="127.0.0.1"))
-    return listeners[0].socket.getsockname()[:2]
+async def used_link(factory: Factory, echo: Address) -> tuple[Proxy, trio.SocketStream]:
+    """A proxy in front of the echo, and one connection through it that has carried one
+    round trip (so it is open, and in use, before any toxic is added)."""
+    proxy = await factory(echo)
+    stream = await connect(proxy)
+    await rtt(stream)
+    return proxy, stream
+
+
+async def through(factory: Factory, nursery: trio.Nursery, payload: bytes, toxic: Toxic) -> Proxy:
+    """A proxy with *toxic* in front of a server that sends *payload*, then closes."""
+    proxy = await factory(await start_server(nursery, _source(payload)))
+    proxy.add_toxic(toxic)
+    return proxy
 
 
 @pytest.fixture
 async def echo(nursery: trio.Nursery) -> Address:
-    return await serve(nursery, _echo)
+    return await start_server(nursery)
 
 
 async def connect(proxy: Proxy) -> trio.SocketStream:
@@ -148,9 +150,7 @@ async def test_slicer_splits_and_keeps_bytes_exact(faultnet_proxy: Factory, echo
 async def test_limit_data_forwards_exactly_n_bytes_then_fin(
     faultnet_proxy: Factory, nursery: trio.Nursery
 ) -> None:
-    source = await serve(nursery, _source(pattern(50_000)))
-    proxy = await faultnet_proxy(source)
-    proxy.add_toxic(LimitData("cut", "downstream", bytes=1000))
+    proxy = await through(faultnet_proxy, nursery, pattern(50_000), LimitData("cut", bytes=1000))
     stream = await connect(proxy)
     assert await read_to_eof(stream) == pattern(50_000)[:1000]  # then a clean EOF
 
@@ -158,9 +158,7 @@ async def test_limit_data_forwards_exactly_n_bytes_then_fin(
 async def test_timeout_black_holes_then_closes_after_its_time(
     faultnet_proxy: Factory, echo: Address
 ) -> None:
-    proxy = await faultnet_proxy(echo)
-    stream = await connect(proxy)
-    await rtt(stream)
+    proxy, stream = await used_link(faultnet_proxy, echo)
     t0 = trio.current_time()
     proxy.add_toxic(Timeout("t", "downstream", timeout=300))
     await stream.send_all(b"into the void")
@@ -187,9 +185,8 @@ async def test_timeout_zero_holds_the_fin_too(faultnet_proxy: Factory, echo: Add
 async def test_reset_peer_resets_an_existing_idle_connection(
     faultnet_proxy: Factory, echo: Address
 ) -> None:
-    proxy = await faultnet_proxy(echo)
-    stream = await connect(proxy)
-    await rtt(stream)  # opened and used before the toxic exists
+    # Opened and used before the toxic exists.
+    proxy, stream = await used_link(faultnet_proxy, echo)
     t0 = trio.current_time()
     proxy.add_toxic(ResetPeer("r", "downstream", timeout=100))
     await assert_reset(stream, timeout=2)
@@ -199,9 +196,7 @@ async def test_reset_peer_resets_an_existing_idle_connection(
 async def test_slow_close_delays_the_fin_not_the_data(
     faultnet_proxy: Factory, nursery: trio.Nursery
 ) -> None:
-    source = await serve(nursery, _source(b"last words"))
-    proxy = await faultnet_proxy(source)
-    proxy.add_toxic(SlowClose("sc", "downstream", delay=300))
+    proxy = await through(faultnet_proxy, nursery, b"last words", SlowClose("sc", delay=300))
     t0 = trio.current_time()
     stream = await connect(proxy)
     assert await receive_exactly(stream, 10) == b"last words"
@@ -213,9 +208,7 @@ async def test_slow_close_delays_the_fin_not_the_data(
 async def test_toxicity_zero_leaves_connections_untouched(
     faultnet_proxy: Factory, echo: Address
 ) -> None:
-    proxy = await faultnet_proxy(echo)
-    old = await connect(proxy)
-    await rtt(old)
+    proxy, old = await used_link(faultnet_proxy, echo)
     for toxic in (
         Latency("lat", "downstream", 0.0, latency=500),
         ResetPeer("rst", "upstream", 0.0, timeout=0),
