@@ -367,6 +367,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     client("list", _toxic_list, "list a proxy's toxics", tsub).add_argument("proxy")
 
     p = client("fault", _fault, "apply a fault mode to a proxy (or undo: thaw, restore)")
+    p.description = (
+        "To kill the route for old and new connections alike: `blackhole --include-new` "
+        "(or `freeze --include-new`), then `drop-syn`. A client that opens a new "
+        "connection per request or on retry (curl, HTTP fetchers, redis-py's retry) is "
+        "untouched by a plain freeze: freeze alone is the laptop-changed-networks case "
+        "(old sockets dead, new ones fine). Applies a fault mode to a proxy, or undoes "
+        "one (thaw, restore)."
+    )
     p.add_argument("proxy")
     p.add_argument(
         "mode",

@@ -123,3 +123,25 @@ async def test_proxy_apply_calls_the_mode_and_refuses_what_it_does_not_take() ->
             await proxy.apply("refuse", include_new=True)
         await proxy.apply("restore")
         await s.aclose()
+
+
+def test_readme_and_fault_help_lead_with_the_fault_that_kills_the_route() -> None:
+    # Per-request clients open a NEW connection: a plain freeze changes nothing for them.
+    import subprocess
+    import sys
+
+    readme = README.read_text()
+    kill = readme.index("To kill the route for every client")
+    assert kill < readme.index(markdown_table())
+    said = readme[kill : readme.index(markdown_table())]
+    assert "include_new=True" in said and "drop_syn()" in said
+    assert "laptop-changed-networks" in said
+    out = subprocess.run(
+        [sys.executable, "-m", "faultnet", "fault", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
+    description = out.split("\n\n")[1]
+    assert description.startswith("To kill the route for old and new connections alike")
+    assert "--include-new" in description and "drop-syn" in description
