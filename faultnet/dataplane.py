@@ -28,10 +28,11 @@ instead of reading: back-pressure, at most one read's worth held per lane.
 
 **Interest.** A socket's interest is EPOLLIN while the lane reading it may read (gate
 open, nothing held, no EOF yet) and EPOLLOUT while the lane writing to it holds bytes.
-It is recomputed, under the lock, after every change; a socket with no interest is
-unregistered (level-triggered EPOLLHUP on a socket we are not reading would spin). A
-lane parked by a freeze is re-armed synchronously by thaw: :meth:`Link.thaw` registers
-its interest again before it returns.
+It is recomputed, under the lock, after every change the thread makes and by thaw; a
+socket with no interest is unregistered (level-triggered EPOLLHUP on a socket we are not
+reading would spin). Freeze only closes gates: a frozen socket leaves the interest set
+when the thread is next woken for it. A lane parked by a freeze is re-armed
+synchronously by thaw: :meth:`Link.thaw` registers its interest again before it returns.
 
 **Toward trio.** The thread never touches a trio object. It appends events (a peer
 reset, the connection finished, chunks read for a toxic chain, held bytes drained) to an
@@ -177,11 +178,15 @@ class Link:
 
     def freeze(self, streams: Iterable[str]) -> None:
         """Close the gates: total on return (no syscall of these lanes is in progress
-        and none starts; their counters are final)."""
+        and none starts; their counters are final).
+
+        Only flags change here: the thread takes a frozen socket out of its interest the
+        next time it is woken for it (one wasted wake-up per socket that turns readable
+        while frozen), so a freeze of thousands of idle connections makes no syscall.
+        """
         with self.plane.lock:
             for s in streams:
                 self.lanes[s].open = False
-            self.plane._rearm(self)  # (a no-op once the link has ended)
 
     def thaw(self, streams: Iterable[str]) -> None:
         """Open the gates and re-arm the parked lanes before returning."""
