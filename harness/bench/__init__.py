@@ -24,6 +24,14 @@ What one run measures, each arm against the same upstream process:
   own (held bytes delivered, in order). Any deviation is a failed check (exit 1).
 * **proxy RSS per idle connection**: the proxy process's VmRSS before and after the
   connections are held, divided by their count.
+* **request/response** (issue 14): ``redis-benchmark`` GETs, 20 clients, not pipelined
+  (``-P 1``) and pipelined (``-P 16``), against a redis-server of our own, through each
+  arm (its own socat and faultnet proxy in front of redis); skipped, and said so, when
+  redis is not installed. ``--requests`` per arm and round.
+* **churn** (issue 14): one client connects, makes one 64-byte round trip, closes, and
+  again (``--churn`` connections per arm and round): connections/s and p99 per connection.
+* ``--dataplane trio|thread`` picks the faultnet proxy's data plane; the load average at
+  the start and end is in the report, beside the figures it moves.
 
 Reading the figures. Rounds alternate the arms, so compare ratios from one run, not
 absolutes across runs (other work on the machine moves them). On a small VM an idle vCPU
@@ -42,6 +50,7 @@ Processes: the upstream server and the faultnet proxy each run in their own proc
 
 The package, by concern: ``_stream`` (the wire, sizes, targets, bounds), ``_roles`` (the
 upstream and proxy processes), ``_children`` (starting and stopping them, /proc readers),
+``_reqresp`` (redis-benchmark and the churn loop),
 ``_measure`` (the load generator's measurements), ``_run`` (the phases and checks),
 ``_report`` (the table), ``_cli`` (flags and exit codes). It lives outside ``faultnet/``
 because it is a developer tool, not part of the library (as h11 keeps its ``bench/``).

@@ -73,6 +73,23 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--proxy-log", metavar="PATH", help="write the faultnet proxy's JSONL event log here"
     )
+    ap.add_argument(
+        "--requests",
+        type=int,
+        metavar="N",
+        help="redis-benchmark GETs per arm and round (default 100000; 0 skips the line)",
+    )
+    ap.add_argument(
+        "--churn",
+        type=int,
+        metavar="N",
+        help="connections per arm and round in the churn line (default 3000; 0 skips it)",
+    )
+    ap.add_argument(
+        "--dataplane",
+        choices=("trio", "thread"),
+        help="the faultnet proxy's data plane (default: the proxy's own default)",
+    )
     ap.add_argument("--json", metavar="PATH", help="also write the result as JSON ('-': stdout)")
     ap.add_argument("--require-targets", action="store_true", help="exit 1 if a target is MISSED")
     # Internal: the child roles, and deliberate breakage for the bench's own tests.
@@ -90,6 +107,10 @@ def params_from_args(args: argparse.Namespace) -> BenchParams:
     conns = args.connections if args.connections is not None else d["connections"]
     rounds = args.rounds if args.rounds is not None else d["rounds"]
     window = args.freeze_window if args.freeze_window is not None else d["freeze_window"]
+    requests = args.requests if args.requests is not None else d["requests"]
+    churn = args.churn if args.churn is not None else d["churn"]
+    if requests < 0 or churn < 0:
+        raise UsageError("--requests and --churn must be 0 or more")
     if pings < 1:
         raise UsageError("--pings must be at least 1")
     if rounds < 1:
@@ -141,6 +162,9 @@ def params_from_args(args: argparse.Namespace) -> BenchParams:
         preset=preset,
         proxy_log=str(Path(args.proxy_log).resolve()) if args.proxy_log else None,
         rtt_cpu=rtt_cpu,
+        requests=requests,
+        churn=churn,
+        dataplane=args.dataplane,
     )
 
 
@@ -152,7 +176,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.role == "proxy":
             if args.upstream_port is None:
                 raise UsageError("--role proxy needs --upstream-port")
-            return _proxy_main(args.upstream_port, tuple(args.sabotage.split(",")), args.proxy_log)
+            return _proxy_main(
+                args.upstream_port,
+                tuple(args.sabotage.split(",")),
+                args.proxy_log,
+                args.dataplane,
+            )
         params = params_from_args(args)
         if args.json and args.json != "-":
             parent = Path(args.json).resolve().parent

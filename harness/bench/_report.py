@@ -65,6 +65,13 @@ def format_report(res: dict[str, Any]) -> str:
          None, "rtt_one_cpu_added_vs_socat"),
         ("  proxy CPU us per round trip", ("rtt_one_cpu", "proxy_cpu_us_per_rtt"),
          _num(".1f"), None, None),
+        ("redis GET req/s, -c 20 -P 1", ("reqresp", "p1_rps"), _num(".0f"),
+         "reqresp_p1_vs_direct", "reqresp_p1_vs_socat"),
+        ("redis GET req/s, -c 20 -P 16", ("reqresp", "p16_rps"), _num(".0f"),
+         "reqresp_p16_vs_direct", "reqresp_p16_vs_socat"),
+        ("churn connections/s (connect, 1 RTT, close)", ("churn", "per_s"), _num(".0f"),
+         "churn_vs_direct", "churn_vs_socat"),
+        ("  churn p99 us per connection", ("churn", "p99_us"), _num(".0f"), None, None),
         (f"connections held (asked {p['connections']})", ("hold", "held"), _num("d"),
          "held_vs_direct", None),
         ("  proxy CPU ms per connection opened", ("hold", "proxy_cpu_ms_per_conn"),
@@ -94,6 +101,11 @@ def format_report(res: dict[str, Any]) -> str:
     if skipped:
         hint = " (install it: apt-get install socat)" if "not found" in skipped else ""
         lines.append(f"socat arm skipped: {skipped}{hint}")
+    load = res.get("loadavg")
+    if load:
+        end = res.get("loadavg_end") or ["?"]
+        plane = p.get("dataplane") or "proxy default"
+        lines.append(f"load average at start {load[0]:.2f} (end {end[0]}); data plane: {plane}")
     lines += ["", "targets"]
     for t in res["targets"]:
         note = f"  ({t['note']})" if t["note"] else ""

@@ -218,7 +218,12 @@ def _upstream_main(seed: int) -> int:
 # Role: the faultnet proxy (its own process)
 
 
-def _proxy_main(upstream_port: int, sabotage: Sequence[str], event_log: str | None) -> int:
+def _proxy_main(
+    upstream_port: int,
+    sabotage: Sequence[str],
+    event_log: str | None,
+    dataplane: str | None = None,
+) -> int:
     """Run one faultnet Proxy to 127.0.0.1:*upstream_port*; print its address; obey
     stdin lines ``freeze`` / ``thaw`` / ``stats`` (one JSON line each). Freeze and thaw
     are timed here, around the proxy's own call. EOF on stdin closes the proxy."""
@@ -227,7 +232,13 @@ def _proxy_main(upstream_port: int, sabotage: Sequence[str], event_log: str | No
     from faultnet.proxy import Proxy
 
     async def serve() -> None:
-        proxy = Proxy((HOST, upstream_port), (HOST, 0), name="bench", event_log=event_log)
+        proxy = Proxy(
+            (HOST, upstream_port),
+            (HOST, 0),
+            name="bench",
+            event_log=event_log,
+            dataplane=dataplane,
+        )
 
         def counters() -> dict[str, int]:
             infos = proxy.connections()

@@ -29,6 +29,7 @@ from harness.bench._measure import (
     pingpong,
     watch_silence,
 )
+from harness.bench._reqresp import PIPELINES, RedisArms, churn, find_redis, redis_rps
 from harness.bench._stream import (
     CHILD_START_S,
     GIB,
@@ -36,8 +37,11 @@ from harness.bench._stream import (
     PUSH,
     SCHEMA,
     SOCAT_BUFFER,
+    TARGET_CHURN_VS_SOCAT,
     TARGET_CONNECTIONS,
     TARGET_FREEZE_MS,
+    TARGET_FROZEN_CPU_PCT,
+    TARGET_REQRESP_VS_SOCAT,
     TARGET_RTT_ADDED_VS_SOCAT,
     TARGET_TPUT_VS_DIRECT,
     TARGET_TPUT_VS_SOCAT,
@@ -66,6 +70,9 @@ class BenchParams:
     preset: str = "default"
     proxy_log: str | None = None
     rtt_cpu: int | None = None  # also measure RTT with everything on this CPU
+    requests: int = 0  # redis-benchmark GETs per arm and round (0: no request/response line)
+    churn: int = 0  # connections per arm and round in the churn line (0: none)
+    dataplane: str | None = None  # the faultnet proxy's data plane (None: its default)
 
 
 def _log(msg: str) -> None:
@@ -124,7 +131,11 @@ def run_bench(p: BenchParams) -> dict[str, Any]:
             "preset": p.preset,
             "sabotage": list(p.sabotage),
             "rtt_cpu": p.rtt_cpu,
+            "requests": p.requests,
+            "churn": p.churn,
+            "dataplane": p.dataplane,
         },
+        "loadavg": _loadavg(),
         "env": _env(p.socat),
     }
     arms: dict[str, dict[str, Any]] = {"direct": {}, "socat": {}, "faultnet": {}}
@@ -142,6 +153,7 @@ def run_bench(p: BenchParams) -> dict[str, Any]:
                 "--role", "proxy", "--upstream-port", str(up_port),
                 *(["--sabotage", ",".join(p.sabotage)] if p.sabotage else []),
                 *(["--proxy-log", p.proxy_log] if p.proxy_log else []),
+                *_dataplane_argv(p),
             ),
             "faultnet proxy",
         )  # fmt: skip
@@ -185,6 +197,10 @@ def run_bench(p: BenchParams) -> dict[str, Any]:
         _rtt_phase(ctx, "rtt", None)
         if p.rtt_cpu is not None:
             _rtt_phase(ctx, "rtt_one_cpu", p.rtt_cpu)
+        if p.churn:
+            _churn_phase(ctx)
+        if p.requests:
+            _reqresp_phase(ctx)
         _hold_phase(ctx, proxy, upstream)
     finally:
         if socat is not None:
@@ -196,6 +212,7 @@ def run_bench(p: BenchParams) -> dict[str, Any]:
     result["ratios"] = _ratios(arms)
     result["targets"] = _targets(arms, p)
     result["elapsed_s"] = round(time.time() - started, 2)
+    result["loadavg_end"] = _loadavg()
     result["ok"] = all(c["ok"] for c in checks)
     return result
 
@@ -252,6 +269,76 @@ def _bulk_phase(ctx: _Run, block: bytes, expected_sha: str | None) -> None:
                 "detail": bad[0] if bad else f"{p.bytes} bytes x {p.rounds}, {p.verify}",
             }
         )
+
+
+def _loadavg() -> list[float] | None:
+    """The 1, 5 and 15-minute load averages (other work on the machine moves figures)."""
+    try:
+        return [float(x) for x in open("/proc/loadavg").read().split()[:3]]
+    except OSError:
+        return None
+
+
+def _dataplane_argv(p: BenchParams) -> list[str]:
+    return ["--dataplane", p.dataplane] if p.dataplane else []
+
+
+def _churn_phase(ctx: _Run) -> None:
+    """Connection churn: connect, one round trip, close, one after another."""
+    for arm in ctx.order:
+        ctx.arms[arm]["churn"] = {"rounds": []}
+    errors: dict[str, str] = {}
+    for _r, round_order in ctx.rounds():
+        for arm in round_order:
+            if arm in errors:
+                continue
+            try:
+                ctx.arms[arm]["churn"]["rounds"].append(churn(ctx.addrs[arm], ctx.p.churn))
+            except OSError as exc:
+                errors[arm] = str(exc) or type(exc).__name__
+    for arm in ctx.order:
+        c = ctx.arms[arm]["churn"]
+        c["per_s"] = _median([x["per_s"] for x in c["rounds"] if x["per_s"]])
+        c["p99_us"] = _median([x["p99_us"] for x in c["rounds"]])
+        ctx.checks.append(
+            {
+                "name": f"churn {arm}: every connection's echo came back intact",
+                "ok": arm not in errors,
+                "detail": errors.get(arm, f"{ctx.p.churn} connections x {ctx.p.rounds}"),
+            }
+        )
+        _log(f"churn {arm:8}: {c['per_s'] or 0:.0f} connections/s, p99 {c['p99_us'] or 0:.0f} us")
+
+
+def _reqresp_phase(ctx: _Run) -> None:
+    """redis-benchmark GETs through each arm, not pipelined and pipelined."""
+    found = find_redis()
+    if isinstance(found, str):
+        for arm in ctx.order:
+            ctx.arms[arm]["reqresp"] = {"skipped": found}
+        _log(f"request/response line skipped: {found}")
+        return
+    server, bench = found
+    socat_path = ctx.p.socat if "socat" in ctx.addrs else None
+    redis = RedisArms(server, socat_path, _dataplane_argv(ctx.p))
+    try:
+        for arm in ctx.order:
+            ctx.arms[arm]["reqresp"] = {f"p{n}": [] for n in PIPELINES}
+        for _r, round_order in ctx.rounds():
+            for pipeline in PIPELINES:
+                for arm in round_order:
+                    rps = redis_rps(bench, redis.addrs[arm], ctx.p.requests, pipeline)
+                    ctx.arms[arm]["reqresp"][f"p{pipeline}"].append(rps)
+        for arm in ctx.order:
+            rr = ctx.arms[arm]["reqresp"]
+            for n in PIPELINES:
+                rr[f"p{n}_rps"] = _median(rr[f"p{n}"])
+            _log(
+                f"redis {arm:8}: GET "
+                + ", ".join(f"-P {n}: {rr[f'p{n}_rps']:.0f}/s" for n in PIPELINES)
+            )
+    finally:
+        redis.stop()
 
 
 def _pin(pids: Sequence[int], cpus: set[int]) -> dict[int, set[int]]:
@@ -508,6 +595,9 @@ def _ratios(arms: dict[str, dict[str, Any]]) -> dict[str, float | None]:
         ("rtt_p99", ("rtt", "p99_us")),
         ("rtt_one_cpu_p50", ("rtt_one_cpu", "p50_us")),
         ("rtt_one_cpu_p99", ("rtt_one_cpu", "p99_us")),
+        ("reqresp_p1", ("reqresp", "p1_rps")),
+        ("reqresp_p16", ("reqresp", "p16_rps")),
+        ("churn", ("churn", "per_s")),
     ):
         out[f"{key}_vs_direct"] = _ratio(get("faultnet", *path), get("direct", *path))
         out[f"{key}_vs_socat"] = _ratio(get("faultnet", *path), get("socat", *path))
@@ -588,5 +678,32 @@ def _targets(arms: dict[str, dict[str, Any]], p: BenchParams) -> list[dict[str, 
         None if ms is None or n < TARGET_CONNECTIONS else ms <= TARGET_FREEZE_MS,
         "-" if ms is None else f"{ms:.2f} ms",
         note,
+    )
+    cpu = freeze["frozen_cpu_pct"] if freeze else None
+    add(
+        f"proxy CPU while every connection is frozen <= {TARGET_FROZEN_CPU_PCT:g} %",
+        cpu,
+        None if cpu is None else cpu <= TARGET_FROZEN_CPU_PCT,
+        "-" if cpu is None else f"{cpu:.1f} %",
+        f"over {n} connections" if freeze else "",
+    )
+    skipped = arms["faultnet"].get("reqresp", {}).get("skipped")
+    for n_pipe in PIPELINES:
+        t = r[f"reqresp_p{n_pipe}_vs_socat"]
+        add(
+            f"request/response (redis GET, -c 20 -P {n_pipe}) >= "
+            f"{TARGET_REQRESP_VS_SOCAT}x socat's requests/s",
+            t,
+            None if t is None else t >= TARGET_REQRESP_VS_SOCAT,
+            "-" if t is None else f"{t:.2f}x",
+            skipped or ("" if socat_ok else "socat arm skipped"),
+        )
+    t = r["churn_vs_socat"]
+    add(
+        f"connection churn >= {TARGET_CHURN_VS_SOCAT}x socat's connections/s",
+        t,
+        None if t is None else t >= TARGET_CHURN_VS_SOCAT,
+        "-" if t is None else f"{t:.2f}x",
+        "" if socat_ok else "socat arm skipped",
     )
     return targets

@@ -29,12 +29,16 @@ SOCAT_BUFFER = 262144
 GIB = 1 << 30
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
-#: Targets (issue 2, item 6). Reported with MET/MISSED; never asserted by tests.
+#: Targets (issue 2, item 6; issue 14, item 5). Reported with MET/MISSED; never
+#: asserted by tests. Bulk keeps issue 2's 1.2x socat (issue 14 asks >= 1.0x).
 TARGET_TPUT_VS_SOCAT = 1.2
 TARGET_TPUT_VS_DIRECT = 0.6
-TARGET_RTT_ADDED_VS_SOCAT = 1.3
+TARGET_RTT_ADDED_VS_SOCAT = 1.0
 TARGET_CONNECTIONS = 5000
 TARGET_FREEZE_MS = 50.0
+TARGET_REQRESP_VS_SOCAT = 1.1
+TARGET_CHURN_VS_SOCAT = 1.2
+TARGET_FROZEN_CPU_PCT = 5.0
 
 #: Bounds: every wait in this module ends.
 CHILD_START_S = 20.0
@@ -52,6 +56,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "connections": TARGET_CONNECTIONS,
         "rounds": 3,
         "freeze_window": 0.5,
+        "requests": 100000,
+        "churn": 3000,
     },
     # Under a minute on 2 vCPUs (measured ~10 s).
     "quick": {
@@ -60,6 +66,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "connections": 500,
         "rounds": 3,
         "freeze_window": 0.2,
+        "requests": 20000,
+        "churn": 500,
     },
 }
 

@@ -19,7 +19,7 @@ from tests import REPO
 # Tiny sizes: each run is a few seconds, mostly process start-up.
 TINY = [
     "--bytes", "3M", "--pings", "100", "--connections", "20", "--rounds", "1",
-    "--freeze-window", "0.05",
+    "--freeze-window", "0.05", "--requests", "1000", "--churn", "20",
 ]  # fmt: skip
 
 
@@ -49,15 +49,20 @@ def test_tiny_run_end_to_end_writes_valid_json(tmp_path: Path) -> None:
         assert doc["arms"][arm]["rtt"]["samples"] == 100
         assert doc["arms"][arm]["rtt_one_cpu"]["samples"] == 100
         assert doc["arms"][arm]["hold"]["held"] == 20
+        assert doc["arms"][arm]["churn"]["rounds"][0]["connections"] == 20
+        if Path("/usr/bin/redis-benchmark").exists():
+            assert doc["arms"][arm]["reqresp"]["p1_rps"] > 0
+            assert doc["arms"][arm]["reqresp"]["p16_rps"] > 0
     freeze = doc["arms"]["faultnet"]["freeze"]
     assert freeze["connections"] == 20 and freeze["zero_bytes_crossed"] is True
     assert freeze["delivered_after_thaw"]["right"] == 20
     assert doc["checks"] and all(c["ok"] for c in doc["checks"])
     statuses = {t["status"] for t in doc["targets"]}
-    assert statuses <= {"MET", "MISSED", "N/A"} and len(doc["targets"]) == 5
+    assert statuses <= {"MET", "MISSED", "N/A"} and len(doc["targets"]) == 9
+    assert len(doc["loadavg"]) == 3
     # The table: three arms, the ratios, every target with its status.
     assert "fn/direct" in out.stdout and "fn/socat" in out.stdout
-    assert out.stdout.count("MET") + out.stdout.count("MISSED") + out.stdout.count("N/A") >= 5
+    assert out.stdout.count("MET") + out.stdout.count("MISSED") + out.stdout.count("N/A") >= 9
     if Path("/usr/bin/socat").exists():
         assert doc["arms"]["socat"]["bulk"]["rounds"][0]["verified"]
         assert doc["arms"]["socat"]["hold"] == {"n/a": "socat forks one process per connection"}
