@@ -172,8 +172,14 @@ class Connection:
     def _start_toxic(self, link: ChainLink) -> None:
         assert self._nursery is not None
         scope = trio.CancelScope()
+        try:
+            self._nursery.start_soon(self._run_toxic, link.toxic, link, scope)
+        except RuntimeError:
+            # "Nursery is closed to new arrivals": both pumps have ended and the
+            # connection is being torn down (still listed for a moment). No byte will
+            # cross it again, so there is nothing for the toxic to act on.
+            return
         self._toxic_scopes[link.toxic.name] = scope
-        self._nursery.start_soon(self._run_toxic, link.toxic, link, scope)
 
     async def _run_toxic(self, toxic: Toxic, link: ChainLink, scope: trio.CancelScope) -> None:
         with scope:
@@ -800,13 +806,24 @@ class Proxy:
 
     def add_toxic(self, toxic: Toxic) -> None:
         """Apply *toxic* at once to live connections (those its toxicity picks) and to
-        new ones. Names are unique across both streams (ValueError otherwise)."""
+        new ones. Names are unique across both streams (ValueError otherwise).
+
+        Atomic: when it returns the toxic is listed, in force on every live connection
+        and logged; when it raises, none of that happened. A connection that is ending
+        (its pumps done) takes part without starting anything."""
         if any(t.name == toxic.name for t in self.toxics):
             raise ValueError(f"toxic already exists: {toxic.name}")
         _streams(toxic.stream)
         self.toxics.append(toxic)
-        for c in self._live():
-            c.attach_toxic(toxic)
+        try:
+            for c in self._live():
+                c.attach_toxic(toxic)
+        except BaseException:
+            # All or nothing: a toxic that is not on every live connection is on none.
+            self.toxics.remove(toxic)
+            for c in self._connections.values():
+                c.detach_toxic(toxic.name)
+            raise
         self.log.write(
             "toxic_added",
             toxic=toxic.name,
