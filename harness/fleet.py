@@ -26,9 +26,11 @@ bots per owner, the leader counting), each owner's leader connects and spawns tw
 workers; every worker gets its own in-process :class:`faultnet.Proxy`. The observer is
 the environment's leader, on a direct link, so nothing a fault does reaches it.
 
-Faults (until ``faultnet chaos`` offers a planner this can drive, the schedule is made
-here, with chaos's randomness rule: every draw is ``sha256("<seed>:<counter>")``). An
-*episode* takes one link down and ends it one of two ways, or is one instant fault:
+Faults. ``--planner chaos`` hands the links to ``faultnet chaos`` (its planner, runner
+and join log; ``--chaos-plan FILE`` tunes its catalogue). The default planner,
+``episodes``, draws with chaos's draws (``sha256("<seed>:<counter>")``) but plans what
+chaos's catalogue has no entry for, and what the control needs to be able to lose a post:
+an *episode* takes one link down and ends it one of two ways, or is one instant fault:
 
 * ``freeze`` or ``blackhole`` then ``thaw``: an outage the link recovers from (held bytes
   are delivered late);
@@ -51,7 +53,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import json
 import math
 import os
@@ -66,6 +67,7 @@ from typing import Any
 
 import trio
 
+from faultnet.chaos import Draws, draw
 from faultnet.errors import CommandError, EnvironmentProblem, UsageError, fail
 from faultnet.eventlog import JsonlWriter, read_jsonl
 from harness._report import EXIT_ENV, EXIT_OK
@@ -81,7 +83,7 @@ from harness._runner import (
 )
 from harness._timescale import TimeScale, time_scale_from
 
-__all__ = ["MODES", "Episode", "draw", "main", "plan_faults"]
+__all__ = ["MODES", "Episode", "main", "plan_faults"]
 
 NAME = "fleet"
 DESCRIPTION = __doc__
@@ -123,13 +125,6 @@ LOSSY = ("freeze-sever", "blackhole-reset")
 # --------------------------------------------------------------------------- the plan
 
 
-def draw(seed: int, counter: int | str) -> float:
-    """A number in [0, 1) from ``sha256("<seed>:<counter>")``: no process-local RNG, so
-    a seed replays the same plan anywhere."""
-    digest = hashlib.sha256(f"{seed}:{counter}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64
-
-
 @dataclass(frozen=True)
 class Episode:
     """One fault on one link: ``down`` at ``start`` then ``end`` after ``duration``
@@ -165,27 +160,12 @@ def plan_faults(
 
     Pure: the same seed, targets, mode and scale give the same plan.
     """
-    kinds = list(EPISODES)
-    weights = [EPISODES[k][1] for k in kinds]
-    counter = 0
+    kinds = [(k, weight) for k, (_, weight) in EPISODES.items()]
+    draws = Draws(seed)  # faultnet chaos's draws: sha256("<seed>:<counter>")
     notes: list[dict[str, Any]] = []
 
-    def next_draw() -> float:
-        nonlocal counter
-        counter += 1
-        return draw(seed, counter)
-
-    def pick_kind(u: float) -> str:
-        x = u * sum(weights)
-        for k, w in zip(kinds, weights, strict=True):
-            if x < w:
-                return k
-            x -= w
-        return kinds[-1]
-
-    def span(lo_hi: tuple[float, float], u: float) -> float:
-        lo, hi = lo_hi
-        return scale(lo + (hi - lo) * u)
+    def span(lo_hi: tuple[float, float]) -> float:
+        return scale(draws.uniform(*lo_hi))
 
     episodes: list[Episode] = []
     end_of_phase = scale(phase)
@@ -194,18 +174,20 @@ def plan_faults(
         for wave in range(STORM_WAVES):
             start = wave * wave_gap + scale(GAP[0])
             for target in targets:
-                kind = pick_kind(next_draw())
+                counter = draws.counter  # an episode is named by its first draw, as in chaos
+                kind = draws.weighted(kinds)
                 down, end = EPISODES[kind][0]
-                dur = min(span(OUTAGE, next_draw()), 0.8 * wave_gap) if down else 0.0
+                dur = min(span(OUTAGE), 0.8 * wave_gap) if down else 0.0
                 episodes.append(Episode(counter, kind, target, start, dur, down, end, wave))
         return episodes, notes
     free_at = dict.fromkeys(targets, 0.0)
     t = scale(GAP[0])
     while t < end_of_phase:
-        target = targets[int(next_draw() * len(targets))]
-        kind = pick_kind(next_draw())
+        counter = draws.counter
+        target = draws.choice(targets)
+        kind = draws.weighted(kinds)
         down, end = EPISODES[kind][0]
-        dur = span(OUTAGE, next_draw()) if down else 0.0
+        dur = span(OUTAGE) if down else 0.0
         if free_at[target] > t:
             notes.append(
                 {
@@ -220,7 +202,7 @@ def plan_faults(
             episodes.append(Episode(counter, kind, target, t, dur, down, end))
             # A link gets a breath after an episode, to reconnect and post again.
             free_at[target] = t + dur + scale(GAP[0])
-        t += span(GAP, next_draw())
+        t += span(GAP)
     # The control must be able to lose: a schedule without one long-enough lossy outage
     # would let it pass, and a passing control says nothing about the main case.
     long_enough = 3 * scale(POST_INTERVAL)
@@ -299,66 +281,33 @@ def _log_fault(fleet: Fleet, counter: int, action: str, target: str, **detail: A
 
 
 async def _run_episode(fleet: Fleet, ep: Episode, t0: float) -> None:
-    spec = next(s for s in fleet.specs if s.label == ep.target)
-    proxy = spec.proxy
+    proxy = next(s for s in fleet.specs if s.label == ep.target).proxy
     await trio.sleep_until(t0 + ep.start)
-    taken: list[int] = []
-    if ep.down is not None:
-        before = {c.id for c in proxy.connections()}
-        began = time.monotonic()  # effects are looked for from here on
-        n = await proxy.apply(ep.down)
-        taken = sorted(before & {c.id for c in proxy.connections()})
-        _log_fault(
-            fleet,
-            ep.counter,
-            ep.down,
-            ep.target,
-            episode=ep.kind,
-            conns=taken,
-            acted_on=n,
-            began=began,
-            planned_duration_s=round(ep.duration, 4),
-        )
-        await trio.sleep(ep.duration)
-        if not taken:
-            _log_fault(
-                fleet,
-                ep.counter,
-                ep.end,
-                ep.target,
-                episode=ep.kind,
-                conns=[],
-                outcome="skipped",
-                reason="the outage took down no connection",
-            )
-            return
-        began = time.monotonic()  # the outage lasts until the ending action starts
-        n = await proxy.apply(ep.end, only=taken)
-        _log_fault(
-            fleet,
-            ep.counter,
-            ep.end,
-            ep.target,
-            episode=ep.kind,
-            conns=taken,
-            acted_on=n,
-            ends=ep.down,
-            began=began,
-        )
-    else:
-        taken = sorted(c.id for c in proxy.connections())
+
+    async def act(action: str, only: list[int] | None, **detail: Any) -> list[int]:
+        # "began" is when the call started (effects are looked for from there; for an
+        # ending, the outage lasted until then); the record itself is written once the
+        # call has returned, when the fault is total.
+        before = sorted(c.id for c in proxy.connections())
         began = time.monotonic()
-        n = await proxy.apply(ep.end)
-        _log_fault(
-            fleet,
-            ep.counter,
-            ep.end,
-            ep.target,
-            episode=ep.kind,
-            conns=taken,
-            acted_on=n,
-            began=began,
-        )
+        n = await proxy.apply(action, only=only)
+        taken = only if only is not None else before
+        if action in ("freeze", "blackhole"):
+            taken = sorted(set(before) & {c.id for c in proxy.connections()})
+        _log_fault(fleet, ep.counter, action, ep.target, episode=ep.kind, conns=taken,
+                   acted_on=n, began=began, **detail)  # fmt: skip
+        return taken
+
+    if ep.down is None:
+        await act(ep.end, None)
+        return
+    taken = await act(ep.down, None, planned_duration_s=round(ep.duration, 4))
+    await trio.sleep(ep.duration)
+    if taken:
+        await act(ep.end, taken, ends=ep.down)
+    else:
+        _log_fault(fleet, ep.counter, ep.end, ep.target, episode=ep.kind, conns=[],
+                   outcome="skipped", reason="the outage took down no connection")  # fmt: skip
 
 
 async def _post(
@@ -444,7 +393,18 @@ async def run(ctx: Context) -> None:
     args, s = ctx.args, ctx.scale
     r = ctx.result
     labels = [f"w{i:02d}" for i in range(1, args.bots + 1)]
-    episodes, notes = plan_faults(ctx.seed, labels, args.mode, s, args.fault_phase)
+    chaos_plan = None
+    if args.planner == "chaos":
+        chaos_plan = _chaos_plan(ctx, labels)
+        episodes, notes = [], []
+        plan_json = [
+            {"counter": sl.counter, "fault": sl.fault, "target": sl.target,
+             "at_units": sl.at, "duration_units": sl.duration, "skip": sl.skip}
+            for sl in chaos_plan.slots
+        ]  # fmt: skip
+    else:
+        episodes, notes = plan_faults(ctx.seed, labels, args.mode, s, args.fault_phase)
+        plan_json = [e.to_json() for e in episodes]
     manifest: dict[str, Any] = {
         "format": MANIFEST_FORMAT,
         "status": "running",
@@ -461,7 +421,8 @@ async def run(ctx: Context) -> None:
             "post_interval_s": s(POST_INTERVAL),
             "fd_tolerance": FD_TOLERANCE,
         },
-        "plan": [e.to_json() for e in episodes],
+        "planner": args.planner,
+        "plan": plan_json,
         "bots": [],
     }
     _write_manifest(ctx.run_dir, manifest)
@@ -487,14 +448,18 @@ async def run(ctx: Context) -> None:
                     for _ in specs:
                         await fleet.ready.acquire()
                 ctx.phase(
-                    f"posting; {len(episodes)} fault episodes over {s(args.fault_phase):.3g} s"
+                    f"posting; {len(plan_json)} {args.planner} faults over "
+                    f"{s(args.fault_phase):.3g} s"
                 )
                 t0 = trio.current_time()
                 fault_start = time.monotonic()
                 fleet.go.set()
-                async with trio.open_nursery() as chaos:
-                    for ep in episodes:
-                        chaos.start_soon(_run_episode, fleet, ep, t0)
+                if chaos_plan is not None:
+                    await _run_chaos(ctx, chaos_plan, specs)
+                else:
+                    async with trio.open_nursery() as chaos:
+                        for ep in episodes:
+                            chaos.start_soon(_run_episode, fleet, ep, t0)
                 fault_end = time.monotonic()
                 ctx.phase("every fault has ended; posting on until the bots are back")
                 await ctx.countdown(
@@ -531,7 +496,8 @@ async def run(ctx: Context) -> None:
     applied = sum(
         1
         for rec in read_jsonl(ctx.run_dir / "faults.jsonl").records
-        if rec.get("outcome") == "applied"
+        # chaos's join log says "fault"/"undo" for what it did; this planner says outcome
+        if rec.get("outcome", "applied" if rec["event"] in ("fault", "undo") else "") == "applied"
     )
     posted = {sp.label: len(read_jsonl(ctx.run_dir / sp.files()["posts"]).records) for sp in specs}
     idle = sorted(label for label, n in posted.items() if n < 2)
@@ -571,10 +537,58 @@ async def _spawn_fleet(
             except Exception as exc:
                 raise RunProblem(f"owner {owner}: spawn {nick} failed: {exc}") from exc
             ctx.log.write("spawned", nick=nick, owner=owner, label=label)
-            pace = ctx.scale(POST_INTERVAL) * (0.6 + 0.8 * draw(ctx.seed, f"pace:{label}"))
+            # Negative counters: the plan's draws count up from 0, a bot's pace is its own.
+            index = len(specs) + 1
+            pace = ctx.scale(POST_INTERVAL) * (0.6 + 0.8 * draw(ctx.seed, -index))
             specs.append(BotSpec(label, nick, wtoken, owner, pace))
         owners.push_async_callback(_revoke, ctx, leader, specs[-len(mine) :])
     return specs
+
+
+#: The fleet's links are what chaos may touch; these are the faults a link has.
+CHAOS_LINK_FAULTS = ("freeze", "blackhole", "sever", "reset")
+
+
+def _chaos_plan(ctx: Context, labels: list[str]) -> Any:
+    """faultnet chaos's plan for the fleet's links: its planner and draws, its catalogue
+    (``--chaos-plan FILE`` tunes it; by default only the link faults, with the outage
+    lengths above), time units of one second at time scale 1.0."""
+    from faultnet.chaos import catalogue, load_config, make_plan
+
+    path = ctx.args.chaos_plan
+    if path is None:
+        outage = {"duration": list(OUTAGE)}
+        faults = {
+            name: ({"weight": 0} if name not in CHAOS_LINK_FAULTS else {})
+            | (outage if name in ("freeze", "blackhole") else {})
+            for name in catalogue()
+        }
+        path = ctx.run_dir / "chaos-plan.json"
+        path.write_text(json.dumps({"faults": faults}, indent=2))
+    config = load_config(path, proxies=labels, duration=ctx.args.fault_phase, gap=GAP)
+    return make_plan(config, ctx.seed)
+
+
+async def _run_chaos(ctx: Context, plan: Any, specs: list[BotSpec]) -> None:
+    """Run *plan* with faultnet chaos's runner on the fleet's proxies; its join log is
+    the run's faults.jsonl. Armed on purpose: the run directory holds the marker."""
+    from faultnet.chaos import JoinLog, Runner
+
+    marker = ctx.run_dir / ".faultnet-chaos-armed"
+    marker.touch()
+    log = JoinLog(ctx.run_dir / "faults.jsonl", seed=ctx.seed, dry=False)
+    try:
+        result = await Runner(
+            plan,
+            log,
+            proxies={sp.label: sp.proxy for sp in specs},
+            armed=True,
+            marker=marker,
+            time_unit=ctx.scale.factor,
+        ).run()
+    finally:
+        log.close()
+    ctx.log.write("chaos_end", counts=result.counts, not_undone=result.not_undone)
 
 
 def _mint_owner(state_dir: Path, owner: str) -> str:
@@ -637,6 +651,16 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help=f"the control's bot defect ({CONTROL_DEFECT}); 'none' runs the control with "
         "fixed bots, which the verifier must reject (a control that loses nothing)",
+    )
+    p.add_argument(
+        "--planner",
+        choices=("episodes", "chaos"),
+        default="episodes",
+        help="episodes (default: outages that end in a thaw or a torn connection) or "
+        "chaos (faultnet chaos's planner and runner on the links)",
+    )
+    p.add_argument(
+        "--chaos-plan", type=Path, metavar="FILE", help="with --planner chaos: a chaos plan file"
     )
     p.add_argument("--run-dir", type=Path, metavar="DIR", help="where the run keeps its records")
     p.add_argument("--verify", action="store_true", help="run harness.fleet_verify after")

@@ -55,7 +55,10 @@ PROG = "python -m harness.fleet_verify"
 MANIFEST_FORMAT = "faultnet-fleet/1"
 _BOTEVENT = re.compile(r"^BOTEVENT (\{.*\})\s*$")
 DOWN_ACTIONS = ("freeze", "blackhole")
-ENDING_ACTIONS = ("thaw", "sever", "reset")
+#: The faults whose effect on the bot's live link the verifier can demand. Anything else
+#: a chaos plan file enables (drop_syn, refuse, toxics) is joined to what followed, and
+#: to a reason when nothing did, but never required to have an effect.
+LINK_ACTIONS = (*DOWN_ACTIONS, "sever", "reset", "thaw")
 
 
 class Unusable(Exception):
@@ -188,7 +191,9 @@ def load(run_dir: Path) -> tuple[dict[str, Any], dict[str, Bot], list[dict], lis
             _call_texts(run_dir / b["calls"]),
         )
     faults = [
-        r for r in _records(run_dir / manifest["files"]["faults"]) if r.get("event") == "fault"
+        r
+        for r in _records(run_dir / manifest["files"]["faults"])
+        if r.get("event") in ("fault", "undo")
     ]
     observed = [
         str(r.get("text") or "")
@@ -219,29 +224,62 @@ class Episode:
         return self.records[0]["action"]
 
 
+#: faultnet chaos stamps a decision once its call returned and records no start; its
+#: effects are looked for from this long before the stamp, and an outage it ended is
+#: taken to have ended this long before the undo's stamp (a narrower window: never a
+#: false finding). An in-process fault call takes well under a millisecond.
+CHAOS_STAMP_SLACK_S = 0.1
+
+
+def applied(rec: dict[str, Any]) -> dict[str, Any] | None:
+    """*rec* as an applied fault action, in one shape for both planners (None if it is a
+    skip, a refusal or a note): ``counter``, ``target`` (a bot label), ``action``,
+    ``mono`` (written after the call returned), ``began`` (the call began), ``conns``
+    (the connection ids it took, or as many ``-1`` as chaos says it acted on)."""
+    if "outcome" in rec:  # the fleet's own planner
+        if rec["outcome"] != "applied":
+            return None
+        d = rec.get("detail") or {}
+        return {
+            "counter": int(rec["counter"]),
+            "target": rec["target"],
+            "action": rec["action"],
+            "mono": float(rec["mono"]),
+            "began": float(d.get("began", rec["mono"])),
+            "conns": list(d.get("conns") or []),
+            "episode": d.get("episode"),
+        }
+    if rec.get("event") not in ("fault", "undo"):  # chaos: seed, plan, skip, refuse, end...
+        return None
+    n = (rec.get("result") or {}).get("connections")
+    return {
+        "counter": int(rec["counter"]),
+        "target": str(rec["target"]).split("@", 1)[0],
+        "action": rec["action"],
+        "mono": float(rec["mono"]),
+        "began": float(rec["mono"]) - CHAOS_STAMP_SLACK_S,
+        "conns": [-1] * int(n) if isinstance(n, int) and rec["action"] in LINK_ACTIONS else [],
+        "episode": None,
+    }
+
+
 def episodes(faults: list[dict[str, Any]]) -> list[Episode]:
     by_counter: dict[tuple[int, str], list[dict[str, Any]]] = {}
     for rec in faults:
-        if rec.get("outcome") == "applied":
-            by_counter.setdefault((int(rec["counter"]), rec["target"]), []).append(rec)
+        a = applied(rec)
+        if a is not None:
+            by_counter.setdefault((a["counter"], a["target"]), []).append(a)
     out = []
     for (counter, target), recs in by_counter.items():
-        recs.sort(key=lambda r: float(r["mono"]))
+        recs.sort(key=lambda r: r["mono"])
         first = recs[0]
-        detail = first.get("detail") or {}
         ended = None
         if first["action"] in DOWN_ACTIONS and len(recs) > 1:
-            ended = float((recs[1].get("detail") or {}).get("began", recs[1]["mono"]))
+            ended = recs[1]["began"]
+        kind = first["episode"] or "/".join(r["action"] for r in recs)
         out.append(
             Episode(
-                counter,
-                target,
-                str(detail.get("episode", first["action"])),
-                float(detail.get("began", first["mono"])),
-                float(first["mono"]),
-                ended,
-                list(detail.get("conns") or []),
-                recs,
+                counter, target, kind, first["began"], first["mono"], ended, first["conns"], recs
             )
         )
     return sorted(out, key=lambda e: e.began)
@@ -323,9 +361,7 @@ def verify(run_dir: Path) -> Verdict:
     )
 
     # 3. liveness
-    last_end = max(
-        (float(r["mono"]) for r in faults if r.get("outcome") == "applied"), default=None
-    )
+    last_end = max((a["mono"] for a in map(applied, faults) if a is not None), default=None)
     bound = float(timing["liveness_bound_s"])
     late = {}
     for bot in bots.values():
@@ -415,7 +451,9 @@ def verify(run_dir: Path) -> Verdict:
         reason = None
         if not effects:
             duration = (ep.ended - ep.start) if ep.ended is not None else 0.0
-            if not ep.conns:
+            if ep.down not in LINK_ACTIONS:
+                reason = f"{ep.down} does not act on a live link: no effect is required"
+            elif not ep.conns:
                 reason = "no live connection on the link when it was applied (bot between links)"
             elif ep.down in DOWN_ACTIONS and duration < 1.2 * window_s + 0.5:
                 reason = (

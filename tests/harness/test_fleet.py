@@ -9,7 +9,6 @@ loss checks, which the control run breaks for real.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -20,9 +19,11 @@ from typing import Any
 
 import pytest
 
+from faultnet.chaos import Draws, JoinLog
+from faultnet.eventlog import read_jsonl
 from harness._timescale import TimeScale
-from harness.fleet import LOSSY, POST_INTERVAL, draw, plan_faults
-from harness.fleet_verify import verify
+from harness.fleet import LOSSY, POST_INTERVAL, plan_faults
+from harness.fleet_verify import episodes, verify
 
 ROOT = Path(__file__).resolve().parents[2]
 BOTS = "4"
@@ -36,9 +37,30 @@ pytestmark = pytest.mark.timeout(300)
 # --------------------------------------------------------------------------- the plan
 
 
-def test_draws_follow_chaos_rule() -> None:
-    digest = hashlib.sha256(b"7:3").digest()
-    assert draw(7, 3) == int.from_bytes(digest[:8], "big") / 2**64
+def test_the_plan_draws_with_chaos_draws() -> None:
+    labels = ["w01", "w02", "w03", "w04"]
+    eps, _ = plan_faults(7, labels, "main", TimeScale(0.03))
+    draws = Draws(7)  # the first episode: named by its first draw, a target, a kind
+    assert (eps[0].counter, eps[0].target) == (0, draws.choice(labels))
+
+
+def test_chaos_join_log_records_are_read_as_fault_episodes(tmp_path: Path) -> None:
+    """--planner chaos writes faults.jsonl with faultnet chaos's own JoinLog."""
+    log = JoinLog(tmp_path / "faults.jsonl", seed=7, dry=False)
+    log.write("seed", action="seed", detail={"seed": 7})
+    log.write("fault", action="freeze", target="w01@local", counter=3, result={"connections": 1})
+    log.write("undo", action="thaw", target="w01@local", counter=3, result={"connections": 1})
+    log.write("fault", action="sever", target="w02@local", counter=5, result={"connections": 0})
+    log.write("fault", action="toxic:latency", target="w02@local", counter=8, result={})
+    log.write("skip", action="reset", target="w01@local", counter=9, reason="busy")
+    log.close()
+    eps = episodes(read_jsonl(tmp_path / "faults.jsonl").records)
+    assert [(e.counter, e.target, e.kind, len(e.conns)) for e in eps] == [
+        (3, "w01", "freeze/thaw", 1),
+        (5, "w02", "sever", 0),
+        (8, "w02", "toxic:latency", 0),
+    ]
+    assert eps[0].ended is not None and eps[0].began < eps[0].start  # ended: by the undo
 
 
 def test_the_plan_is_a_pure_function_of_seed_targets_mode_and_scale() -> None:
