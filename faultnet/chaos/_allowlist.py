@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from faultnet.eventlog import flatten
-from faultnet.procs import ProcessIdentity, signal_exact
+from faultnet.procs import ProcessIdentity, read_cmdline, read_start_time, signal_exact
 
 __all__ = ["Allowlist", "Verdict", "register_process"]
 
@@ -108,25 +108,18 @@ class Allowlist:
 
     @staticmethod
     def check(listed: ProcessIdentity) -> Verdict:
+        """Whether *listed*'s PID still names that process: the start time first (what
+        two processes sharing a PID cannot share), then alive (not a zombie), then the
+        command line where one was recorded."""
+        start = read_start_time(listed.pid)
+        if start is None:
+            return Verdict(None, "gone", listed.pid)
+        if start != listed.start_time:
+            return Verdict(None, "pid reused: start time differs from the listed one", listed.pid)
         if not listed.is_alive():
-            try:
-                now = ProcessIdentity.of(listed.pid)
-            except ProcessLookupError:
-                return Verdict(None, "gone", listed.pid)
-            if now.start_time != listed.start_time:
-                return Verdict(
-                    None, "pid reused: start time differs from the listed one", listed.pid
-                )
-            return Verdict(None, "gone", listed.pid)  # a zombie
-        if listed.cmdline:
-            try:
-                now = ProcessIdentity.of(listed.pid)
-            except ProcessLookupError:
-                return Verdict(None, "gone", listed.pid)
-            if now.cmdline != listed.cmdline:
-                return Verdict(
-                    None, "pid reused: command line differs from the listed one", listed.pid
-                )
+            return Verdict(None, "gone", listed.pid)
+        if listed.cmdline and tuple(read_cmdline(listed.pid) or ()) != listed.cmdline:
+            return Verdict(None, "pid reused: command line differs from the listed one", listed.pid)
         return Verdict(listed, None, listed.pid)
 
     def signal(self, listed: ProcessIdentity, sig: int) -> bool:
