@@ -104,6 +104,23 @@ class ToolResult:
     seconds: float = 0.0
 
 
+#: How much of a tool result's text the call record keeps: enough for the claim a
+#: result makes ("Broadcast to #chan", "UNCONFIRMED: ..."), not a whole document.
+RESULT_TEXT_MAX = 500
+
+
+def _result_text(result: dict[str, Any]) -> str:
+    """The ``text`` of every text content item of a tool result, joined with newlines."""
+    content = result.get("content", [])
+    return "\n".join(
+        item["text"]
+        for item in (content if isinstance(content, list) else [])
+        if isinstance(item, dict)
+        and item.get("type") == "text"
+        and isinstance(item.get("text"), str)
+    )
+
+
 @dataclass
 class _Pending:
     request_id: int
@@ -402,6 +419,7 @@ class MCPDriver:
         if isinstance(logged_args, dict) and "_meta" in logged_args and method != "tools/call":
             logged_args = {k: v for k, v in logged_args.items() if k != "_meta"}
         outcome, code, message = "ok", None, None
+        result_text: str | None = None
         t0 = time.monotonic()
         try:
             try:
@@ -431,8 +449,10 @@ class MCPDriver:
                     raise RPCError(method, response.code, response.message, response.data)
                 assert isinstance(response, Ok)
                 result = response.result
-                if method == "tools/call" and isinstance(result, dict) and result.get("isError"):
-                    outcome = "is_error"
+                if method == "tools/call" and isinstance(result, dict):
+                    result_text = _result_text(result)[:RESULT_TEXT_MAX]
+                    if result.get("isError"):
+                        outcome = "is_error"
                 return result
             except trio.Cancelled:
                 outcome = "cancelled"
@@ -466,6 +486,7 @@ class MCPDriver:
                 outcome=outcome,
                 error_code=code,
                 error_message=message,
+                result_text=result_text,
             )
 
     def _problem_note(self, since_mono: float) -> str:
@@ -571,15 +592,8 @@ class MCPDriver:
         )
         if not isinstance(result, dict) or not isinstance(result.get("content", []), list):
             raise ProtocolError(f"tools/call {tool}: malformed result {flatten(result)[:200]}")
-        texts = [
-            item["text"]
-            for item in result.get("content", [])
-            if isinstance(item, dict)
-            and item.get("type") == "text"
-            and isinstance(item.get("text"), str)
-        ]
         return ToolResult(
-            text="\n".join(texts),
+            text=_result_text(result),
             is_error=bool(result.get("isError", False)),
             raw=result,
             progress=tuple(progress),

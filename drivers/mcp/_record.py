@@ -10,7 +10,10 @@ Every record has ``wall``, ``mono``, ``event``, ``pid``, ``start_time`` and
   ``ping``...) with ``method``, ``tool`` (or null), ``arguments`` (the tool's arguments,
   or the params for other methods, flattened to one line of JSON text), ``id``,
   ``seconds`` (send to outcome), ``outcome`` (``ok``, ``error``, ``is_error``,
-  ``timeout``, ``cancelled``, ``process_exited``), ``error_code``, ``error_message``;
+  ``timeout``, ``cancelled``, ``process_exited``), ``error_code``, ``error_message``,
+  and ``result_text``: for a ``tools/call`` that got a result (``ok`` or ``is_error``),
+  the text it answered (first 500 characters), i.e. the claim the caller was given;
+  null otherwise;
 * ``server_request``: a request the server sent us and how it was answered;
 * ``stdout_problem``: a stdout line that was not a usable JSON-RPC message;
 * ``handshake_refused``: the server counter-offered a version outside the handshake era;
@@ -78,6 +81,7 @@ class CallRecord:
         outcome: str,
         error_code: int | None = None,
         error_message: str | None = None,
+        result_text: str | None = None,
     ) -> dict[str, Any]:
         assert outcome in OUTCOMES, outcome
         return self._writer.write(
@@ -90,6 +94,7 @@ class CallRecord:
             outcome=outcome,
             error_code=error_code,
             error_message=error_message,
+            result_text=result_text,
         )
 
     def event(self, event: str, **fields: Any) -> dict[str, Any]:

@@ -174,6 +174,12 @@ async def test_sdk_server_session(tmp_path: Path) -> None:
         assert isinstance(r["seconds"], float) and r["seconds"] >= 0
     echo = next(r for r in requests if r["tool"] == "echo")
     assert echo["arguments"] == flatten({"text": text}) and echo["outcome"] == "ok"
+    # The answer a tool call got is kept (the claim a caller was given), errors too.
+    assert echo["result_text"] == text
+    failed = next(r for r in requests if r["tool"] == "fail")
+    assert failed["outcome"] == "is_error" and "boom went the tool" in failed["result_text"]
+    assert all(r["result_text"] is None for r in requests if r["outcome"] not in ("ok", "is_error"))
+    assert all(r["result_text"] is None for r in requests if r["method"] != "tools/call")
     by_outcome = {r["outcome"] for r in requests}
     assert by_outcome == {"ok", "is_error", "error", "timeout", "cancelled", "process_exited"}
     err = next(r for r in requests if r["outcome"] == "error" and r["error_code"] is not None)
