@@ -31,7 +31,6 @@ import contextlib
 import json
 import os
 import random
-import re
 import secrets
 import shlex
 import shutil
@@ -51,6 +50,7 @@ from faultnet.errors import CommandError, EnvironmentProblem, UsageError, fail
 from faultnet.eventlog import JsonlWriter, flatten
 from faultnet.procs import stop_exact
 from harness import env as envmod
+from harness._contract import claims_delivery, parse_botevents
 from harness._report import EXIT_ENV, EXIT_FAILED, EXIT_OK, Result, render_result
 from harness._timescale import TimeScale, time_scale_from
 
@@ -70,8 +70,6 @@ __all__ = [
     "run_attempt",
 ]
 
-BOTEVENT_RE = re.compile(r"^BOTEVENT (\{.*\})\s*$")
-
 
 class RunProblem(Exception):
     """The bot under test could not do its job (exit 1): it never connected, a spawn
@@ -88,31 +86,6 @@ def pct(values: Sequence[float], p: float) -> float | None:
     xs = sorted(values)
     i = min(len(xs) - 1, max(0, round(p / 100.0 * (len(xs) - 1))))
     return xs[i]
-
-
-def claims_delivery(text: str) -> bool:
-    """Did a send-channel result claim the message was delivered?
-
-    "Broadcast to" is the contract's delivery claim; a result that also says UNCONFIRMED
-    claims nothing whatever verb it leads with.
-    """
-    return "UNCONFIRMED" not in text and "Broadcast to" in text
-
-
-def parse_botevents(stderr_text: str) -> list[dict[str, Any]]:
-    """Every ``BOTEVENT {json}`` line of a bot's stderr, in order (bad JSON skipped)."""
-    out: list[dict[str, Any]] = []
-    for line in stderr_text.splitlines():
-        m = BOTEVENT_RE.match(line.strip())
-        if not m:
-            continue
-        try:
-            obj = json.loads(m.group(1))
-        except ValueError:
-            continue
-        if isinstance(obj, dict):
-            out.append(obj)
-    return out
 
 
 def resolve_bot_argv(cli_value: str | None, environ: dict[str, str] | None = None) -> list[str]:
