@@ -53,6 +53,7 @@ from harness import env as envmod
 from harness._contract import claims_delivery, parse_botevents
 from harness._report import EXIT_ENV, EXIT_FAILED, EXIT_OK, Result, render_result
 from harness._timescale import TimeScale, time_scale_from
+from harness.report import publish_run
 
 __all__ = [
     "BotHandle",
@@ -787,6 +788,7 @@ async def amain(exp: ModuleType, argv: Sequence[str] | None = None) -> int:
                 run_dir, res.passed, args.keep, lambda m: print(m, file=out, flush=True)
             )
             res.run_dir = kept
+            publish_run(kept, f"harness.exp_{exp.NAME}", argv, seed, out)
             report.write(
                 "attempt_end",
                 attempt=i,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 import trio
 
 from faultnet.errors import UsageError
-from harness import _runner, pair
+from harness import _runner, pair, report
 from harness._timescale import TimeScale
 
 __all__ = ["demo_verdict", "register"]
@@ -49,7 +50,11 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--seed", type=int, metavar="S", help="replay this seed")
     p.add_argument("--run-dir", type=Path, metavar="DIR", help="keep the evidence here")
-    p.add_argument("--keep", action="store_true", help="keep the run directory even on success")
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="accepted for old scripts: the run directory and its report are always kept",
+    )
     p.add_argument("--json", action="store_true", help="print the pair's JSON result on stdout")
     p.set_defaults(func=_run)
 
@@ -75,6 +80,21 @@ def demo_verdict(outcome: Any) -> tuple[bool, str]:
     return True, (
         "arm a claimed deliveries that never arrived; arm b said UNCONFIRMED instead; "
         "both arms' controls passed"
+    )
+
+
+def _replay(seed: int, scale: TimeScale) -> str:
+    return shlex.join(
+        [
+            sys.executable,
+            "-m",
+            "faultnet",
+            "demo",
+            "--seed",
+            str(seed),
+            "--time-scale",
+            f"{scale.factor:g}",
+        ]
     )
 
 
@@ -126,9 +146,8 @@ def _run(args: argparse.Namespace) -> int:
     ok, why = demo_verdict(outcome)
     env_problem = 2 in (outcome.a.exit_code, outcome.b.exit_code)
     print(f"\n{'DEMO OK' if ok else 'DEMO FAILED'}: {why}", file=out, flush=True)
-    _runner.finish_attempt_dir(
-        base, ok, args.keep or args.run_dir is not None, lambda m: print(m, file=out)
-    )
+    # Kept whatever the verdict: the report drawn from it is the demo's last word.
+    report.publish_pair(base, outcome, _replay(seed, scale), out, verdict=(ok, why))
     if args.json:
         doc = outcome.to_json()
         doc["demo_ok"], doc["demo_reason"] = ok, why

@@ -44,6 +44,7 @@ from harness._report import (
 )
 from harness._runner import resolve_bot_argv, resolved_program
 from harness._timescale import TimeScale, time_scale_from
+from harness.report import publish_pair, replay_command
 
 __all__ = [
     "EXPERIMENTS",
@@ -277,6 +278,7 @@ async def amain(argv: Sequence[str] | None = None) -> int:
             po.a.run_dir = po.b.run_dir = None
             if kept:
                 po.a.run_dir, po.b.run_dir = str(run_dir / names[0]), str(run_dir / names[1])
+            publish_pair(kept, po, replay_command("harness.pair", raw, seed), out)
             report.write(
                 "attempt_end",
                 attempt=i,

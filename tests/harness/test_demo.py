@@ -21,7 +21,8 @@ from tests import REPO
 def test_demo_shows_the_defect_in_under_two_minutes(tmp_path: Path) -> None:
     t0 = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "faultnet", "demo", "--time-scale", "0.03", "--json"],
+        [sys.executable, "-m", "faultnet", "demo", "--time-scale", "0.03", "--json"]
+        + ["--run-dir", str(tmp_path / "demo")],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -39,6 +40,13 @@ def test_demo_shows_the_defect_in_under_two_minutes(tmp_path: Path) -> None:
     assert proc.stderr.count("environment down: stopped server pid") == 2
     assert "DEMO OK" in proc.stderr
     assert took < 120
+    # It ends with the pair's report: arm a's silent losses above arm b's UNCONFIRMED.
+    page = tmp_path / "demo" / "report.html"
+    assert proc.stderr.rstrip().endswith(f"report: {page}") and page.is_file()
+    drawn = json.loads((tmp_path / "demo" / "report.json").read_text())
+    counts = [run["outcome_counts"] for run in drawn["runs"]]
+    assert counts[0].get("silent_loss", 0) >= 1 and "unconfirmed" not in counts[0]
+    assert counts[1].get("unconfirmed", 0) >= 1 and "silent_loss" not in counts[1]
 
 
 def test_demo_usage() -> None:

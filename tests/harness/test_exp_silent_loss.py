@@ -28,6 +28,8 @@ async def test_no_confirm_defect_fails_the_target_with_controls_passing(tmp_path
     assert failed(res) == [TARGET], render_result(res)
     assert res.error is None
     assert res.find("control A").role == "control"
+    # The kept attempt carries its report.
+    assert (Path(res.run_dir) / "report.html").is_file()
 
 
 async def test_fixed_bot_passes_every_check(tmp_path: Path) -> None:

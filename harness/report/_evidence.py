@@ -1,0 +1,444 @@
+"""Load one run directory into a :class:`~harness.report._model.Run`.
+
+A run directory (one arm of one attempt) holds, as the experiment runner writes them:
+
+==========================  ===========================================================
+``result.json``             the checks, headline numbers and controls (absent if killed)
+``events.jsonl``            the harness's own log: attempt, bot_started, phases, ...
+``proxy*.jsonl``            each faultnet proxy's event log: fault_applied/removed,
+                            toxic_added/removed, conn_open/close, held_fin/rst
+``LABEL.stderr``            each bot's stderr; its ``BOTEVENT {json}`` lines
+``calls/LABEL/*.jsonl``     each bot's MCP call record (one line per request)
+``observer.jsonl``          what the independent observer received, with its time
+``command.txt``             the exact command that replays the run (written by publish)
+==========================  ===========================================================
+
+Every file is optional: a directory kept from a killed attempt loads with what it has,
+and :attr:`Run.notes` says what was missing or truncated. Times from different processes
+are comparable: every record's ``mono`` is CLOCK_MONOTONIC of the same host, and the
+observer's wall-clock receive times are mapped onto it through its record's own
+(wall, mono) pair.
+
+A post is scored the way the experiments score it (principle 3): *claimed* is what the
+bot's answer said (:func:`harness._contract.claims_delivery`), *received* is whether the
+observer got the exact text. The answer is read from the call record (``result_text``);
+runs recorded before the call record kept it fall back to the experiment's own post
+table, then to the bot's ``post_confirm`` events, and say so in ``claim_source``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from faultnet.eventlog import CorruptLogError, read_jsonl
+from faultnet.modes import MODES
+from harness._contract import claims_delivery, parse_botevents
+from harness.report._model import FaultInterval, Lane, Marker, Post, Run
+
+__all__ = ["OUTPUT_FILES", "fault_intervals", "is_run_dir", "load_run", "score_post"]
+
+#: What the report builder itself writes into a run directory (never listed as evidence).
+OUTPUT_FILES = ("report.html", "report.json", "timeline.png", "timeline.svg")
+#: Files that hold secrets (tokens) or are machinery, not evidence worth a link.
+_NOT_EVIDENCE = ("env/state.env", "env/.env.lock", "env/registry.sqlite3")
+
+#: Which faults each removal ends, from faultnet's one table of modes. A mode nothing
+#: undoes (sever, reset) acts once: an instant, not an interval. The proxy logs a sever
+#: as "severed" (the close's name). A toxic lasts from toxic_added to toxic_removed.
+UNDOES = {m.name: m.undoes for m in MODES.values() if m.acts_on == "undo"}
+INSTANT_MODES = (
+    *(m.name for m in MODES.values() if m.acts_on != "undo" and m.undone_by is None),
+    "severed",
+)
+
+
+def is_run_dir(path: Path) -> bool:
+    """Does *path* hold one run's evidence (a result, or at least the harness's log)?"""
+    return (path / "result.json").is_file() or (path / "events.jsonl").is_file()
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def _records(path: Path, notes: list[str]) -> list[dict[str, Any]]:
+    """The records of one JSONL file; a truncated tail or corruption becomes a note."""
+    if not path.is_file():
+        return []
+    try:
+        read = read_jsonl(path)
+    except CorruptLogError as exc:
+        notes.append(f"{path.name}: corrupt, not drawn ({exc})")
+        return []
+    except OSError as exc:
+        notes.append(f"{path.name}: unreadable ({exc})")
+        return []
+    if read.truncated_tail is not None:
+        notes.append(f"{path.name}: its last line was truncated (the writer was killed)")
+    return [r for r in read.records if isinstance(r, dict)]
+
+
+def _json_file(path: Path, notes: list[str]) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        notes.append(f"{path.name}: unreadable ({exc})")
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def fault_intervals(
+    records: Iterable[dict[str, Any]], proxy: str, t0: float
+) -> list[FaultInterval]:
+    """Fault intervals of one proxy from its event records (in time order).
+
+    A fault never removed has ``end=None``; sever/reset are instants (``end == start``).
+    """
+    out: list[FaultInterval] = []
+    open_: list[FaultInterval] = []
+    toxics: dict[str, FaultInterval] = {}
+    for r in records:
+        ev, t = r.get("event"), float(r.get("mono", 0.0)) - t0
+        mode = str(r.get("mode", ""))
+        if ev == "fault_applied":
+            conns = r.get("connections")
+            iv = FaultInterval(proxy, mode, t, None, str(r.get("stream", "both")), conns)
+            if mode in INSTANT_MODES:
+                iv.end = t
+            else:
+                open_.append(iv)
+            out.append(iv)
+        elif ev == "fault_removed":
+            ends = UNDOES.get(mode, (mode,))
+            stream, conns = str(r.get("stream", "both")), r.get("connections")
+            for iv in list(open_):
+                if iv.mode not in ends:
+                    continue
+                if stream != "both" and iv.stream != stream:
+                    continue
+                if conns and iv.connections and not set(conns) & set(iv.connections):
+                    continue  # a thaw of other connections only
+                iv.end, iv.removed_by = t, mode
+                open_.remove(iv)
+        elif ev == "toxic_added":
+            name = str(r.get("toxic"))
+            iv = FaultInterval(proxy, f"{r.get('type', 'toxic')} toxic", t, None)
+            iv.stream = str(r.get("stream", "both"))
+            toxics[name] = iv
+            out.append(iv)
+        elif ev == "toxic_removed":
+            iv = toxics.pop(str(r.get("toxic")), None)
+            if iv is not None:
+                iv.end, iv.removed_by = t, "toxic_removed"
+    return out
+
+
+_PROXY_MARKERS = {
+    "conn_open": lambda r: ("conn_open", f"conn {r.get('conn')} open"),
+    "conn_close": lambda r: ("conn_close", f"conn {r.get('conn')} closed ({r.get('how')})"),
+    "held_fin": lambda r: ("held_close", f"conn {r.get('conn')} FIN held ({r.get('stream')})"),
+    "held_rst": lambda r: ("held_close", f"conn {r.get('conn')} RST held ({r.get('stream')})"),
+    "peer_reset": lambda r: ("connection_lost", f"conn {r.get('conn')} peer reset"),
+    "upstream_failed": lambda r: ("connect_failed", f"conn {r.get('conn')} upstream failed"),
+}
+
+
+# --------------------------------------------------------------------------- bots
+
+#: BOTEVENT name -> marker kind (None: not drawn). ``disconnected`` for a PONG timeout
+#: is already drawn as the pong_timeout itself.
+_BOT_MARKERS = {
+    "pong_timeout": "pong_timeout",
+    "reconnected": "reconnected",
+    "connect_failed": "connect_failed",
+}
+
+
+def _bot_marker(ev: dict[str, Any]) -> tuple[str, str] | None:
+    name = ev.get("event")
+    if name == "connected" and int(ev.get("session", 1) or 1) == 1:
+        return "connected", "connected"
+    if name == "disconnected" and ev.get("reason") != "pong_timeout":
+        return "connection_lost", f"connection lost ({ev.get('reason')})"
+    kind = _BOT_MARKERS.get(str(name))
+    if kind is None:
+        return None
+    if kind == "reconnected":
+        return kind, f"reconnected (down {ev.get('down_ms', '?')} ms)"
+    if kind == "pong_timeout":
+        return kind, f"PONG timeout after {ev.get('pong_timeout_s', '?')} s"
+    return kind, str(name)
+
+
+def score_post(
+    claimed: bool | None, received_t: float | None, observed: bool, fault_end: float | None
+) -> str:
+    """The outcome name of one post (see :data:`harness.report._model.OUTCOMES`).
+
+    *observed*: the run has an observer transcript at all (without one nothing can be
+    said about delivery). *fault_end*: the end of the fault interval the post was made
+    in, if any (a claimed post received only after it is "late", not delivered).
+    """
+    if claimed is None or not observed:
+        return "unknown"
+    received = received_t is not None
+    if not claimed:
+        return "unconfirmed_received" if received else "unconfirmed"
+    if not received:
+        return "silent_loss"
+    if fault_end is not None and received_t is not None and received_t > fault_end:
+        return "late"
+    return "delivered"
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def load_run(path: Path, *, title: str | None = None) -> Run:
+    """Load everything one run directory holds. Never raises for missing or damaged
+    evidence: what could not be read is listed in ``run.notes``."""
+    path = Path(path)
+    notes: list[str] = []
+    result = _json_file(path / "result.json", notes)
+    if result is None and not (path / "result.json").exists():
+        notes.append("result.json: absent (the attempt was killed or is still running)")
+    events = _records(path / "events.jsonl", notes)
+
+    proxies: dict[str, list[dict[str, Any]]] = {}
+    for f in sorted(path.glob("proxy*.jsonl")):
+        for r in _records(f, notes):
+            proxies.setdefault(str(r.get("proxy") or f.stem), []).append(r)
+    for recs in proxies.values():
+        recs.sort(key=lambda r: float(r.get("mono", 0.0)))
+
+    # t = 0: the first fault applied, else the attempt's start, else the first record.
+    applied = [
+        float(r["mono"])
+        for recs in proxies.values()
+        for r in recs
+        if r.get("event") in ("fault_applied", "toxic_added") and "mono" in r
+    ]
+    starts = [float(r["mono"]) for r in events if r.get("event") == "attempt" and "mono" in r]
+    every = [float(r["mono"]) for recs in [events, *proxies.values()] for r in recs if "mono" in r]
+    if applied:
+        origin_mono, origin = min(applied), "the first fault applied"
+    elif starts:
+        origin_mono, origin = min(starts), "the run's start"
+    else:
+        origin_mono, origin = (min(every) if every else 0.0), "the first record"
+
+    def rel(mono: Any) -> float:
+        return float(mono) - origin_mono
+
+    attempt = next((r for r in events if r.get("event") == "attempt"), {})
+    res = result or {}
+    run = Run(
+        path=path,
+        title=title or path.name,
+        experiment=str(res.get("experiment") or attempt.get("experiment") or ""),
+        arm=str(res.get("arm") or attempt.get("arm") or ""),
+        seed=res.get("seed", attempt.get("seed")),
+        time_scale=res.get("time_scale"),
+        bot_argv=list(res.get("bot_argv") or attempt.get("bot_argv") or []),
+        origin_mono=origin_mono,
+        origin=origin,
+        result=result,
+        notes=notes,
+    )
+
+    # Proxies: a lane each, their fault intervals and connection markers.
+    port_to_proxy: dict[int, str] = {}
+    for name, recs in proxies.items():
+        listening = next((r for r in recs if r.get("event") == "listening"), {})
+        listen = str(listening.get("listen", ""))
+        if listen.rpartition(":")[2].isdigit():
+            port_to_proxy[int(listen.rpartition(":")[2])] = name
+        shown = "proxy" if name == "proxy" else f"proxy {name}"
+        run.lanes.append(Lane(f"proxy:{name}", f"{shown} {listen}".strip(), "proxy"))
+        run.faults += fault_intervals(recs, name, origin_mono)
+        for r in recs:
+            mk = _PROXY_MARKERS.get(str(r.get("event")))
+            if mk is not None and "mono" in r:
+                kind, label = mk(r)
+                run.markers.append(Marker(f"proxy:{name}", rel(r["mono"]), kind, label))
+
+    # Bots: one lane per label (stderr file or call-record directory).
+    started = {str(r.get("label")): r for r in events if r.get("event") == "bot_started"}
+    labels = sorted(
+        {f.stem for f in path.glob("*.stderr")}
+        | {d.name for d in (path / "calls").glob("*") if d.is_dir()}
+        | set(started),
+        key=lambda s: (list(started).index(s) if s in started else len(started), s),
+    )
+    observer = _records(path / "observer.jsonl", notes)
+    has_observer = (path / "observer.jsonl").is_file()
+    if not has_observer:
+        notes.append("observer.jsonl: absent, so no post can be scored as received or lost")
+    received = []  # (rel time, sender, text)
+    for r in observer:
+        if r.get("event") != "message" or not isinstance(r.get("text"), str):
+            continue
+        when = r.get("time")
+        if isinstance(when, (int, float)) and "wall" in r and "mono" in r:
+            t = rel(float(r["mono"]) - (float(r["wall"]) - float(when)))
+        else:
+            t = rel(r.get("mono", origin_mono))
+        received.append((t, str(r.get("sender") or ""), r["text"]))
+
+    posted_by_text = {
+        str(row.get("text")): row
+        for row in (res.get("details", {}) or {}).get("posts", []) or []
+        if isinstance(row, dict) and "text" in row
+    }
+
+    for label in labels:
+        lane_id = f"bot:{label}"
+        st = started.get(label, {})
+        via = st.get("via")
+        via_proxy = None
+        if isinstance(via, list) and len(via) == 2 and str(via[1]).isdigit():
+            via_proxy = port_to_proxy.get(int(via[1]))
+        nick = st.get("nick", "")
+        title_ = f"{label} {nick}".strip()
+        if via_proxy:
+            title_ += " (via proxy)" if via_proxy == "proxy" else f" (via proxy {via_proxy})"
+        run.lanes.append(Lane(lane_id, title_, "bot", via_proxy))
+        stderr_path = path / f"{label}.stderr"
+        botevents: list[dict[str, Any]] = []
+        if stderr_path.is_file():
+            botevents = parse_botevents(stderr_path.read_text(errors="replace"))
+        else:
+            notes.append(f"{label}.stderr: absent, so the bot's own events are not drawn")
+        for ev in botevents:
+            mk2 = _bot_marker(ev)
+            if mk2 is not None and "mono" in ev:
+                run.markers.append(Marker(lane_id, rel(ev["mono"]), mk2[0], mk2[1]))
+        confirms = [e for e in botevents if e.get("event") == "post_confirm" and "mono" in e]
+        lane_faults = [f for f in run.faults if f.proxy == via_proxy and not f.instant]
+        for rec in _call_records(path / "calls" / label, notes):
+            run.posts.append(
+                _post(
+                    lane_id, rec, rel, confirms, posted_by_text, received, has_observer, lane_faults
+                )
+            )
+
+    if has_observer:
+        run.lanes.append(Lane("observer", "observer (direct link)", "observer"))
+        for t, sender, text in received:
+            run.markers.append(Marker("observer", t, "received", f"{sender}: {text[:60]}"))
+
+    run.posts.sort(key=lambda p: p.t)
+    run.markers.sort(key=lambda m: m.t)
+    times = [0.0, *(p.t_end for p in run.posts), *(m.t for m in run.markers)]
+    times += [f.end for f in run.faults if f.end is not None]
+    times += [rel(r["mono"]) for r in events if "mono" in r]
+    run.end = max(times)
+
+    run.replay, run.replay_recorded = _replay(path, run)
+    run.files = _evidence_files(path)
+    return run
+
+
+def _call_records(directory: Path, notes: list[str]) -> list[dict[str, Any]]:
+    out = []
+    for f in sorted(directory.glob("*.jsonl")):
+        for r in _records(f, notes):
+            if (
+                r.get("event") == "request"
+                and r.get("method") == "tools/call"
+                and r.get("tool") == "send-channel"
+            ):
+                out.append(r)
+    return out
+
+
+def _post(
+    lane_id: str,
+    rec: dict[str, Any],
+    rel: Any,
+    confirms: list[dict[str, Any]],
+    posted_by_text: dict[str, dict[str, Any]],
+    received: list[tuple[float, str, str]],
+    has_observer: bool,
+    lane_faults: list[FaultInterval],
+) -> Post:
+    t_end = rel(rec.get("mono", 0.0))
+    t = t_end - float(rec.get("seconds") or 0.0)
+    try:
+        args = json.loads(rec.get("arguments") or "{}")
+    except ValueError:
+        args = {}
+    text = str(args.get("text", "")) if isinstance(args, dict) else ""
+    answer: str | None = None
+    claimed: bool | None = None
+    source = ""
+    if "result_text" in rec:
+        answer = rec.get("result_text")
+        claimed = claims_delivery(answer or "")
+        source = "the call record's answer"
+        if answer is None:
+            answer = f"<{rec.get('outcome')}>"
+    elif text in posted_by_text and "claimed" in posted_by_text[text]:
+        row = posted_by_text[text]
+        answer, claimed = row.get("result"), bool(row["claimed"])
+        source = "the experiment's post table"
+    else:
+        # The bot's own post_confirm inside the call's window (same host clock).
+        mine = [
+            e
+            for e in confirms
+            if t - 0.001 <= rel(e["mono"]) <= t_end + 0.001 and e.get("result") is not None
+        ]
+        if mine:
+            answer = f"post_confirm {mine[0].get('result')}"
+            claimed = mine[0].get("result") in ("confirmed", "skipped")
+            source = "the bot's post_confirm event"
+        elif rec.get("outcome") not in ("ok", "is_error"):
+            answer, claimed, source = f"<{rec.get('outcome')}>", False, "the call record"
+    got = [rt for rt, _s, body in received if text and text in body]
+    received_t = min(got) if got else None
+    fault = next((f for f in lane_faults if f.covers(t)), None)
+    outcome = score_post(claimed, received_t, has_observer, fault.end if fault else None)
+    return Post(lane_id, t, t_end, text, answer, claimed, received_t, outcome, source)
+
+
+def _replay(path: Path, run: Run) -> tuple[str, bool]:
+    """The command that replays *run*: recorded (``command.txt`` here or in the pair
+    directory above), else rebuilt from result.json."""
+    for d in (path, path.parent):
+        f = d / "command.txt"
+        if f.is_file():
+            text = f.read_text().strip()
+            if text:
+                return text, True
+    if not run.experiment or run.seed is None:
+        return "", False
+    argv = [sys.executable, "-m", f"harness.exp_{run.experiment}"]
+    if run.bot_argv:
+        argv += ["--bot-bin", shlex.join(run.bot_argv)]
+    argv += ["--env", "auto"]
+    if run.time_scale is not None:
+        argv += ["--time-scale", f"{run.time_scale:g}"]
+    argv += ["--seed", str(run.seed)]
+    return shlex.join(argv), False
+
+
+def _evidence_files(path: Path) -> list[str]:
+    out = []
+    for f in sorted(path.rglob("*")):
+        if not f.is_file():
+            continue
+        relp = f.relative_to(path).as_posix()
+        if relp in OUTPUT_FILES or relp in _NOT_EVIDENCE or relp == "pair.json":
+            continue
+        out.append(relp)
+    return out
