@@ -251,7 +251,9 @@ async def test_without_the_pid_rail_a_reused_pid_would_be_stopped(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(runner.run)
         await wait_until(lambda: runner.result.counts.get("fault") == 1, 10, "the stop")
-        assert proc_state(a.pid) == "T"  # the harm: a process that is not the one listed
+        # The harm: a process that is not the one listed gets stopped (SIGSTOP takes
+        # effect when the target is next scheduled, so wait for it).
+        await wait_until(lambda: proc_state(a.pid) == "T", 10, "a stopped")
         nursery.cancel_scope.cancel()
     assert proc_state(a.pid) != "T"
 

@@ -264,7 +264,9 @@ async def test_sigstop_is_undone_by_sigcont_at_its_time_and_on_cancel(
     async with trio.open_nursery() as nursery:
         nursery.start_soon(runner.run)
         await wait_until(lambda: runner.result.counts.get("fault") == 2, 10, "two stops")
-        assert proc_state(b.pid) == "T"
+        # kill() returns before the target is scheduled to act on SIGSTOP: under load its
+        # state reads R for a while (seen at a load average of 10), so wait for the stop.
+        await wait_until(lambda: proc_state(b.pid) == "T", 10, "b stopped")
         await wait_until(lambda: runner.result.counts.get("undo") == 1, 10, "a's SIGCONT")
         assert proc_state(a.pid) != "T" and proc_state(b.pid) == "T"
         nursery.cancel_scope.cancel()
