@@ -1,5 +1,10 @@
 """The reference bot under test: an MCP stdio server that lives in the enclave.
 
+It also runs on a standard IRC server (tested against Debian's ngircd): it logs in as
+real bots do (``BOT_AUTH``, see :data:`AUTH_MODES`): SASL PLAIN when the server offers
+it, ``PASS`` otherwise, nothing when no token is configured. The leader tools need the
+enclave's EnclaveServ; everything else is plain IRC.
+
 Run it as ``enclave-bot [--defect NAME ...]`` or ``python -m harness.bot``. It speaks MCP
 (official SDK, low-level ``Server``, on trio) on stdin/stdout and IRC to the enclave
 server; the two run concurrently in one trio nursery, so a dead IRC link never stalls
@@ -8,17 +13,18 @@ the MCP loop and every tool call returns within its own budget.
 Environment (times are seconds, floats allowed, so experiments can scale them down):
 
 =========================  ===========  ==================================================
-``ENCLAVE_HOST``           127.0.0.1    server host
+``ENCLAVE_HOST``           127.0.0.1    server host (the enclave, or any IRC server)
 ``ENCLAVE_PORT``           (required)   server port
-``ENCLAVE_TOKEN``          (required)   this bot's token (SASL PLAIN password)
+``ENCLAVE_TOKEN``          (optional)   this bot's token (SASL PLAIN password, or PASS)
 ``ENCLAVE_NICK``           (required)   this bot's registered nick (SASL authcid)
 ``ENCLAVE_CHANNEL``        #enclave     channel joined and posted to
+``BOT_AUTH``               auto         SASL PLAIN if offered, else PASS; none w/o token
 ``BOT_KEEPALIVE_IDLE_S``   60           PING after this long with no INBOUND traffic
 ``BOT_PONG_TIMEOUT_S``     30           no PONG in this long: ``pong_timeout``, reconnect
 ``BOT_CONFIRM_BUDGET_S``   3            a post waits this long for its confirming PONG
 ``BOT_RECONNECT_BASE_S``   1            first back-off after a failed attempt; doubles ...
 ``BOT_RECONNECT_MAX_S``    16           ... up to this ceiling
-``BOT_REGISTER_TIMEOUT_S`` 10           bound on one attempt: connect, CAP, SASL, JOIN
+``BOT_REGISTER_TIMEOUT_S`` 10           bound on one attempt: connect, CAP, auth, JOIN
 ``BOT_SERVICE_TIMEOUT_S``  10           spawn-/revoke-worker wait for EnclaveServ
 ``BOT_EVENT_LOG``          (none)       also append the BOTEVENT records to this JSONL file
 =========================  ===========  ==================================================
@@ -48,7 +54,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from harness.bot._config import DEFECTS, ENV_DOC, BotConfig, ConfigError, config_from_env
+    from harness.bot._config import (
+        AUTH_MODES,
+        DEFECTS,
+        ENV_DOC,
+        TIMINGS,
+        BotConfig,
+        ConfigError,
+        config_from_env,
+    )
     from harness.bot._events import EventSink
     from harness.bot._irc_link import (
         SERVICE_NICK,
@@ -64,6 +78,8 @@ if TYPE_CHECKING:
 # Names are loaded on first use: the MCP SDK takes ~1 s to import, and `--help` or a
 # configuration error must not pay for it.
 _WHERE = {
+    "AUTH_MODES": "_config",
+    "TIMINGS": "_config",
     "DEFECTS": "_config",
     "ENV_DOC": "_config",
     "BotConfig": "_config",
@@ -83,9 +99,11 @@ _WHERE = {
 }
 
 __all__ = [
+    "AUTH_MODES",
     "DEFECTS",
     "ENV_DOC",
     "SERVICE_NICK",
+    "TIMINGS",
     "WANTED_CAPS",
     "BotConfig",
     "BotServer",

@@ -27,19 +27,25 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    env = "\n".join(
-        f"  {name:<24}{'(required)' if default is None else f'default {default!r}':<20}{text}"
-        for name, default, text in ENV_DOC
-    )
+    def shown(default: str | None) -> str:
+        return (
+            "(required)" if default is None else f"default {default!r}" if default else "(optional)"
+        )
+
+    env = "\n".join(f"  {name:<24}{shown(default):<20}{text}" for name, default, text in ENV_DOC)
     defects = "\n".join(f"  {name:<24}{text}" for name, text in DEFECTS.items())
     parser = _Parser(
         prog=PROG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
             "The faultnet reference bot: an MCP server on stdio that joins the enclave "
-            "IRC server\nand offers the tools status, send-channel, spawn-worker and "
-            "revoke-worker.\nNothing but MCP is written to stdout; transport events go "
-            "to stderr as 'BOTEVENT {json}'."
+            "IRC server\n(or any standard IRC server) and offers the tools status, "
+            "send-channel, spawn-worker\nand revoke-worker. Nothing but MCP is written to "
+            "stdout; transport events go to\nstderr as 'BOTEVENT {json}'.\n\n"
+            "Logging in (BOT_AUTH): as real bots do, SASL PLAIN when the server's CAP LS "
+            "offers it,\nelse PASS <token> before NICK/USER (e.g. Debian's ngircd with a "
+            "server password), and\nno credentials when ENCLAVE_TOKEN is empty. "
+            "BOT_AUTH=sasl|pass|none forces one."
         ),
         epilog=f"environment (times in seconds, floats allowed):\n{env}\n\n"
         f"defects (each off unless given):\n{defects}\n\n"

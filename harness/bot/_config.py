@@ -14,8 +14,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 __all__ = [
+    "AUTH_MODES",
     "DEFECTS",
     "ENV_DOC",
+    "TIMINGS",
     "BotConfig",
     "ConfigError",
     "config_from_env",
@@ -47,21 +49,72 @@ DEFECTS: dict[str, str] = {
     ),
 }
 
+#: How the bot logs in (``BOT_AUTH``). ``auto`` is what real bots do: SASL PLAIN when
+#: the server's ``CAP LS`` offers it, else ``PASS`` (the server password, e.g. Debian's
+#: ngircd, which has no SASL), and nothing at all when no token is configured.
+AUTH_MODES: dict[str, str] = {
+    "auto": "SASL PLAIN if the server offers it, else PASS; none without a token",
+    "sasl": "SASL PLAIN only (a server without it is a failed attempt)",
+    "pass": "PASS <token> before NICK/USER, even where SASL is offered",
+    "none": "no credentials (a guest on the enclave; any open server)",
+}
+
+#: The timing settings, each written once: (BotConfig field, variable, default seconds,
+#: meaning). BotConfig's fields, config_from_env and --help all come from this table.
+TIMINGS: tuple[tuple[str, str, str, str], ...] = (
+    (
+        "keepalive_idle_s",
+        "BOT_KEEPALIVE_IDLE_S",
+        "60",
+        "PING after this long with no INBOUND traffic",
+    ),
+    (
+        "pong_timeout_s",
+        "BOT_PONG_TIMEOUT_S",
+        "30",
+        "no PONG this long after a keepalive PING: drop the link",
+    ),
+    (
+        "confirm_budget_s",
+        "BOT_CONFIRM_BUDGET_S",
+        "3",
+        "a post waits this long for its confirming PONG",
+    ),
+    (
+        "reconnect_base_s",
+        "BOT_RECONNECT_BASE_S",
+        "1",
+        "first reconnect back-off; doubles per failed attempt",
+    ),
+    ("reconnect_max_s", "BOT_RECONNECT_MAX_S", "16", "back-off ceiling"),
+    (
+        "register_timeout_s",
+        "BOT_REGISTER_TIMEOUT_S",
+        "10",
+        "bound on TCP connect + CAP/auth + registration + JOIN",
+    ),
+    (
+        "service_timeout_s",
+        "BOT_SERVICE_TIMEOUT_S",
+        "10",
+        "spawn-worker/revoke-worker wait this long for EnclaveServ",
+    ),
+)
+
 #: (variable, default or None if required, meaning) -- the single source for --help and
 #: the package docstring's table.
 ENV_DOC: tuple[tuple[str, str | None, str], ...] = (
-    ("ENCLAVE_HOST", "127.0.0.1", "enclave server host"),
-    ("ENCLAVE_PORT", None, "enclave server port"),
-    ("ENCLAVE_TOKEN", None, "this bot's registry token, 64 hex (the SASL PLAIN password)"),
+    ("ENCLAVE_HOST", "127.0.0.1", "IRC server host (the enclave, or any IRC server)"),
+    ("ENCLAVE_PORT", None, "IRC server port"),
+    ("ENCLAVE_TOKEN", "", "this bot's token: its SASL PLAIN password, or its PASS"),
     ("ENCLAVE_NICK", None, "this bot's nick, as registered (the SASL authcid)"),
     ("ENCLAVE_CHANNEL", "#enclave", "the channel the bot joins and posts to"),
-    ("BOT_KEEPALIVE_IDLE_S", "60", "PING after this long with no INBOUND traffic"),
-    ("BOT_PONG_TIMEOUT_S", "30", "no PONG this long after a keepalive PING: drop the link"),
-    ("BOT_CONFIRM_BUDGET_S", "3", "a post waits this long for its confirming PONG"),
-    ("BOT_RECONNECT_BASE_S", "1", "first reconnect back-off; doubles per failed attempt"),
-    ("BOT_RECONNECT_MAX_S", "16", "back-off ceiling"),
-    ("BOT_REGISTER_TIMEOUT_S", "10", "bound on TCP connect + CAP/SASL + registration + JOIN"),
-    ("BOT_SERVICE_TIMEOUT_S", "10", "spawn-worker/revoke-worker wait this long for EnclaveServ"),
+    (
+        "BOT_AUTH",
+        "auto",
+        "auto: SASL PLAIN if offered, else PASS, none without a token; or sasl|pass|none",
+    ),
+    *((var, default, text) for _field, var, default, text in TIMINGS),
     ("BOT_EVENT_LOG", "", "optional path: BOTEVENT records are also appended there as JSONL"),
 )
 
@@ -75,21 +128,24 @@ class ConfigError(Exception):
 
 @dataclass(frozen=True)
 class BotConfig:
-    """Everything the bot needs, already validated. Times are seconds (floats)."""
+    """Everything the bot needs, already validated. Times are seconds (floats); their
+    defaults are in :data:`TIMINGS`. ``token`` is None when none is configured, and
+    ``auth`` is a key of :data:`AUTH_MODES`."""
 
     host: str
     port: int
-    token: str
+    token: str | None
     nick: str
-    channel: str = "#enclave"
-    keepalive_idle_s: float = 60.0
-    pong_timeout_s: float = 30.0
-    confirm_budget_s: float = 3.0
-    reconnect_base_s: float = 1.0
-    reconnect_max_s: float = 16.0
-    register_timeout_s: float = 10.0
-    service_timeout_s: float = 10.0
-    event_log: str | None = None
+    channel: str
+    auth: str
+    keepalive_idle_s: float
+    pong_timeout_s: float
+    confirm_budget_s: float
+    reconnect_base_s: float
+    reconnect_max_s: float
+    register_timeout_s: float
+    service_timeout_s: float
+    event_log: str | None
     defects: frozenset[str] = field(default_factory=frozenset)
 
     def has(self, defect: str) -> bool:
@@ -135,9 +191,14 @@ def config_from_env(env: Mapping[str, str], defects: Iterable[str] = ()) -> BotC
     if not 1 <= port <= 65535:
         raise ConfigError(f"ENCLAVE_PORT={raw_port!r} is outside 1..65535")
 
-    token = _required(env, "ENCLAVE_TOKEN")
-    if any(ch.isspace() for ch in token):
+    token = env.get("ENCLAVE_TOKEN", "").strip() or None
+    if token is not None and any(ch.isspace() for ch in token):
         raise ConfigError("ENCLAVE_TOKEN contains whitespace")
+    auth = env.get("BOT_AUTH", "").strip().lower() or "auto"
+    if auth not in AUTH_MODES:
+        raise ConfigError(f"BOT_AUTH={auth!r} is not one of {', '.join(AUTH_MODES)}")
+    if auth in ("sasl", "pass") and token is None:
+        raise ConfigError(f"BOT_AUTH={auth} needs ENCLAVE_TOKEN (it is not set)")
     nick = _required(env, "ENCLAVE_NICK")
     if not _NICK_RE.match(nick):
         raise ConfigError(f"ENCLAVE_NICK={nick!r} is not a valid IRC nick")
@@ -145,24 +206,20 @@ def config_from_env(env: Mapping[str, str], defects: Iterable[str] = ()) -> BotC
     if not _CHANNEL_RE.match(channel):
         raise ConfigError(f"ENCLAVE_CHANNEL={channel!r} is not a channel name (#name)")
 
-    base = _positive_seconds(env, "BOT_RECONNECT_BASE_S", "1")
-    ceiling = _positive_seconds(env, "BOT_RECONNECT_MAX_S", "16")
-    if ceiling < base:
-        raise ConfigError(f"BOT_RECONNECT_MAX_S={ceiling:g} is below BOT_RECONNECT_BASE_S={base:g}")
-
+    timings = {f: _positive_seconds(env, var, default) for f, var, default, _ in TIMINGS}
+    if timings["reconnect_max_s"] < timings["reconnect_base_s"]:
+        raise ConfigError(
+            f"BOT_RECONNECT_MAX_S={timings['reconnect_max_s']:g} is below "
+            f"BOT_RECONNECT_BASE_S={timings['reconnect_base_s']:g}"
+        )
     return BotConfig(
         host=env.get("ENCLAVE_HOST", "").strip() or "127.0.0.1",
         port=port,
         token=token,
         nick=nick,
         channel=channel,
-        keepalive_idle_s=_positive_seconds(env, "BOT_KEEPALIVE_IDLE_S", "60"),
-        pong_timeout_s=_positive_seconds(env, "BOT_PONG_TIMEOUT_S", "30"),
-        confirm_budget_s=_positive_seconds(env, "BOT_CONFIRM_BUDGET_S", "3"),
-        reconnect_base_s=base,
-        reconnect_max_s=ceiling,
-        register_timeout_s=_positive_seconds(env, "BOT_REGISTER_TIMEOUT_S", "10"),
-        service_timeout_s=_positive_seconds(env, "BOT_SERVICE_TIMEOUT_S", "10"),
+        auth=auth,
         event_log=env.get("BOT_EVENT_LOG", "").strip() or None,
         defects=chosen,
+        **timings,
     )

@@ -7,7 +7,8 @@ carries ``event``, ``nick``, ``mono`` (``time.monotonic()`` of this process) and
 never interleave with other writers. Events:
 
 ``connected``       a link is registered and the channel joined; ``session`` counts them
-                    from 1, ``caps`` lists the capabilities the server acknowledged
+                    from 1, ``auth`` is the login used (``sasl``, ``pass``, ``none``),
+                    ``caps`` lists the capabilities the server acknowledged
 ``reconnected``     emitted right after ``connected`` for every session after the first,
                     with ``down_ms`` (time since the previous link was declared down)
 ``disconnected``    a registered link is gone; ``reason`` says why (``pong_timeout``,

@@ -1,7 +1,8 @@
 """The IRC side of the bot: one link to the enclave, kept alive, re-made when it fails.
 
-Lifecycle. :meth:`IrcLink.run` loops forever: connect (TCP, ``CAP LS 302``, ``CAP REQ``,
-SASL PLAIN, registration, ``JOIN``), serve the registered link until it fails, tear it
+Lifecycle. :meth:`IrcLink.run` loops forever: connect (TCP, ``CAP LS 302``, the login
+its answer decides -- SASL PLAIN or ``PASS``, see ``BOT_AUTH`` --, ``CAP REQ``,
+registration, ``JOIN``), serve the registered link until it fails, tear it
 down, connect again. Connection attempts that fail are retried by tenacity with
 exponential back-off: ``BOT_RECONNECT_BASE_S`` doubling per failed attempt up to
 ``BOT_RECONNECT_MAX_S``; the first attempt after a registered link drops is immediate.
@@ -67,6 +68,7 @@ SERVICE_NICK = "EnclaveServ"
 #: minus the command, the channel and a server-added prefix of up to ~100 bytes.
 MAX_TEXT_BYTES = 380
 
+_CAP_END = render("CAP", "END")
 _NICK_REFUSED = {"431", "432", "433", "436", "437"}
 _SASL_REFUSED = {"902", "904", "905", "906", "908"}
 _JOIN_REFUSED = {"403", "405", "471", "473", "474", "475", "476", "477"}
@@ -149,6 +151,8 @@ class _Session:
         self.splitter = LineSplitter()
         self.pending: collections.deque[str] = collections.deque()
         self.offered: dict[str, str] = {}
+        #: The login chosen for this connection ("sasl", "pass", "none"); "" until chosen.
+        self.auth = ""
         self.caps: frozenset[str] = frozenset()
         self.nick: str | None = None
         self.server_name: str | None = None
@@ -281,18 +285,38 @@ class IrcLink:
             return ("sasl",)
         return WANTED_CAPS
 
+    def _choose_auth(self, offered: dict[str, str]) -> str:
+        """The login for this connection, from ``BOT_AUTH`` and what the server offered
+        (nothing, for a server without CAP). ConnectFailed if SASL is required but absent."""
+        mechs = offered.get("sasl", "")
+        sasl = "sasl" in offered and (not mechs or "PLAIN" in mechs.upper().split(","))
+        auth = self._cfg.auth
+        if auth == "auto":
+            auth = "none" if self._cfg.token is None else "sasl" if sasl else "pass"
+        if auth == "sasl" and not sasl:
+            raise ConnectFailed("server does not offer SASL PLAIN (BOT_AUTH=sasl)")
+        return auth
+
+    def _hello(self, auth: str) -> bytes:
+        """PASS (if that is the login), NICK and USER: sent once the login is chosen, as
+        PASS must precede NICK/USER and is chosen from the server's CAP LS."""
+        cfg = self._cfg
+        login = render("PASS", cfg.token) if auth == "pass" and cfg.token else b""
+        return (
+            login
+            + render("NICK", cfg.nick)
+            + render("USER", cfg.nick, "0", "*", "enclave reference bot")
+        )
+
     async def _register(self, s: _Session) -> None:
+        """CAP LS 302 first; its answer decides the login; then PASS/NICK/USER, CAP REQ,
+        SASL when chosen, CAP END, and JOIN. A server that answers CAP with 410/421 has
+        no capabilities: the login is chosen from nothing and registration goes on."""
         cfg = self._cfg
         wanted = self._wanted_caps()
-        await self._write(
-            s,
-            render("CAP", "LS", "302")
-            + render("NICK", cfg.nick)
-            + render("USER", cfg.nick, "0", "*", "enclave reference bot"),
-        )
+        await self._write(s, render("CAP", "LS", "302"))
         offered: dict[str, str] = {}
         requested: set[str] = set()
-        sasl_started = False
         while True:
             line = parse(await self._read_line(s))
             cmd = line.command
@@ -307,31 +331,37 @@ class IrcLink:
                     if len(line.params) >= 4 and line.arg(2) == "*":
                         continue  # more LS lines follow
                     s.offered = dict(offered)
-                    mechs = offered.get("sasl", "")
-                    if "sasl" not in offered or (mechs and "PLAIN" not in mechs.upper().split(",")):
-                        raise ConnectFailed("server does not offer SASL PLAIN")
+                    s.auth = self._choose_auth(offered)
                     requested = {c for c in wanted if c in offered}
-                    await self._write(s, render("CAP", "REQ", " ".join(sorted(requested))))
+                    if s.auth != "sasl":
+                        requested.discard("sasl")
+                    ask = render("CAP", "REQ", " ".join(sorted(requested)))
+                    await self._write(s, self._hello(s.auth) + (ask if requested else _CAP_END))
                 elif sub == "ACK":
                     for cap in line.arg(-1).split():
                         if cap.startswith("-"):
                             s.caps = s.caps - {cap[1:]}
                         else:
                             s.caps = s.caps | {cap}
-                    if "sasl" in s.caps and not sasl_started:
-                        sasl_started = True
-                        await self._write(s, render("AUTHENTICATE", "PLAIN"))
+                    sasl = s.auth == "sasl" and "sasl" in s.caps
+                    await self._write(s, render("AUTHENTICATE", "PLAIN") if sasl else _CAP_END)
                 elif sub == "NAK":
-                    if requested == {"sasl"}:
+                    if s.auth != "sasl":
+                        await self._write(s, _CAP_END)  # go on without the extras
+                    elif requested == {"sasl"}:
                         raise ConnectFailed("server refused CAP REQ sasl")
-                    requested = {"sasl"}  # ask for the one cap we cannot do without
-                    await self._write(s, render("CAP", "REQ", "sasl"))
+                    else:
+                        requested = {"sasl"}  # ask for the one cap we cannot do without
+                        await self._write(s, render("CAP", "REQ", "sasl"))
             elif cmd == "AUTHENTICATE" and line.arg(0) == "+":
                 await self._write(s, self._sasl_plain())
             elif cmd == "903":
-                await self._write(s, render("CAP", "END"))
+                await self._write(s, _CAP_END)
             elif cmd in _SASL_REFUSED:
                 raise ConnectFailed(f"SASL authentication refused ({cmd} {line.arg(-1)})")
+            elif cmd in ("410", "421") and line.arg(1).upper() in ("CAP", "LS") and not s.auth:
+                s.auth = self._choose_auth({})  # a server without IRCv3 capabilities
+                await self._write(s, self._hello(s.auth))
             elif cmd == "001":
                 s.nick = line.arg(0) or cfg.nick
                 s.server_name = line.source
@@ -346,8 +376,6 @@ class IrcLink:
                 raise ConnectFailed(f"refused by the server ({cmd} {line.arg(-1)})")
             elif cmd in _JOIN_REFUSED:
                 raise ConnectFailed(f"cannot join {cfg.channel} ({cmd} {line.arg(-1)})")
-            elif cmd in ("410", "421") and line.arg(1).upper() in ("CAP", "LS"):
-                raise ConnectFailed("server does not support IRCv3 CAP")
             elif cmd == "ERROR":
                 raise ConnectFailed(f"server closed the link: {line.arg(-1)}")
 
@@ -374,6 +402,7 @@ class IrcLink:
             "connected",
             session=s.number,
             server=f"{self._cfg.host}:{self._cfg.port}",
+            auth=s.auth,
             caps=sorted(s.caps),
             channel=self._cfg.channel,
             register_ms=round((now - s.opened_mono) * 1000, 3),
@@ -751,6 +780,7 @@ class IrcLink:
             "connected": live,
             "session": s.number if live and s else None,
             "joined": bool(live and s and s.joined),
+            "auth": s.auth if live and s else None,
             "caps": sorted(s.caps) if live and s else [],
             "connected_for_s": round(now - (s.ready_mono or now), 3) if live and s else None,
             "last_inbound_age_s": round(now - s.last_inbound, 3) if live and s else None,

@@ -11,129 +11,32 @@ Timings are scaled down (idle 0.5-1 s, PONG timeout 0.5 s, budgets <= 1 s).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
-import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
 
 from drivers.irc import open_observer
-from drivers.mcp import MCPDriver, open_mcp
+from drivers.mcp import MCPDriver
 from faultnet.eventlog import read_jsonl
-from faultnet.proxy import open_proxy
 from harness.bot import DEFECTS, ConfigError, config_from_env, parse_expires_in
 from harness.bot._irc_proto import LineSplitter, parse, render
-from harness.enclave import open_server
+from tests.harness.bot.helpers import (
+    BOT,
+    CHANNEL,
+    bot_events,
+    enclave,
+    open_bot,
+    rig,
+    status,
+    wait_event,
+)
 
-BOT = [sys.executable, "-m", "harness.bot"]
-CHANNEL = "#enclave"
 HEX64 = re.compile(r"\b[0-9a-f]{64}\b")
-
-
-# ---------------------------------------------------------------------- fixtures
-
-
-@dataclass
-class Enclave:
-    host: str
-    port: int
-    server: Any
-    leader: str
-    leader_token: str
-    events: list[dict[str, Any]] = field(default_factory=list)
-
-    def worker(self, nick: str) -> str:
-        """Mint a worker token straight through the registry (spawned by the leader)."""
-        token, _expires = self.server.registry.spawn(self.leader, nick, 600)
-        return token
-
-    def registered_caps(self, nick: str) -> list[list[str]]:
-        """The caps the SERVER recorded at each registration of *nick*, in order."""
-        return [
-            e["caps"] for e in self.events if e["event"] == "registered" and e.get("nick") == nick
-        ]
-
-
-@asynccontextmanager
-async def enclave(tmp_path: Path) -> AsyncIterator[Enclave]:
-    events: list[dict[str, Any]] = []
-    # The server's own keepalive is slow on purpose: a bot must detect a dead link by
-    # itself, not be rescued by the server timing it out.
-    async with open_server(
-        tmp_path / "enclave", ping_interval=60, ping_timeout=60, events=events.append
-    ) as server:
-        host, port = server.address
-        token = server.registry.mint_leader("lead")
-        yield Enclave(host, port, server, "lead", token, events)
-
-
-def bot_env(
-    addr: tuple[str, int], nick: str, token: str, **settings: float | str
-) -> dict[str, str]:
-    """The bot's environment; each keyword ``name=value`` becomes ``BOT_NAME=value``."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ENCLAVE_", "BOT_"))}
-    env.update(
-        ENCLAVE_HOST=addr[0],
-        ENCLAVE_PORT=str(addr[1]),
-        ENCLAVE_NICK=nick,
-        ENCLAVE_TOKEN=token,
-        ENCLAVE_CHANNEL=CHANNEL,
-    )
-    env.update({f"BOT_{k.upper()}": str(v) for k, v in settings.items()})
-    return env
-
-
-@asynccontextmanager
-async def open_bot(
-    addr: tuple[str, int], nick: str, token: str, *defects: str, **settings: float | str
-) -> AsyncIterator[MCPDriver]:
-    argv = [*BOT, *(a for d in defects for a in ("--defect", d))]
-    async with open_mcp(argv, env=bot_env(addr, nick, token, **settings), timeout=10) as drv:
-        assert await wait_event(drv, "connected", 10), drv.stderr_text()
-        yield drv
-
-
-def bot_events(drv: MCPDriver, name: str | None = None) -> list[dict[str, Any]]:
-    out = []
-    for line in drv.grep_stderr(r"^BOTEVENT "):
-        record = json.loads(line.split(" ", 1)[1])
-        if name is None or record["event"] == name:
-            out.append(record)
-    return out
-
-
-async def wait_event(
-    drv: MCPDriver, name: str, timeout: float, *, count: int = 1, **match: Any
-) -> dict[str, Any] | None:
-    """The *count*-th BOTEVENT *name* whose fields equal *match*; None after *timeout*."""
-
-    def found() -> dict[str, Any] | None:
-        hits = [e for e in bot_events(drv, name) if all(e.get(k) == v for k, v in match.items())]
-        return hits[count - 1] if len(hits) >= count else None
-
-    with trio.move_on_after(timeout):
-        while True:
-            since = drv.process.stderr_count()  # before looking: no line slips between
-            if (hit := found()) is not None:
-                return hit
-            if await drv.wait_stderr(r"^BOTEVENT ", timeout, since=since) is None:
-                return None  # stderr closed (the bot exited) or the time is up
-    return None
-
-
-async def status(drv: MCPDriver) -> dict[str, Any]:
-    result = await drv.call("status")
-    assert not result.is_error, result.text
-    return json.loads(result.text)
 
 
 # ---------------------------------------------------------------------- pure units
@@ -149,13 +52,15 @@ def test_config_from_env_defaults_and_errors() -> None:
         30.0,
     )
     assert (cfg.confirm_budget_s, cfg.reconnect_base_s, cfg.reconnect_max_s) == (3.0, 1.0, 16.0)
-    assert cfg.defects == frozenset()
+    assert cfg.defects == frozenset() and cfg.auth == "auto"
+    assert config_from_env({**base, "ENCLAVE_TOKEN": ""}).token is None  # auto: no login
     scaled = config_from_env({**base, "BOT_KEEPALIVE_IDLE_S": "0.25"}, ["no-confirm"])
     assert scaled.keepalive_idle_s == 0.25 and scaled.has("no-confirm")
     bad = [
         ({k: v for k, v in base.items() if k != "ENCLAVE_PORT"}, "ENCLAVE_PORT"),
         ({**base, "ENCLAVE_PORT": "x"}, "ENCLAVE_PORT"),
-        ({**base, "ENCLAVE_TOKEN": ""}, "ENCLAVE_TOKEN"),
+        ({**base, "ENCLAVE_TOKEN": "", "BOT_AUTH": "sasl"}, "BOT_AUTH=sasl needs ENCLAVE_TOKEN"),
+        ({**base, "BOT_AUTH": "kerberos"}, "BOT_AUTH"),
         ({**base, "ENCLAVE_NICK": "bad nick"}, "ENCLAVE_NICK"),
         ({**base, "BOT_PONG_TIMEOUT_S": "-1"}, "BOT_PONG_TIMEOUT_S"),
         ({**base, "BOT_CONFIRM_BUDGET_S": "nan"}, "BOT_CONFIRM_BUDGET_S"),
@@ -200,12 +105,16 @@ async def test_help_and_configuration_errors_exit_2() -> None:
     helped = await run([*BOT, "--help"], capture_stdout=True, capture_stderr=True)
     text = helped.stdout.decode()
     assert helped.returncode == 0
-    for word in ("ENCLAVE_PORT", "BOT_KEEPALIVE_IDLE_S", "BOT_RECONNECT_MAX_S", *DEFECTS):
+    for word in ("ENCLAVE_PORT", "BOT_AUTH", "SASL", "PASS", "BOT_RECONNECT_MAX_S", *DEFECTS):
         assert word in text
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("ENCLAVE_", "BOT_"))}
     cases = [
         ([], clean, "ENCLAVE_PORT is not set"),
-        ([], {**clean, "ENCLAVE_PORT": "1", "ENCLAVE_NICK": "n"}, "ENCLAVE_TOKEN is not set"),
+        (
+            [],
+            {**clean, "ENCLAVE_PORT": "1", "ENCLAVE_NICK": "n", "BOT_AUTH": "pass"},
+            "BOT_AUTH=pass needs ENCLAVE_TOKEN",
+        ),
         (
             [],
             {**clean, "ENCLAVE_PORT": "1", "ENCLAVE_NICK": "n", "ENCLAVE_TOKEN": "t"}
@@ -299,9 +208,7 @@ async def test_frozen_link_fixed_says_unconfirmed_no_confirm_claims_delivery(
     budget = 1.0
     timings = {"confirm_budget_s": budget, "keepalive_idle_s": 30, "pong_timeout_s": 30}
     async with (
-        enclave(tmp_path) as env,
-        open_proxy((env.host, env.port)) as proxy,
-        open_observer(env.host, env.port, "obs", CHANNEL) as obs,
+        rig(tmp_path) as (env, proxy, obs),
     ):
         via = proxy.address
         async with (
@@ -349,9 +256,7 @@ async def test_keepalive_detects_frozen_link_and_reconnects_after_thaw(tmp_path:
         "register_timeout_s": 0.5,
     }
     async with (
-        enclave(tmp_path) as env,
-        open_proxy((env.host, env.port)) as proxy,
-        open_observer(env.host, env.port, "obs", CHANNEL) as obs,
+        rig(tmp_path) as (env, proxy, obs),
         open_bot(proxy.address, "wka", env.worker("wka"), **timings) as bot,
     ):
         # Frozen, new connections included: the bot must notice by itself, and cannot
@@ -408,8 +313,7 @@ async def test_chatty_bot_with_outbound_refreshes_idle_never_detects(tmp_path: P
     idle, pong, every, watch = 1.0, 0.5, 0.25, 4.0
     timings = {"keepalive_idle_s": idle, "pong_timeout_s": pong, "confirm_budget_s": 0.15}
     async with (
-        enclave(tmp_path) as env,
-        open_proxy((env.host, env.port)) as proxy,
+        rig(tmp_path) as (env, proxy, _obs),
     ):
         via = proxy.address
         async with (
@@ -455,8 +359,7 @@ async def test_leak_fd_on_reconnect_grows_fds_fixed_stays_flat(tmp_path: Path) -
     cycles = 3
     timings = {"reconnect_base_s": 0.1, "reconnect_max_s": 0.4, "keepalive_idle_s": 30}
     async with (
-        enclave(tmp_path) as env,
-        open_proxy((env.host, env.port)) as proxy,
+        rig(tmp_path) as (env, proxy, _obs),
     ):
         via = proxy.address
         async with (
@@ -484,9 +387,7 @@ async def test_drop_caps_on_reconnect_loses_caps_fixed_keeps_them(tmp_path: Path
     timings = {"reconnect_base_s": 0.1, "reconnect_max_s": 0.4, "keepalive_idle_s": 30}
     full = {"sasl", "echo-message", "message-tags", "server-time"}
     async with (
-        enclave(tmp_path) as env,
-        open_proxy((env.host, env.port)) as proxy,
-        open_observer(env.host, env.port, "obs", CHANNEL) as obs,
+        rig(tmp_path) as (env, proxy, obs),
     ):
         via = proxy.address
         async with (
