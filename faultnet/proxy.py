@@ -242,12 +242,12 @@ class Connection:
                 continue
             if self.blackholed and sock is self.client:
                 detach_filter(sock)  # let the FIN or RST reach the client
+            trio.lowlevel.notify_closing(sock)
             if how == "reset":
                 set_linger_reset(sock)
+                sock.close()
             else:
-                _clean_fin(sock)
-            trio.lowlevel.notify_closing(sock)
-            sock.close()
+                self.proxy._close_after_fin(sock)
 
     def held_closes(self) -> None:
         """Log a FIN or RST that arrived on a frozen direction (held, not forwarded)."""
@@ -430,6 +430,14 @@ class Connection:
             self._end("reset")
         except* StreamClosed:
             pass
+
+
+#: How long a severed socket stays open after its FIN, reading and discarding, until the
+#: peer's own FIN. A socket closed with its FIN still queued behind unsent bytes (a client
+#: that reads slowly) is destroyed by the kernel, RST and all, as soon as one more segment
+#: from the peer arrives (a late write, a retransmission of what a blackhole dropped):
+#: the client then reads ECONNRESET, not EOF (issue 10 item 2, 15 of 15 tries).
+SEVER_LINGER_S = 10.0
 
 
 def _clean_fin(sock: socket.socket) -> None:
@@ -875,6 +883,44 @@ class Proxy:
             "frozen_new": list(self._frozen_new),
             "blackhole_new": self._blackhole_new,
         }
+
+    def _close_after_fin(self, sock: socket.socket) -> None:
+        """Send FIN on *sock* (a clean close), then close it once the peer's FIN has
+        come or :data:`SEVER_LINGER_S` has passed, reading and discarding until then, so
+        the peer reads every queued byte and then EOF, never an RST."""
+        if self._nursery is None:
+            _clean_fin(sock)
+            sock.close()
+            return
+        try:
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            sock.close()
+            return
+        # The connection's socket object is closed (so its owner sees it gone); the
+        # descriptor lives on in a task of the proxy's own.
+        lingering = socket.socket(fileno=sock.detach())
+        lingering.setblocking(False)
+        try:
+            self._nursery.start_soon(self._linger, lingering)
+        except RuntimeError:  # the proxy is stopping: no task can start
+            _clean_fin(lingering)
+            lingering.close()
+
+    async def _linger(self, sock: socket.socket) -> None:
+        try:
+            with trio.move_on_after(SEVER_LINGER_S):
+                while True:
+                    try:
+                        if not sock.recv_into(self._recv_buf):
+                            return  # the peer's FIN: both ways closed, nothing unread
+                    except BlockingIOError:
+                        await trio.lowlevel.wait_readable(sock)
+                    except OSError:
+                        return
+        finally:
+            trio.lowlevel.notify_closing(sock)
+            sock.close()
 
     def _start_held_poll(self) -> None:
         if self._poll_scope is None and self._nursery is not None:

@@ -3,11 +3,13 @@ each as a test that failed before its fix."""
 
 from __future__ import annotations
 
+import errno
+
 import trio
 
 from faultnet.eventlog import read_jsonl
 from faultnet.proxy import open_proxy
-from faultnet.testing import echo_server
+from faultnet.testing import echo_server, read_exactly
 from faultnet.toxics import Latency
 
 
@@ -54,3 +56,87 @@ async def test_toxics_added_and_removed_while_connections_close_are_atomic(tmp_p
     for event in ("toxic_added", "toxic_updated", "toxic_removed"):
         assert sum(r["event"] == event for r in records) == 300, event
     assert not [r for r in records if r["event"] == "conn_error"]
+
+
+async def _writer(s: trio.SocketStream, stop: trio.Event, errors: list[str]) -> None:
+    # A client that keeps writing (bounded): bytes in flight whenever the end comes.
+    for _ in range(2000):
+        if stop.is_set():
+            return
+        try:
+            await s.send_all(b"x" * 4096)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            errors.append(errno.errorcode.get(getattr(exc.__cause__, "errno", 0) or 0, "?"))
+            return
+
+
+async def _end_outcome(proxy, before: str, end: str) -> str:
+    """One connection whose client writes all along: *before* ("", "blackhole", or
+    "thaw" = blackhole then thaw), then *end* ("sever"/"reset"). Returns "reset" if the
+    client's reads or writes met ECONNRESET, else what its reads ended with ("eof")."""
+    from faultnet.controls import _read_outcome
+
+    s = await trio.open_tcp_stream(*proxy.address)
+    stop = trio.Event()
+    errors: list[str] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_writer, s, stop, errors)
+        await read_exactly(s, 4096)  # the echo: the link works
+        if before:
+            await proxy.blackhole()
+            await trio.lowlevel.checkpoint()
+            if before == "thaw":
+                await proxy.thaw()
+        await proxy.apply(end)
+        outcome, _ = await _read_outcome(s, 2.0)
+        stop.set()
+    await s.aclose()
+    # A write can meet the RST first, and the kernel reports it once.
+    return "reset" if "ECONNRESET" in errors else outcome
+
+
+async def test_sever_is_always_eof_and_reset_always_rst_even_around_a_blackhole() -> None:
+    """Issue 10 item 2: a sever during a blackhole, or shortly after a thaw, reached the
+    client as ECONNRESET in 3 of 10 tries."""
+    async with echo_server() as up, open_proxy(up) as proxy:
+        seen: dict[str, list[str]] = {}
+        for before in ("", "blackhole", "thaw"):
+            for end in ("sever", "reset"):
+                for _ in range(10):
+                    got = await _end_outcome(proxy, before, end)
+                    seen.setdefault(f"{end} after {before or 'nothing'}", []).append(got)
+        wrong = {
+            k: v
+            for k, v in seen.items()
+            if any(o != ("eof" if k.startswith("sever") else "reset") for o in v)
+        }
+        assert not wrong, wrong
+
+
+async def test_sever_with_bytes_queued_to_a_slow_reader_is_eof_after_them() -> None:
+    """Issue 10 item 2, the mechanism: bytes still queued toward a client that reads
+    slowly put the proxy's FIN behind them; a client segment arriving after the proxy
+    closed (a retransmission of what the blackhole dropped, or a late write) made the
+    proxy's kernel answer RST and discard the queued bytes and the FIN."""
+    from faultnet.controls import _read_outcome
+
+    async with echo_server() as up, open_proxy(up) as proxy:
+        outcomes = []
+        for before in ("", "blackhole", "thaw"):
+            for _ in range(5):
+                s = await trio.open_tcp_stream(*proxy.address)
+                # Not reading: the echo's reply fills the way back to us.
+                for _ in range(64):
+                    with trio.move_on_after(0.05):
+                        await s.send_all(b"y" * 65536)
+                if before:
+                    await proxy.blackhole()
+                if before == "thaw":
+                    await proxy.thaw()
+                await proxy.sever()
+                with trio.move_on_after(0.3):
+                    await s.send_all(b"a late write after the sever")
+                outcome, _ = await _read_outcome(s, 5.0)
+                outcomes.append((before, outcome))
+                await s.aclose()
+        assert all(o == "eof" for _, o in outcomes), outcomes
