@@ -10,6 +10,8 @@ A run directory (one arm of one attempt) holds, as the experiment runner writes 
 ``LABEL.stderr``            each bot's stderr; its ``BOTEVENT {json}`` lines
 ``calls/LABEL/*.jsonl``     each bot's MCP call record (one line per request)
 ``observer.jsonl``          what the independent observer received, with its time
+``faults.jsonl``,           decision logs (``faultnet chaos``'s join log, the fleet's
+``chaos*.jsonl``            faults.jsonl): one marker per decision on its target's lane
 ``command.txt``             the exact command that replays the run (written by publish)
 ==========================  ===========================================================
 
@@ -114,6 +116,11 @@ def fault_intervals(
             iv = FaultInterval(proxy, mode, t, None, str(r.get("stream", "both")), conns)
             if mode in INSTANT_MODES:
                 iv.end = t
+                # The connections it closed take their freeze or blackhole with them.
+                for held in list(open_):
+                    if conns and held.connections and set(held.connections) <= set(conns):
+                        held.end, held.removed_by = t, mode
+                        open_.remove(held)
             else:
                 open_.append(iv)
             out.append(iv)
@@ -149,6 +156,17 @@ _PROXY_MARKERS = {
     "held_rst": lambda r: ("held_close", f"conn {r.get('conn')} RST held ({r.get('stream')})"),
     "peer_reset": lambda r: ("connection_lost", f"conn {r.get('conn')} peer reset"),
     "upstream_failed": lambda r: ("connect_failed", f"conn {r.get('conn')} upstream failed"),
+}
+
+
+#: Decision-log event (or a "skip" action) -> marker kind; other events are not drawn.
+_DECISIONS = {
+    "fault": "decision",
+    "undo": "decision",
+    "skip": "decision_skipped",
+    "refuse": "decision_skipped",
+    "undo_failed": "decision_failed",
+    "error": "decision_failed",
 }
 
 
@@ -214,7 +232,7 @@ def load_run(path: Path, *, title: str | None = None) -> Run:
     events = _records(path / "events.jsonl", notes)
 
     proxies: dict[str, list[dict[str, Any]]] = {}
-    for f in sorted(path.glob("proxy*.jsonl")):
+    for f in sorted({*path.glob("proxy*.jsonl"), *path.glob("proxies*.jsonl")}):
         for r in _records(f, notes):
             proxies.setdefault(str(r.get("proxy") or f.stem), []).append(r)
     for recs in proxies.values():
@@ -331,10 +349,38 @@ def load_run(path: Path, *, title: str | None = None) -> Run:
                 )
             )
 
+    # Decision logs (faultnet chaos's join log; the fleet's faults.jsonl in its shape):
+    # one marker per decision on the lane of the proxy it targets.
+    for f in sorted({*path.glob("faults*.jsonl"), *path.glob("chaos*.jsonl")}):
+        for r in _records(f, notes):
+            kind = _DECISIONS.get(
+                str(r.get("action") if r.get("action") == "skip" else r.get("event"))
+            )
+            if kind is None or "mono" not in r:
+                continue
+            lane_id = f"proxy:{r.get('target')}"
+            if run.lane(lane_id) is None:
+                run.lanes.insert(0, Lane(lane_id, f"target {r.get('target')}", "proxy"))
+            why = r.get("outcome") or r.get("result") or r.get("reason") or r.get("rail") or ""
+            if isinstance(r.get("detail"), dict) and r["detail"].get("reason"):
+                why = r["detail"]["reason"]
+            label = f"{r.get('event')} {r.get('action')}" + (f": {why}" if why else "")
+            run.markers.append(Marker(lane_id, rel(r["mono"]), kind, label))
+
     if has_observer:
         run.lanes.append(Lane("observer", "observer (direct link)", "observer"))
         for t, sender, text in received:
             run.markers.append(Marker("observer", t, "received", f"{sender}: {text[:60]}"))
+
+    # Each proxy's lane directly above the bots behind it, so its fault bands read as
+    # one block; then any other lane, the observer last.
+    ordered: list[Lane] = []
+    for ln in run.lanes:
+        if ln.kind == "proxy":
+            ordered.append(ln)
+            ordered += [b for b in run.lanes if b.via and f"proxy:{b.via}" == ln.id]
+    ordered += [ln for ln in run.lanes if ln not in ordered and ln.kind != "observer"]
+    run.lanes = ordered + [ln for ln in run.lanes if ln.kind == "observer"]
 
     run.posts.sort(key=lambda p: p.t)
     run.markers.sort(key=lambda m: m.t)

@@ -71,7 +71,9 @@ DETECTIONS: dict[str, tuple[str, str, str]] = {
     "conn_close": ("proxy: connection closed", "#546e7a", "|"),
     "held_close": ("proxy: FIN/RST held by the fault", "#8d6e63", "4"),
     "received": ("observer received a line", "#2e7d32", "|"),
-    "decision": ("decision", "#455a64", "*"),
+    "decision": ("decision (chaos / fleet fault log)", "#455a64", "*"),
+    "decision_skipped": ("decision: skipped or refused", "#b0bec5", "*"),
+    "decision_failed": ("decision: failed or not undone", "#d50000", "*"),
 }
 
 

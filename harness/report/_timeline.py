@@ -70,8 +70,10 @@ def _panel_title(run: Run) -> tuple[str, str]:
 
 def draw(report: Report) -> tuple[Any, list[Drawn]]:
     """Build the figure for *report*; return it and what was drawn."""
+    from matplotlib.collections import PatchCollection
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
+    from matplotlib.patches import Rectangle
 
     runs = report.runs
     heights = [max(1, len(r.lanes)) for r in runs]
@@ -108,20 +110,28 @@ def draw(report: Report) -> tuple[Any, list[Drawn]]:
             if f.end is None:
                 label += " (never removed)"
             top = max(ys[ln] for ln in lanes) + 0.45
+            # One band per lane: the lanes a fault acts on need not be adjacent.
             if f.instant:
                 art = ax.vlines(
-                    f.start, min(ys[ln] for ln in lanes) - 0.45, top, color=col, linewidth=2.5
+                    [f.start] * len(lanes),
+                    [ys[ln] - 0.45 for ln in lanes],
+                    [ys[ln] + 0.45 for ln in lanes],
+                    color=col,
+                    linewidth=2.5,
                 )
             else:
-                art = ax.broken_barh(
-                    [(f.start, max(end - f.start, 1e-6))],
-                    (min(ys[ln] for ln in lanes) - 0.45, top - min(ys[ln] for ln in lanes) + 0.45),
+                art = PatchCollection(
+                    [
+                        Rectangle((f.start, ys[ln] - 0.45), max(end - f.start, 1e-6), 0.9)
+                        for ln in lanes
+                    ],
                     facecolors=col,
                     alpha=0.25,
-                    edgecolor=col,
-                    linewidth=1.0,
+                    edgecolors=col,
+                    linewidths=1.0,
                     zorder=1,
                 )
+                ax.add_collection(art)
             art.set_gid(gid)
             ax.text(
                 f.start,

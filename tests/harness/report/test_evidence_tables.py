@@ -28,15 +28,19 @@ def test_fault_intervals_from_a_proxy_log() -> None:
         rec(17, "fault_removed", mode="restore"),
         rec(18, "toxic_removed", toxic="lat"),
         rec(19, "fault_applied", mode="refuse"),
+        rec(20, "fault_applied", mode="freeze", stream="both", connections=[4]),
+        rec(21, "fault_applied", mode="reset", connections=[4, 5]),  # closes what it froze
     ]
     got = [(f.mode, f.start, f.end, f.removed_by) for f in fault_intervals(log, "p", 10)]
     assert got == [
-        ("freeze", 0, 6, "thaw"),
+        ("freeze", 0, 4, "severed"),  # its connection severed: gone with it
         ("blackhole", 1, 6, "thaw"),
         ("drop_syn", 3, 7, "restore"),
         ("severed", 4, 4, None),  # an instant
         ("latency toxic", 5, 8, "toxic_removed"),
         ("refuse", 9, None, None),  # never removed
+        ("freeze", 10, 11, "reset"),
+        ("reset", 11, 11, None),
     ]
 
 

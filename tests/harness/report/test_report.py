@@ -224,3 +224,30 @@ def test_the_page_is_self_contained(built) -> None:
         assert (built.html.parent / html.unescape(href)).is_file(), href
     assert str(built.report.runs[0].seed) in page
     assert "faultnet" in built.report.replay or "harness.pair" in built.report.replay
+
+
+def test_a_decision_log_is_drawn_on_its_targets_lane(pair_dir: Path, tmp_path: Path) -> None:
+    """faultnet chaos's join log (and the fleet's faults.jsonl, in its shape): every
+    decision is a marker on the lane of the proxy it names, skips told apart."""
+    arm = copy_arm(pair_dir, tmp_path)
+    t0 = origin(arm)
+    lines = [
+        {
+            "mono": t0 + 0.5,
+            "event": "fault",
+            "action": "freeze",
+            "target": "proxy",
+            "outcome": "applied",
+        },
+        {"mono": t0 + 0.7, "event": "skip", "action": "sever", "target": "proxy", "reason": "rail"},
+        {"mono": t0 + 0.9, "event": "undo_failed", "action": "thaw", "target": "other"},
+    ]
+    (arm / "chaos-log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    built = build(arm)
+    got = [(d.lane, round(d.t, 6), d.what) for d in built.drawn if d.what.startswith("decision")]
+    assert got == [
+        ("proxy:proxy", 0.5, "decision"),
+        ("proxy:proxy", 0.7, "decision_skipped"),
+        ("proxy:other", 0.9, "decision_failed"),
+    ]
+    assert "skip sever: rail" in built.html.read_text()
