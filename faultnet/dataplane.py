@@ -283,7 +283,8 @@ class DataPlane:
         self._ep = select.epoll()
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._ep.register(self._wake, _IN)
-        self._fds: dict[int, Link] = {}
+        #: fd -> (its link, the lane reading it, the lane writing to it)
+        self._fds: dict[int, tuple[Link, Lane, Lane]] = {}
         self._mask: dict[int, int] = {}
         self._buf = bytearray(COPY_CHUNK)
         self._view = memoryview(self._buf)
@@ -327,7 +328,7 @@ class DataPlane:
             for s in to_trio:
                 link.lanes[s].to_trio = True
             for fd in link.fds:
-                self._fds[fd] = link
+                self._fds[fd] = (link, *link._lanes_of(fd))
                 self._mask[fd] = 0
             self._rearm(link)
         return link
@@ -464,16 +465,23 @@ class DataPlane:
                 return
             except OSError as exc:
                 raise _Failed(exc.errno) from None
-            if not n:
-                lane.eof_read = lane.eof_pending = True
-                self._maybe_eof(link, lane)
+            if not self._took(link, lane, n):
                 return
-            self._send(lane, self._view[:n])
-            if lane.held is not None:
-                return
-            if n < COPY_CHUNK:
-                return  # a short read: the socket is almost surely empty
-            lane.burst = self._splice
+
+    def _took(self, link: Link, lane: Lane, n: int) -> bool:
+        """Pass on the *n* bytes just read into the buffer (0: the EOF). True if the
+        socket may have more to read now."""
+        if not n:
+            lane.eof_read = lane.eof_pending = True
+            self._maybe_eof(link, lane)
+            return False
+        self._send(lane, self._view[:n])
+        if lane.held is not None:
+            return False
+        if n < COPY_CHUNK:
+            return False  # a short read: the socket is almost surely empty
+        lane.burst = self._splice
+        return True
 
     def _splice_once(self, link: Link, lane: Lane) -> bool:
         """One splice in and out. True while the burst goes on."""
@@ -518,12 +526,51 @@ class DataPlane:
                 continue
             for fd, _ in events:
                 with lock:
-                    link = self._fds.get(fd)
-                    if link is not None:
-                        self._handle(link, fd)
+                    entry = self._fds.get(fd)
+                    if entry is not None:
+                        self._handle(*entry)
 
-    def _handle(self, link: Link, fd: int) -> None:
-        reading, writing = link._lanes_of(fd)
+    def _handle(self, link: Link, reading: Lane, writing: Lane) -> None:
+        if (
+            reading.open
+            and reading.held is None
+            and writing.held is None
+            and not (reading.piped or writing.piped or reading.eof_read)
+            and not (reading.to_trio or reading.burst)
+        ):
+            # The common case, inlined (Python costs as much as the syscalls here): one
+            # small read, written at once; nothing held before or after, so the interest
+            # of both sockets stays as it is.
+            try:
+                n = reading.src.recv_into(self._buf)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                self._fail(link, reading, exc.errno)
+                return
+            if 0 < n < COPY_CHUNK:
+                try:
+                    m = reading.dst.send(self._view[:n])
+                except BlockingIOError:
+                    m = 0
+                except OSError as exc:
+                    self._fail(link, reading, exc.errno)
+                    return
+                reading.bytes += m
+                if m == n:
+                    return
+                reading.held = memoryview(bytes(self._view[m:n]))
+                self._rearm(link)
+                return
+            try:  # an EOF or a full buffer: the general path goes on from there
+                self._took(link, reading, n)
+                if not link.ended and reading.wants_read():
+                    self._read(link, reading)
+            except _Failed as exc:
+                self._fail(link, reading, exc.args[0])
+                return
+            self._rearm(link)
+            return
         lane = writing
         try:
             if writing.wants_write():
