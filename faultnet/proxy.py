@@ -787,17 +787,37 @@ class Proxy:
 
     async def refuse(self) -> None:
         """New connects are refused at once (ECONNREFUSED): the listener is closed.
-        :meth:`restore` listens again on the same port. Open connections are untouched."""
+        :meth:`restore` listens again on the same port. Open connections are untouched.
+
+        A client whose handshake the kernel had completed but the proxy not yet
+        accepted (the accept queue) cannot be refused any more: its connection is reset
+        (the kernel would do the same on close), so it reads ECONNRESET on its first
+        read or write. Each such connection is accepted here, reset and logged as
+        ``queued_reset`` with its peer, and counted in the ``fault_applied`` record."""
         if self._refusing:
             return
         self._refusing = True
         # Cancel the task parked in accept() before closing the socket under it.
         self.pause_accepting()
+        queued: list[str] = []
         if self._listener is not None:
             trio.lowlevel.notify_closing(self._listener)
-            self._listener.close()
+            listener = socket.socket(fileno=self._listener.detach())
             self._listener = None
-        self.log.write("fault_applied", mode="refuse")
+            listener.setblocking(False)
+            try:
+                while True:
+                    try:
+                        conn, addr = listener.accept()
+                    except OSError:  # EAGAIN: the queue is empty
+                        break
+                    queued.append(format_address(addr))
+                    set_linger_reset(conn)
+                    conn.close()
+                    self.log.write("queued_reset", peer=queued[-1])
+            finally:
+                listener.close()
+        self.log.write("fault_applied", mode="refuse", queued_reset=len(queued))
 
     async def restore(self) -> None:
         """Undo drop_syn and refuse. Raises ProxyError if the port was taken meanwhile."""

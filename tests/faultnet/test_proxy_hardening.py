@@ -7,6 +7,7 @@ import errno
 
 import trio
 
+from faultnet.addresses import format_address
 from faultnet.eventlog import read_jsonl
 from faultnet.proxy import open_proxy
 from faultnet.testing import echo_server, read_exactly
@@ -140,3 +141,27 @@ async def test_sever_with_bytes_queued_to_a_slow_reader_is_eof_after_them() -> N
                 outcomes.append((before, outcome))
                 await s.aclose()
         assert all(o == "eof" for _, o in outcomes), outcomes
+
+
+async def test_refuse_resets_and_logs_each_connection_waiting_in_the_accept_queue(
+    tmp_path,
+) -> None:
+    """Issue 10 item 3: connections the kernel had completed but the proxy not yet
+    accepted were reset by the listener's close and appeared nowhere in the log."""
+    from faultnet.controls import _read_outcome
+
+    log = tmp_path / "events.jsonl"
+    async with echo_server() as up, open_proxy(up, event_log=str(log)) as proxy:
+        assert proxy.address is not None
+        proxy.pause_accepting()  # so that connections wait in the kernel's queue
+        queued = [await trio.open_tcp_stream(*proxy.address) for _ in range(3)]
+        ours = sorted(format_address(s.socket.getsockname()) for s in queued)
+        await proxy.refuse()
+        for s in queued:
+            assert (await _read_outcome(s, 2.0))[0] == "reset"
+            await s.aclose()
+    records = read_jsonl(log).records
+    peers = sorted(r["peer"] for r in records if r["event"] == "queued_reset")
+    assert peers == ours
+    (refuse,) = [r for r in records if r.get("mode") == "refuse"]
+    assert refuse["queued_reset"] == 3
