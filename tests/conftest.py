@@ -5,6 +5,8 @@ plugin (``faultnet_proxy``, ``faultnet_server``, ...) and the helpers from
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -22,3 +24,11 @@ def require_program(path: str | None, what: str) -> str:
     if in_ci():
         pytest.fail(f"{what} is missing; .ci/run installs it")
     pytest.skip(f"{what} is not installed (.ci/run installs it in CI)")
+
+
+def run_module(module: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m MODULE ARGS`` (this interpreter) to completion, output captured as
+    text; ``subprocess.TimeoutExpired`` after *timeout* seconds."""
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout
+    )

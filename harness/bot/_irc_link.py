@@ -187,6 +187,11 @@ def _now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def _ms(seconds: float) -> float:
+    """Seconds as milliseconds, to the microsecond: how every event reports a duration."""
+    return round(seconds * 1000, 3)
+
+
 def _plural(n: int) -> str:
     return f"{n} line" if n == 1 else f"{n} lines"
 
@@ -211,6 +216,11 @@ class IrcLink:
         self._tokens = itertools.count(1)
         self._leaked: list[int] = []  # leak-fd-on-reconnect: never closed, by design
         self.counters: collections.Counter[str] = collections.Counter()
+
+    def _record(self, event: str, **fields: Any) -> None:
+        """Count *event* in :attr:`counters` and emit it as a BOTEVENT record."""
+        self.counters[event] += 1
+        self._events.emit(event, **fields)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -241,8 +251,7 @@ class IrcLink:
     def _before_retry(self, state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None
         wait = state.next_action.sleep if state.next_action is not None else None
-        self.counters["connect_failed"] += 1
-        self._events.emit(
+        self._record(
             "connect_failed",
             attempt=state.attempt_number,
             reason=str(exc),
@@ -397,22 +406,18 @@ class IrcLink:
         s.ready, s.ready_mono = True, now
         self._registered += 1
         self._session = s
-        self.counters["connected"] += 1
-        self._events.emit(
+        self._record(
             "connected",
             session=s.number,
             server=f"{self._cfg.host}:{self._cfg.port}",
             auth=s.auth,
             caps=sorted(s.caps),
             channel=self._cfg.channel,
-            register_ms=round((now - s.opened_mono) * 1000, 3),
+            register_ms=_ms(now - s.opened_mono),
         )
         if s.number > 1:
-            self.counters["reconnected"] += 1
-            down_ms = (
-                None if self._down_since is None else round((now - self._down_since) * 1000, 3)
-            )
-            self._events.emit(
+            down_ms = None if self._down_since is None else _ms(now - self._down_since)
+            self._record(
                 "reconnected",
                 session=s.number,
                 down_ms=down_ms,
@@ -466,8 +471,7 @@ class IrcLink:
                 except OSError:
                     pass
             self._last_down = {"session": s.number, "reason": s.down_reason}
-            self.counters["disconnected"] += 1
-            self._events.emit(
+            self._record(
                 "disconnected",
                 session=s.number,
                 reason=s.down_reason,
@@ -599,15 +603,14 @@ class IrcLink:
                 continue
             if s.down_reason is None:
                 now = time.monotonic()
-                self.counters["pong_timeout"] += 1
-                self._events.emit(
+                self._record(
                     "pong_timeout",
                     session=s.number,
                     idle_s=cfg.keepalive_idle_s,
                     pong_timeout_s=cfg.pong_timeout_s,
-                    waited_ms=round((now - sent_at) * 1000, 3),
-                    last_inbound_age_ms=round((now - s.last_inbound) * 1000, 3),
-                    inbound_age_at_ping_ms=round(inbound_age * 1000, 3),
+                    waited_ms=_ms(now - sent_at),
+                    last_inbound_age_ms=_ms(now - s.last_inbound),
+                    inbound_age_at_ping_ms=_ms(inbound_age),
                 )
                 self._drop(s, "pong_timeout", f"no PONG within {cfg.pong_timeout_s:g} s")
             return
@@ -699,7 +702,7 @@ class IrcLink:
         )
 
     def _posted(self, outcome: str, t0: float, n: int, text: str, s: _Session | None) -> PostResult:
-        elapsed_ms = round((time.monotonic() - t0) * 1000, 3)
+        elapsed_ms = _ms(time.monotonic() - t0)
         result = "unconfirmed" if outcome == "not_connected" else outcome
         self.counters[f"post_{outcome}"] += 1
         self._events.emit(

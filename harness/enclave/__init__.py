@@ -100,6 +100,7 @@ from harness.enclave._client import (
     spawn_worker_full,
 )
 from harness.enclave._events import read_events
+from harness.enclave._flood import FloodLimits
 from harness.enclave._registry import (
     QUOTA,
     REGISTRY_FILE,
@@ -117,6 +118,7 @@ __all__ = [
     "BotRecord",
     "EnclaveServError",
     "EnclaveServer",
+    "FloodLimits",
     "IrcLine",
     "Registry",
     "RegistryError",

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import trio
 
+from harness.enclave._flood import FloodLimits
 from harness.enclave._registry import Registry, RegistryError
 from harness.enclave._server import EnclaveServer, ServerConfig, _is_loopback
 
@@ -190,9 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ping_interval=args.ping_interval,
         ping_timeout=args.ping_timeout,
         close_grace=args.close_grace,
-        flood_rate=args.flood_rate,
-        flood_burst=args.flood_burst,
-        excess_flood_s=args.excess_flood,
+        flood=FloodLimits(args.flood_rate, args.flood_burst, args.excess_flood),
         port_file=args.port_file,
     )
     if not _is_loopback(args.host):

@@ -23,9 +23,27 @@ time spent handling its lines counts toward the rate but not toward the wait). `
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import trio
 
-__all__ = ["ExcessFlood", "FloodBucket"]
+__all__ = ["ExcessFlood", "FloodBucket", "FloodLimits"]
+
+
+@dataclass(frozen=True)
+class FloodLimits:
+    """One client's allowance. 100 lines/s is far above what a bot sends (the chatty-bot
+    test: 8 lines/s, posts and their PINGs); the burst is well under the server's
+    ``sendq`` (4096 lines), so one client's burst cannot overflow a member that reads
+    nothing meanwhile."""
+
+    #: Lines per second once the burst is spent; 0 switches flood control off.
+    rate: float = 100.0
+    #: Lines a client may send at once.
+    burst: int = 500
+    #: Seconds its lines may wait in all, since its bucket was last full, before the
+    #: client is dropped ("Excess Flood").
+    limit_s: float = 10.0
 
 
 class ExcessFlood(Exception):
@@ -35,10 +53,10 @@ class ExcessFlood(Exception):
 class FloodBucket:
     """One client's bucket. :meth:`take` before handling each line."""
 
-    def __init__(self, rate: float, burst: int, limit_s: float) -> None:
-        self.rate = rate
-        self.burst = float(max(burst, 1))
-        self.limit_s = limit_s
+    def __init__(self, limits: FloodLimits) -> None:
+        self.rate = limits.rate
+        self.burst = float(max(limits.burst, 1))
+        self.limit_s = limits.limit_s
         self._tokens = self.burst
         self._stamp = trio.current_time()
         #: Seconds its lines have waited for tokens since the bucket was last full.

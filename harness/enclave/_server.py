@@ -11,9 +11,9 @@ Semantics that other code relies on:
 * **Send queues are bounded** (``sendq`` lines). A client whose queue overflows is
   dropped ("SendQ exceeded") instead of stalling the server or other clients.
 * **Flood control is per sender** (:mod:`harness.enclave._flood`): past a burst, a
-  client's lines are read at ``flood_rate`` per second at most; the rest waits unread
-  (backpressure), and a client held back for ``excess_flood_s`` without a break is
-  dropped ("Excess Flood"). So a flooder slows itself down; its audience, reading at
+  client's lines are read at ``flood.rate`` per second at most; the rest waits unread
+  (backpressure), and a client held back ``flood.limit_s`` in all is dropped
+  ("Excess Flood"). So a flooder slows itself down; its audience, reading at
   any ordinary speed, is never dropped for SendQ on its account.
 * **Keepalive**: any bytes received from a client count as activity. After
   ``ping_interval`` seconds without any, the server sends ``PING :<token>``; if nothing
@@ -63,7 +63,7 @@ from drivers.irc import (
     parse_line,
 )
 from harness.enclave._events import EventSink, make_record, stderr_sink
-from harness.enclave._flood import ExcessFlood, FloodBucket
+from harness.enclave._flood import ExcessFlood, FloodBucket, FloodLimits
 from harness.enclave._registry import (
     SERVICE_NICK,
     BotRecord,
@@ -98,15 +98,8 @@ class ServerConfig:
     ping_timeout: float = 60.0
     #: Lines queued for one client before it is dropped as too slow.
     sendq: int = 4096
-    #: Flood control (see harness.enclave._flood): each client may send a burst of
-    #: ``flood_burst`` lines, then ``flood_rate`` lines/s (0: no limit); lines beyond
-    #: that wait unread, and a client held back ``excess_flood_s`` running is dropped.
-    #: 100 lines/s is far above what a bot sends (the chatty-bot test: 8 lines/s, posts
-    #: and their PINGs); the burst is well under ``sendq``, so one client's burst cannot
-    #: overflow a member that reads nothing meanwhile.
-    flood_rate: float = 100.0
-    flood_burst: int = 500
-    excess_flood_s: float = 10.0
+    #: Per-client flood control (harness.enclave._flood).
+    flood: FloodLimits = field(default_factory=FloodLimits)
     #: How long a closing client gets to take its final bytes.
     close_grace: float = 2.0
     port_file: Path | None = None
@@ -250,7 +243,7 @@ class EnclaveServer:
             port=int(peer[1]),
             out_send=send,
             out_recv=recv,
-            flood=FloodBucket(cfg.flood_rate, cfg.flood_burst, cfg.excess_flood_s),
+            flood=FloodBucket(cfg.flood),
             accepted_at=now,
             last_rx=now,
         )
@@ -1016,7 +1009,7 @@ async def open_server(
     """Run a server in the background for the duration of the block.
 
     *settings* are :class:`ServerConfig` fields (``ping_interval=0.2``,
-    ``flood_rate=0``, ...). ``server.address`` is the bound ``(host, port)``; the
+    ``flood=FloodLimits(rate=0)``, ...). ``server.address`` is the bound ``(host, port)``; the
     registry is ``server.registry``. Leaving the block stops the server and closes every
     client.
     """

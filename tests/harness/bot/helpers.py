@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 
@@ -70,6 +70,28 @@ async def rig(tmp_path: Path) -> AsyncIterator[tuple[Enclave, Proxy, Observer]]:
         open_observer(env.host, env.port, "obs", CHANNEL) as obs,
     ):
         yield env, proxy, obs
+
+
+class Pair(NamedTuple):
+    env: Enclave
+    proxy: Proxy
+    obs: Observer
+    fixed: MCPDriver
+    defective: MCPDriver
+
+
+@asynccontextmanager
+async def matched_pair(
+    tmp_path: Path, defect: str, nick: str, timings: dict[str, Any]
+) -> AsyncIterator[Pair]:
+    """A matched pair on one :func:`rig`: two bots with the same timings through the
+    same proxy, ``wfix`` (no defect) and *nick* with *defect* switched on."""
+    async with (
+        rig(tmp_path) as (env, proxy, obs),
+        open_bot(proxy.address, "wfix", env.worker("wfix"), **timings) as fixed,
+        open_bot(proxy.address, nick, env.worker(nick), defect, **timings) as defective,
+    ):
+        yield Pair(env, proxy, obs, fixed, defective)
 
 
 def bot_env(

@@ -30,6 +30,7 @@ from tests.harness.bot.helpers import (
     CHANNEL,
     bot_events,
     enclave,
+    matched_pair,
     open_bot,
     rig,
     status,
@@ -207,42 +208,36 @@ async def test_frozen_link_fixed_says_unconfirmed_no_confirm_claims_delivery(
 ) -> None:
     budget = 1.0
     timings = {"confirm_budget_s": budget, "keepalive_idle_s": 30, "pong_timeout_s": 30}
-    async with (
-        rig(tmp_path) as (env, proxy, obs),
-    ):
-        via = proxy.address
-        async with (
-            open_bot(via, "wfix", env.worker("wfix"), **timings) as fixed,
-            open_bot(via, "wlie", env.worker("wlie"), "no-confirm", **timings) as liar,
-        ):
-            # Control before the freeze: both arms deliver and the observer sees it.
-            for drv, nick in ((fixed, "wfix"), (liar, "wlie")):
-                result = await drv.call("send-channel", text=f"control before freeze {nick}")
-                assert result.text.startswith(f"Broadcast to {CHANNEL} (1 line)"), result.text
-                assert await obs.wait_for(f"control before freeze {nick}", 5) is not None
+    async with matched_pair(tmp_path, "no-confirm", "wlie", timings) as pair:
+        _env, proxy, obs, fixed, liar = pair
+        # Control before the freeze: both arms deliver and the observer sees it.
+        for drv, nick in ((fixed, "wfix"), (liar, "wlie")):
+            result = await drv.call("send-channel", text=f"control before freeze {nick}")
+            assert result.text.startswith(f"Broadcast to {CHANNEL} (1 line)"), result.text
+            assert await obs.wait_for(f"control before freeze {nick}", 5) is not None
 
-            await proxy.freeze()
-            fixed_result = await fixed.call("send-channel", text="frozen post from wfix")
-            liar_result = await liar.call("send-channel", text="frozen post from wlie")
+        await proxy.freeze()
+        fixed_result = await fixed.call("send-channel", text="frozen post from wfix")
+        liar_result = await liar.call("send-channel", text="frozen post from wlie")
 
-            # The fixed bot does not claim delivery, and says so within its budget.
-            assert "UNCONFIRMED" in fixed_result.text and fixed_result.is_error
-            assert "Broadcast to" not in fixed_result.text
-            assert budget * 0.9 <= fixed_result.seconds <= budget + 1.0
-            # The defective bot claims delivery at once ...
-            assert liar_result.text.startswith(f"Broadcast to {CHANNEL} (1 line)")
-            assert not liar_result.is_error and liar_result.seconds < budget
-            # ... which the independent observer contradicts over a whole budget (the
-            # wait IS the scenario: absence during the window in which it was claimed).
-            assert await obs.wait_for("frozen post from", budget) is None
-            assert bot_events(fixed, "post_confirm")[-1]["result"] == "unconfirmed"
-            assert bot_events(liar, "post_confirm")[-1]["result"] == "skipped"
+        # The fixed bot does not claim delivery, and says so within its budget.
+        assert "UNCONFIRMED" in fixed_result.text and fixed_result.is_error
+        assert "Broadcast to" not in fixed_result.text
+        assert budget * 0.9 <= fixed_result.seconds <= budget + 1.0
+        # The defective bot claims delivery at once ...
+        assert liar_result.text.startswith(f"Broadcast to {CHANNEL} (1 line)")
+        assert not liar_result.is_error and liar_result.seconds < budget
+        # ... which the independent observer contradicts over a whole budget (the
+        # wait IS the scenario: absence during the window in which it was claimed).
+        assert await obs.wait_for("frozen post from", budget) is None
+        assert bot_events(fixed, "post_confirm")[-1]["result"] == "unconfirmed"
+        assert bot_events(liar, "post_confirm")[-1]["result"] == "skipped"
 
-            # Control after: thawing delivers the held bytes, so the observer could have
-            # seen them; their absence above was the freeze, not a blind observer.
-            await proxy.thaw()
-            assert await obs.wait_for("frozen post from wfix", 5) is not None
-            assert await obs.wait_for("frozen post from wlie", 5) is not None
+        # Control after: thawing delivers the held bytes, so the observer could have
+        # seen them; their absence above was the freeze, not a blind observer.
+        await proxy.thaw()
+        assert await obs.wait_for("frozen post from wfix", 5) is not None
+        assert await obs.wait_for("frozen post from wlie", 5) is not None
 
 
 async def test_keepalive_detects_frozen_link_and_reconnects_after_thaw(tmp_path: Path) -> None:
@@ -312,44 +307,36 @@ async def test_chatty_bot_with_outbound_refreshes_idle_never_detects(tmp_path: P
     # machine (a late post must not give the defective arm a PING by accident).
     idle, pong, every, watch = 1.0, 0.5, 0.25, 4.0
     timings = {"keepalive_idle_s": idle, "pong_timeout_s": pong, "confirm_budget_s": 0.15}
-    async with (
-        rig(tmp_path) as (env, proxy, _obs),
-    ):
-        via = proxy.address
-        async with (
-            open_bot(via, "wfix", env.worker("wfix"), **timings) as fixed,
-            open_bot(
-                via, "wblind", env.worker("wblind"), "outbound-refreshes-idle", **timings
-            ) as blind,
-        ):
-            await proxy.freeze()  # both links at the same instant
-            frozen_at = time.monotonic()
+    async with matched_pair(tmp_path, "outbound-refreshes-idle", "wblind", timings) as pair:
+        _env, proxy, _obs, fixed, blind = pair
+        await proxy.freeze()  # both links at the same instant
+        frozen_at = time.monotonic()
 
-            async def chatter(drv: MCPDriver, tag: str) -> None:
-                n = 0
-                while time.monotonic() - frozen_at < watch:
-                    n += 1
-                    await drv.call("send-channel", text=f"chatty milestone {tag} {n}")
-                    await trio.sleep(every)  # the posting cadence is the scenario
+        async def chatter(drv: MCPDriver, tag: str) -> None:
+            n = 0
+            while time.monotonic() - frozen_at < watch:
+                n += 1
+                await drv.call("send-channel", text=f"chatty milestone {tag} {n}")
+                await trio.sleep(every)  # the posting cadence is the scenario
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(chatter, fixed, "fix")
-                nursery.start_soon(chatter, blind, "blind")
-            stopped_at = time.monotonic()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(chatter, fixed, "fix")
+            nursery.start_soon(chatter, blind, "blind")
+        stopped_at = time.monotonic()
 
-            # Fixed arm: detected on its own keepalive, posting notwithstanding.
-            fixed_timeout = bot_events(fixed, "pong_timeout")
-            assert fixed_timeout, fixed.stderr_text()
-            assert fixed_timeout[0]["mono"] - frozen_at <= idle + pong + 0.5
-            # Defective arm: a whole watch window (> 2x idle + PONG timeout), blind.
-            assert bot_events(blind, "pong_timeout") == []
-            assert bot_events(blind, "disconnected") == []
+        # Fixed arm: detected on its own keepalive, posting notwithstanding.
+        fixed_timeout = bot_events(fixed, "pong_timeout")
+        assert fixed_timeout, fixed.stderr_text()
+        assert fixed_timeout[0]["mono"] - frozen_at <= idle + pong + 0.5
+        # Defective arm: a whole watch window (> 2x idle + PONG timeout), blind.
+        assert bot_events(blind, "pong_timeout") == []
+        assert bot_events(blind, "disconnected") == []
 
-            # Internal control: once it stops posting, the same defective bot detects,
-            # so its keepalive works and the blindness above was the posting alone.
-            late = await wait_event(blind, "pong_timeout", idle + pong + 3)
-            assert late is not None
-            assert late["mono"] - stopped_at <= idle + pong + 0.5
+        # Internal control: once it stops posting, the same defective bot detects,
+        # so its keepalive works and the blindness above was the posting alone.
+        late = await wait_event(blind, "pong_timeout", idle + pong + 3)
+        assert late is not None
+        assert late["mono"] - stopped_at <= idle + pong + 0.5
 
 
 # ---------------------------------------------------------------------- reconnect defects
@@ -358,78 +345,62 @@ async def test_chatty_bot_with_outbound_refreshes_idle_never_detects(tmp_path: P
 async def test_leak_fd_on_reconnect_grows_fds_fixed_stays_flat(tmp_path: Path) -> None:
     cycles = 3
     timings = {"reconnect_base_s": 0.1, "reconnect_max_s": 0.4, "keepalive_idle_s": 30}
-    async with (
-        rig(tmp_path) as (env, proxy, _obs),
-    ):
-        via = proxy.address
-        async with (
-            open_bot(via, "wfix", env.worker("wfix"), **timings) as fixed,
-            open_bot(via, "wleak", env.worker("wleak"), "leak-fd-on-reconnect", **timings) as leaky,
-        ):
-            bots = (fixed, leaky)
-            for drv in bots:  # warm the confirmation path before the baseline
-                assert not (await drv.call("send-channel", text="warm up post")).is_error
-            baseline = [drv.fd_count() for drv in bots]
-            for cycle in range(2, cycles + 2):
-                await proxy.sever()
-                for drv in bots:
-                    back = await wait_event(drv, "reconnected", 5, session=cycle)
-                    assert back is not None, drv.stderr_text()
+    async with matched_pair(tmp_path, "leak-fd-on-reconnect", "wleak", timings) as pair:
+        _env, proxy, _obs, fixed, leaky = pair
+        bots = (fixed, leaky)
+        for drv in bots:  # warm the confirmation path before the baseline
+            assert not (await drv.call("send-channel", text="warm up post")).is_error
+        baseline = [drv.fd_count() for drv in bots]
+        for cycle in range(2, cycles + 2):
+            await proxy.sever()
             for drv in bots:
-                result = await drv.call("send-channel", text="post after reconnects")
-                assert result.text.startswith("Broadcast to"), result.text
-            after = [drv.fd_count() for drv in bots]
-            assert after[0] == baseline[0], (baseline, after)
-            assert after[1] - baseline[1] == cycles, (baseline, after)
+                back = await wait_event(drv, "reconnected", 5, session=cycle)
+                assert back is not None, drv.stderr_text()
+        for drv in bots:
+            result = await drv.call("send-channel", text="post after reconnects")
+            assert result.text.startswith("Broadcast to"), result.text
+        after = [drv.fd_count() for drv in bots]
+        assert after[0] == baseline[0], (baseline, after)
+        assert after[1] - baseline[1] == cycles, (baseline, after)
 
 
 async def test_drop_caps_on_reconnect_loses_caps_fixed_keeps_them(tmp_path: Path) -> None:
     timings = {"reconnect_base_s": 0.1, "reconnect_max_s": 0.4, "keepalive_idle_s": 30}
     full = {"sasl", "echo-message", "message-tags", "server-time"}
-    async with (
-        rig(tmp_path) as (env, proxy, obs),
-    ):
-        via = proxy.address
-        async with (
-            open_bot(via, "wfix", env.worker("wfix"), **timings) as fixed,
-            open_bot(
-                via, "wcaps", env.worker("wcaps"), "drop-caps-on-reconnect", **timings
-            ) as dropper,
-        ):
-            for drv in (fixed, dropper):
-                assert set((await status(drv))["caps"]) == full
-            await proxy.sever()
-            for drv in (fixed, dropper):
-                assert await wait_event(drv, "reconnected", 5, session=2) is not None
-            assert set((await status(fixed))["caps"]) == full
-            assert (await status(dropper))["caps"] == ["sasl"]
-            # The server's own record agrees with each bot's report.
-            assert [set(c) for c in env.registered_caps("wfix")] == [full, full]
-            assert [set(c) for c in env.registered_caps("wcaps")] == [full, {"sasl"}]
+    async with matched_pair(tmp_path, "drop-caps-on-reconnect", "wcaps", timings) as pair:
+        env, proxy, obs, fixed, dropper = pair
+        for drv in (fixed, dropper):
+            assert set((await status(drv))["caps"]) == full
+        await proxy.sever()
+        for drv in (fixed, dropper):
+            assert await wait_event(drv, "reconnected", 5, session=2) is not None
+        assert set((await status(fixed))["caps"]) == full
+        assert (await status(dropper))["caps"] == ["sasl"]
+        # The server's own record agrees with each bot's report.
+        assert [set(c) for c in env.registered_caps("wfix")] == [full, full]
+        assert [set(c) for c in env.registered_caps("wcaps")] == [full, {"sasl"}]
 
-            # The loss has an effect: without echo-message a bot no longer hears its own
-            # post. Proved by order, not by a timeout: the server relays in order, so a
-            # marker the observer sends AFTER both posts were confirmed arrives after any
-            # echo would have.
-            for drv, nick in ((fixed, "wfix"), (dropper, "wcaps")):
-                result = await drv.call("send-channel", text=f"echo check {nick}")
-                assert result.text.startswith("Broadcast to"), result.text
-            await obs.privmsg(CHANNEL, "marker after the echo checks")
+        # The loss has an effect: without echo-message a bot no longer hears its own
+        # post. Proved by order, not by a timeout: the server relays in order, so a
+        # marker the observer sends AFTER both posts were confirmed arrives after any
+        # echo would have.
+        for drv, nick in ((fixed, "wfix"), (dropper, "wcaps")):
+            result = await drv.call("send-channel", text=f"echo check {nick}")
+            assert result.text.startswith("Broadcast to"), result.text
+        await obs.privmsg(CHANNEL, "marker after the echo checks")
 
-            def texts(drv: MCPDriver) -> list[str]:
-                return [str(n.params.get("data", {}).get("text")) for n in drv.notifications()]
+        def texts(drv: MCPDriver) -> list[str]:
+            return [str(n.params.get("data", {}).get("text")) for n in drv.notifications()]
 
-            for drv in (fixed, dropper):
-                marker = await drv.wait_notification(
-                    lambda n: (
-                        n.params.get("data", {}).get("text") == "marker after the echo checks"
-                    ),
-                    5,
-                )
-                assert marker is not None
-            before_marker = {
-                nick: texts(drv)[: texts(drv).index("marker after the echo checks")]
-                for drv, nick in ((fixed, "wfix"), (dropper, "wcaps"))
-            }
-            assert "echo check wfix" in before_marker["wfix"]
-            assert "echo check wcaps" not in before_marker["wcaps"]
+        for drv in (fixed, dropper):
+            marker = await drv.wait_notification(
+                lambda n: n.params.get("data", {}).get("text") == "marker after the echo checks",
+                5,
+            )
+            assert marker is not None
+        before_marker = {
+            nick: texts(drv)[: texts(drv).index("marker after the echo checks")]
+            for drv, nick in ((fixed, "wfix"), (dropper, "wcaps"))
+        }
+        assert "echo check wfix" in before_marker["wfix"]
+        assert "echo check wcaps" not in before_marker["wcaps"]

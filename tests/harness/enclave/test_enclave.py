@@ -25,12 +25,14 @@ from drivers.irc import MAX_LINE, LineBuffer, LineTooLong
 from harness.enclave import (
     QUOTA,
     EnclaveServer,
+    FloodLimits,
     Registry,
     format_line,
     open_server,
     parse_line,
     read_events,
 )
+from tests.conftest import run_module
 
 T = 5.0  # bound for any single expected reply on loopback
 
@@ -226,6 +228,28 @@ async def test_registration_cap_join_relay_single_word_and_ping(tmp_path: Path) 
     assert kinds.count("registered") == 2 and "closed" in kinds
 
 
+#: (who sends, the line, the reply it must get) -- in order, on one connection each, so
+#: each reply also proves the server is still reading that client after the error.
+ERROR_NUMERICS: list[tuple[str, str, str]] = [
+    ("b", "NICK alice", r" 433 bobby alice :Nickname is already in use"),
+    ("b", "NICK 9bad", r" 432 bobby 9bad :"),
+    ("b", "NICK EnclaveServ", r" 432 bobby EnclaveServ :"),
+    ("a", "PRIVMSG nobody :hello", r" 401 alice nobody :No such nick"),
+    ("a", "PRIVMSG #nowhere :hello", r" 403 alice #nowhere :"),
+    ("a", "PRIVMSG #other :from outside", r" 404 alice #other :Cannot send to channel"),
+    ("a", "PRIVMSG", r" 411 alice :No recipient"),
+    ("a", "PRIVMSG bobby", r" 412 alice :No text to send"),
+    ("a", "PART #other", r" 442 alice #other :"),
+    ("a", "FROB x", r" 421 alice FROB :Unknown command"),
+    ("a", "PING", r" 409 alice :"),
+    ("a", "USER again 0 * :x", r" 462 alice :"),
+    ("a", "CAP BOGUS", r" 410 alice BOGUS :"),
+    ("a", "CAP REQ :no-such-cap", r"CAP alice NAK :no-such-cap"),
+    ("a", "PRIVMSG #other :" + "x" * 600, r" 417 alice :Input line was too long"),
+    ("a", "PING still-in-order", r"PONG enclave :still-in-order"),
+]
+
+
 async def test_error_numerics(tmp_path: Path) -> None:
     async with server(tmp_path) as (srv, _), raw(srv) as a, raw(srv) as b:
         await a.send("JOIN #enclave")
@@ -233,39 +257,13 @@ async def test_error_numerics(tmp_path: Path) -> None:
         await register(a, "alice")
         await a.send("NICK alice")  # its own nick: harmless
         await register(b, "bobby")
-        await b.send("NICK alice")
-        await b.expect(r" 433 bobby alice :Nickname is already in use")
-        await b.send("NICK 9bad")
-        await b.expect(r" 432 bobby 9bad :")
-        await b.send("NICK EnclaveServ")
-        await b.expect(r" 432 bobby EnclaveServ :")
-        await a.send("PRIVMSG nobody :hello")
-        await a.expect(r" 401 alice nobody :No such nick")
-        await a.send("PRIVMSG #nowhere :hello")
-        await a.expect(r" 403 alice #nowhere :")
         await join(b, "bobby", "#other")
-        await a.send("PRIVMSG #other :from outside")
-        await a.expect(r" 404 alice #other :Cannot send to channel")
-        await a.send("PRIVMSG")
-        await a.expect(r" 411 alice :No recipient")
-        await a.send("PRIVMSG bobby")
-        await a.expect(r" 412 alice :No text to send")
-        await a.send("PART #other")
-        await a.expect(r" 442 alice #other :")
-        await a.send("FROB x")
-        await a.expect(r" 421 alice FROB :Unknown command")
-        await a.send("PING")
-        await a.expect(r" 409 alice :")
-        await a.send("USER again 0 * :x")
-        await a.expect(r" 462 alice :")
-        await a.send("CAP BOGUS")
-        await a.expect(r" 410 alice BOGUS :")
-        await a.send("CAP REQ :no-such-cap")
-        await a.expect(r"CAP alice NAK :no-such-cap")
-        await a.send("PRIVMSG #other :" + "x" * 600)
-        await a.expect(r" 417 alice :Input line was too long")
-        await a.send("PING still-in-order")
-        await a.expect(r"PONG enclave :still-in-order")
+        clients = {"a": a, "b": b}
+        for who, line, reply in ERROR_NUMERICS:
+            c = clients[who]
+            mark = c.mark()
+            await c.send(line)
+            await c.expect(reply, since=mark)
         # NOTICE never provokes an error reply: the PONG comes with no 401 before it.
         mark = a.mark()
         await a.send("NOTICE nobody :x", "PING after-notice")
@@ -486,7 +484,7 @@ async def test_unregistered_connection_times_out(tmp_path: Path) -> None:
 async def test_slow_reader_is_dropped_not_waited_for(tmp_path: Path) -> None:
     """A client that never reads cannot stall the server: its send queue overflows."""
     # Flood control off: here the talker's flood is the tool, the sink's queue the subject.
-    async with server(tmp_path, flood_rate=0) as (srv, events), raw(srv) as talker:
+    async with server(tmp_path, flood=FloodLimits(rate=0)) as (srv, events), raw(srv) as talker:
         srv.config.sendq = 64  # applies to connections accepted from now on
         async with raw(srv) as sink:
             await register(talker, "talker")
@@ -517,9 +515,8 @@ async def test_a_flooder_is_held_back_and_dropped_not_its_audience(tmp_path: Pat
     from drivers.irc import open_observer
 
     rate, burst, limit, total = 500.0, 200, 1.0, 30_000
-    flood = dict(flood_rate=rate, flood_burst=burst, excess_flood_s=limit)
     async with (
-        server(tmp_path, **flood) as (srv, events),
+        server(tmp_path, flood=FloodLimits(rate, burst, limit)) as (srv, events),
         raw(srv) as reader,
         raw(srv) as flooder,
         open_observer(*srv.address, "obs", "#flood") as obs,  # type: ignore[misc]
@@ -570,8 +567,8 @@ async def test_a_flooder_is_held_back_and_dropped_not_its_audience(tmp_path: Pat
 async def test_a_burst_past_the_allowance_is_delayed_not_dropped(tmp_path: Path) -> None:
     """300 lines against a burst of 100 at 200 lines/s: the last 200 wait about a second
     in all, under the 3 s limit, so all arrive and the sender stays."""
-    flood = dict(flood_rate=200.0, flood_burst=100, excess_flood_s=3.0)
-    async with server(tmp_path, **flood) as (srv, events), raw(srv) as a, raw(srv) as b:
+    flood = FloodLimits(rate=200.0, burst=100, limit_s=3.0)
+    async with server(tmp_path, flood=flood) as (srv, events), raw(srv) as a, raw(srv) as b:
         await register(a, "alice")
         await register(b, "bob")
         await a.send(*(f"PRIVMSG bob :burst {n}" for n in range(300)), "PING burst-done")
@@ -588,12 +585,7 @@ async def test_a_burst_past_the_allowance_is_delayed_not_dropped(tmp_path: Path)
 
 def enclave(*args: str) -> subprocess.CompletedProcess[str]:
     """Run ``python -m harness.enclave ARGS`` to completion (bounded)."""
-    return subprocess.run(
-        [sys.executable, "-m", "harness.enclave", *args],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    return run_module("harness.enclave", *args)
 
 
 def test_server_process_port_file_log_and_mint_leader(tmp_path: Path) -> None:
