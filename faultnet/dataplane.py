@@ -85,6 +85,7 @@ RESET = "reset"  # a peer reset (or a syscall failed): errno in Link.errno; link
 DONE = "done"  # both ways forwarded their EOF; link ended, sockets not yet closed
 CHUNKS = "chunks"  # a toxic lane's inbox has chunks (take them with Link.take)
 DRAINED = "drained"  # a toxic lane's held bytes were written (offer may go on)
+ERROR = "error"  # the thread failed on this link (a bug): Link.error; link ended
 
 
 class _Failed(Exception):
@@ -167,7 +168,7 @@ class Link:
         self.fds = (client.fileno(), server.fileno())
         self.ended = False
         self.errno = 0
-        self.reset_stream: str | None = None
+        self.error: Exception | None = None
 
     def _lanes_of(self, fd: int) -> tuple[Lane, Lane]:
         """(the lane reading fd, the lane writing to it)."""
@@ -379,7 +380,6 @@ class DataPlane:
     def _fail(self, link: Link, lane: Lane, err: int) -> None:
         if self._end(link):
             link.errno = err or errno.ECONNRESET
-            link.reset_stream = lane.stream
             self._post(link, RESET, lane.stream)
 
     def _send(self, lane: Lane, view: memoryview) -> None:
@@ -527,8 +527,15 @@ class DataPlane:
             for fd, _ in events:
                 with lock:
                     entry = self._fds.get(fd)
-                    if entry is not None:
+                    if entry is None:
+                        continue
+                    try:
                         self._handle(*entry)
+                    except Exception as exc:  # a bug: contained to its connection
+                        link = entry[0]
+                        if self._end(link):
+                            link.error = exc
+                            self._post(link, ERROR, None)
 
     def _handle(self, link: Link, reading: Lane, writing: Lane) -> None:
         if (

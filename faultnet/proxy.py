@@ -402,6 +402,10 @@ class Connection:
         # In the trio thread, delivered in batches by the plane.
         if kind == dataplane.DONE:
             self._done.set()
+        elif kind == dataplane.ERROR:
+            assert self.link is not None
+            self.proxy.log.write("conn_error", conn=self.id, error=repr(self.link.error))
+            self._end("reset")
         elif kind == dataplane.RESET:
             assert self.link is not None
             self.proxy.log.write(
