@@ -39,7 +39,7 @@ def parse_address(text: str, *, default_host: str | None = None, port_zero: bool
         host = host[1:-1]
     elif ":" in host:
         raise AddressError(f"{text!r}: write an IPv6 host in brackets, e.g. [::1]:{port}")
-    if any(c.isspace() or c in "[]/" for c in host) or "\0" in host:
+    if any(c.isspace() or c in "[]/" or "\ud800" <= c <= "\udfff" for c in host) or "\0" in host:
         raise AddressError(f"{text!r}: invalid host")
     if not host:
         if default_host is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from faultnet.modes import MODES, STREAM_CHOICES, modes_that
+from faultnet.server.names import MAX_NAME_CHARS
 from faultnet.toxics import TOXICS
 from faultnet.toxics._attributes import INT64_MIN
 
@@ -64,6 +65,16 @@ def _body(schema: dict[str, Any], description: str = "") -> dict[str, Any]:
         "required": True,
         "description": description,
         "content": {"application/json": {"schema": schema}},
+    }
+
+
+def _name(example: str) -> dict[str, Any]:
+    return {
+        "type": "string",
+        "minLength": 1,
+        "maxLength": MAX_NAME_CHARS,
+        "description": "no '/', no control characters, not '.' or '..'",
+        "example": example,
     }
 
 
@@ -129,7 +140,7 @@ def _schemas() -> dict[str, Any]:
             "description": "Defaults: stream downstream, toxicity 1.0, name <type>_<stream>. "
             "Names are unique across both streams.",
             "properties": {
-                "name": {"type": "string", "example": "latency_downstream"},
+                "name": _name("latency_downstream"),
                 "type": {
                     "type": "string",
                     "enum": list(TOXICS),
@@ -166,7 +177,7 @@ def _schemas() -> dict[str, Any]:
             "type": "object",
             "required": ["name", "upstream"],
             "properties": {
-                "name": {"type": "string", "example": "redis"},
+                "name": _name("redis"),
                 "listen": {
                     "type": "string",
                     "example": "127.0.0.1:0",

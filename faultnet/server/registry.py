@@ -33,6 +33,7 @@ from faultnet.eventlog import JsonlWriter
 from faultnet.modes import STREAM_CHOICES, ModeArgumentError, mode
 from faultnet.proxy import AddressInUse, Proxy, ProxyError
 from faultnet.seeds import derive_seed
+from faultnet.server.names import name_problem
 from faultnet.server.toxic_codec import ToxicError, check_update, toxic_from_json, toxic_to_json
 from faultnet.toxics import STREAMS, Toxic
 
@@ -353,6 +354,9 @@ class ProxyRegistry:
         enabled = self._field(body, "enabled", bool)
         if not name:
             raise ApiError(400, f"missing required field: name{where}")
+        problem = name_problem(name)
+        if problem is not None:
+            raise bad_body(f"proxy name {problem}{where}")
         if not upstream:
             raise ApiError(400, f"missing required field: upstream{where}")
         return name, upstream, listen, enabled

@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from faultnet.server.names import name_problem
 from faultnet.toxics import STREAMS, TOXICS, Toxic
 
 __all__ = [
@@ -97,6 +98,9 @@ def toxic_from_json(body: Any, taken: Callable[[str], bool] = lambda name: False
     if cls is None:
         raise InvalidToxicType()
     name = name or f"{type_name}_{stream}"
+    problem = name_problem(name)
+    if problem is not None:
+        raise BadToxicBody(f"toxic name {problem}")
     if taken(name):
         raise ToxicExists()
     try:

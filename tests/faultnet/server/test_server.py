@@ -7,6 +7,7 @@ a real echo server.
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import AsyncIterator
 from typing import Any
@@ -609,3 +610,64 @@ def test_the_error_class_chooses_the_status_never_its_text() -> None:
 
     assert _proxy_error(AddressInUse("listen address 127.0.0.1:1 is taken")).status == 500
     assert _proxy_error(ProxyError("listen address 127.0.0.1:1 is already in use")).status == 400
+
+
+# -- names: whatever can be created can be listed, addressed and deleted -------------
+
+
+async def post(api: httpx.AsyncClient, path: str, body: Any) -> httpx.Response:
+    # json.dumps escapes a lone surrogate (valid JSON); httpx's own encoder cannot.
+    return await api.post(path, content=json.dumps(body))
+
+
+BAD_NAMES = [
+    ("b\ud800", "lone surrogate"),
+    ("a/b", "'/'"),
+    (".", "'.'"),
+    ("..", "'..'"),
+    ("x" * 16_385, "at most 256 characters"),
+    ("tab\there", "control characters"),
+]
+
+
+@pytest.mark.parametrize("bad,why", BAD_NAMES, ids=[w for _, w in BAD_NAMES])
+async def test_a_name_that_could_not_be_addressed_is_a_clear_400(
+    api: httpx.AsyncClient, upstream: Address, bad: str, why: str
+) -> None:
+    """Issue 10 item 6: such names were created (a lone surrogate answered 500 and then
+    broke GET /proxies, the toxic list and /reset for good)."""
+    r = await post(api, "/proxies", {"name": bad, "upstream": f"{upstream[0]}:{upstream[1]}"})
+    assert_error(r, 400, "bad request body: proxy name")
+    assert why in r.json()["error"]
+    await create(api, "p", upstream)
+    r = await post(api, "/proxies/p/toxics", {"name": bad, "type": "latency"})
+    assert_error(r, 400, "bad request body: toxic name")
+    r = await post(api, "/populate", [{"name": bad, "upstream": "127.0.0.1:1"}])
+    assert r.status_code == 400
+    if why == "lone surrogate":  # an address that cannot be encoded poisons it too
+        r = await post(api, "/proxies", {"name": "q", "upstream": f"{bad}:1"})
+        assert_error(r, 400, "bad request body: upstream address")
+    assert (await api.get("/proxies")).status_code == 200
+    assert (await api.get("/proxies/p/toxics")).json() == []
+    assert (await api.post("/reset")).status_code == 204
+
+
+async def test_every_name_that_can_be_created_can_be_listed_addressed_and_deleted(
+    api: httpx.AsyncClient, upstream: Address
+) -> None:
+    from urllib.parse import quote
+
+    names = ["a b", "ünï", "x%2Fy", "?q=1#f", "...", "x" * 256, "😀"]
+    for name in names:
+        await create(api, name, upstream)
+        path = f"/proxies/{quote(name, safe='')}"
+        assert (await api.get(path)).json()["name"] == name
+        r = await api.post(f"{path}/toxics", json={"name": name, "type": "latency"})
+        assert r.status_code == 200, r.text
+        assert (await api.get(f"{path}/toxics/{quote(name, safe='')}")).status_code == 200
+    assert set((await api.get("/proxies")).json()) == set(names)
+    for name in names:
+        path = f"/proxies/{quote(name, safe='')}"
+        assert (await api.delete(f"{path}/toxics/{quote(name, safe='')}")).status_code == 204
+        assert (await api.delete(path)).status_code == 204
+    assert (await api.get("/proxies")).json() == {}
