@@ -27,7 +27,7 @@ from typing import Any
 import trio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -41,6 +41,11 @@ __all__ = ["RunningServer", "create_app", "open_server", "serve_api"]
 
 #: Larger request bodies are refused with 413 (a populate of thousands of proxies fits).
 MAX_BODY_BYTES = 1 << 20
+#: A request body must arrive within this many seconds of the handler's first read.
+BODY_TIMEOUT_S = 10.0
+#: hypercorn closes a connection whose client sends nothing for this long mid-request
+#: (e.g. headers never finished); idle keep-alive connections close after 5 s anyway.
+READ_TIMEOUT_S = 60
 #: The Toxiproxy API version whose routes and bodies this server answers.
 TOXIPROXY_API_VERSION = "2.12.0"
 
@@ -64,17 +69,22 @@ def _reject_constant(name: str) -> Any:
 async def _json(request: Request) -> Any:
     """The request body as JSON (whatever its Content-Type, as Toxiproxy reads it).
 
-    A body over :data:`MAX_BODY_BYTES` is a 413, without reading the rest of it.
+    A body over :data:`MAX_BODY_BYTES` is a 413, without reading the rest of it; a body
+    not complete within :data:`BODY_TIMEOUT_S` is a 408 (headers sent, body stalled: the
+    handler does not wait forever, and the connection is closed after the answer).
     """
     too_large = ApiError(413, f"bad request body: larger than {MAX_BODY_BYTES} bytes")
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > MAX_BODY_BYTES:
         raise too_large
     raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_BODY_BYTES:
-            raise too_large
+    with trio.move_on_after(BODY_TIMEOUT_S) as late:
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > MAX_BODY_BYTES:
+                raise too_large
+    if late.cancelled_caught:
+        raise ApiError(408, f"bad request body: not received within {BODY_TIMEOUT_S} s")
     if not raw.strip():
         raise bad_body("EOF")  # what Toxiproxy's decoder says for an empty body
     try:
@@ -118,6 +128,13 @@ def create_app(registry: ProxyRegistry) -> Starlette:
                 return await func(request)
             except ApiError as exc:
                 return _error(exc.status, exc.message)
+            except ClientDisconnect:
+                # The client left mid-request: its business, not a bug. No answer
+                # can reach it; one record, no traceback.
+                registry.events.server.write(
+                    "client_disconnected", method=request.method, path=request.url.path[:300]
+                )
+                return _error(400, "client disconnected")
             except HTTPException as exc:
                 return _error(exc.status_code, str(exc.detail).lower())
             except Exception as exc:
@@ -306,6 +323,7 @@ async def serve_api(
     config.accesslog = None
     config.errorlog = None  # failures are answered and logged by the app itself
     config.graceful_timeout = 1.0
+    config.read_timeout = READ_TIMEOUT_S
 
     class Started:
         def started(self, binds: Any = None) -> None:

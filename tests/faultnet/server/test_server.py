@@ -26,7 +26,7 @@ from faultnet.controls import (
     assert_syn_dropped,
 )
 from faultnet.server import RunningServer, open_server
-from faultnet.testing import start_server
+from faultnet.testing import start_server, wait_until
 
 Address = tuple[str, int]
 
@@ -671,3 +671,49 @@ async def test_every_name_that_can_be_created_can_be_listed_addressed_and_delete
         assert (await api.delete(f"{path}/toxics/{quote(name, safe='')}")).status_code == 204
         assert (await api.delete(path)).status_code == 204
     assert (await api.get("/proxies")).json() == {}
+
+
+# -- requests that stall or go away -----------------------------------------------------
+
+
+async def _raw_request(server: RunningServer, head: bytes) -> trio.SocketStream:
+    s = await trio.open_tcp_stream(*parse_address(server.url.removeprefix("http://")))
+    await s.send_all(head)
+    return s
+
+
+async def test_a_stalled_request_body_is_answered_408_and_closed(
+    faultnet_server: RunningServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 10 item 7: headers sent, body never: the request was held forever."""
+    import faultnet.server.api
+
+    monkeypatch.setattr(faultnet.server.api, "BODY_TIMEOUT_S", 0.5)
+    s = await _raw_request(
+        faultnet_server,
+        b"POST /proxies HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{",
+    )
+    answer = b""
+    with trio.fail_after(5):
+        while data := await s.receive_some(65536):
+            answer += data
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    assert b"not received within 0.5 s" in answer
+    await s.aclose()
+
+
+async def test_a_client_that_leaves_mid_request_is_one_record_without_a_traceback(
+    faultnet_server: RunningServer,
+) -> None:
+    """Issue 10 item 7: a client that disconnected mid-body was logged as an API error
+    with a traceback."""
+    events = faultnet_server.registry.events
+    s = await _raw_request(
+        faultnet_server,
+        b'POST /proxies HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{"na',
+    )
+    await s.aclose()
+    await wait_until(lambda: any(r["event"] == "client_disconnected" for r in events.read()))
+    (record,) = [r for r in events.read() if r["event"] == "client_disconnected"]
+    assert record["path"] == "/proxies" and "traceback" not in record
+    assert not [r for r in events.read() if r["event"] == "api_error"]
