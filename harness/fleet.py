@@ -57,6 +57,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -294,8 +295,17 @@ async def _run_episode(fleet: Fleet, ep: Episode, t0: float) -> None:
         taken = only if only is not None else before
         if action in ("freeze", "blackhole"):
             taken = sorted(set(before) & {c.id for c in proxy.connections()})
-        _log_fault(fleet, ep.counter, action, ep.target, episode=ep.kind, conns=taken,
-                   acted_on=n, began=began, **detail)  # fmt: skip
+        _log_fault(
+            fleet,
+            ep.counter,
+            action,
+            ep.target,
+            episode=ep.kind,
+            conns=taken,
+            acted_on=n,
+            began=began,
+            **detail,
+        )
         return taken
 
     if ep.down is None:
@@ -306,8 +316,16 @@ async def _run_episode(fleet: Fleet, ep: Episode, t0: float) -> None:
     if taken:
         await act(ep.end, taken, ends=ep.down)
     else:
-        _log_fault(fleet, ep.counter, ep.end, ep.target, episode=ep.kind, conns=[],
-                   outcome="skipped", reason="the outage took down no connection")  # fmt: skip
+        _log_fault(
+            fleet,
+            ep.counter,
+            ep.end,
+            ep.target,
+            episode=ep.kind,
+            conns=[],
+            outcome="skipped",
+            reason="the outage took down no connection",
+        )
 
 
 async def _post(
@@ -398,10 +416,16 @@ async def run(ctx: Context) -> None:
         chaos_plan = _chaos_plan(ctx, labels)
         episodes, notes = [], []
         plan_json = [
-            {"counter": sl.counter, "fault": sl.fault, "target": sl.target,
-             "at_units": sl.at, "duration_units": sl.duration, "skip": sl.skip}
+            {
+                "counter": sl.counter,
+                "fault": sl.fault,
+                "target": sl.target,
+                "at_units": sl.at,
+                "duration_units": sl.duration,
+                "skip": sl.skip,
+            }
             for sl in chaos_plan.slots
-        ]  # fmt: skip
+        ]
     else:
         episodes, notes = plan_faults(ctx.seed, labels, args.mode, s, args.fault_phase)
         plan_json = [e.to_json() for e in episodes]
@@ -664,7 +688,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--run-dir", type=Path, metavar="DIR", help="where the run keeps its records")
     p.add_argument("--verify", action="store_true", help="run harness.fleet_verify after")
-    p.add_argument("--json", action="store_true", help="with --verify: the verdict as JSON")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON line on stdout (the run; with --verify, the verdict); progress to stderr",
+    )
     return p
 
 
@@ -720,15 +748,27 @@ async def amain(argv: Sequence[str] | None = None) -> int:
         file=out,
     )
     if res.error is not None:
-        print(run_dir, file=out)
-        return EXIT_ENV if res.error_kind == "environment" else 1
-    code = EXIT_OK
-    if args.verify:
-        cmd = [sys.executable, "-m", "harness.fleet_verify", str(run_dir)]
-        cmd += ["--json"] if args.json else []
-        code = (await trio.run_process(cmd, check=False)).returncode
-    await _build_report(run_dir, out)
-    print(run_dir, file=out)
+        code = EXIT_ENV if res.error_kind == "environment" else 1
+        if code == EXIT_ENV and args.run_dir is None:
+            shutil.rmtree(run_dir, ignore_errors=True)  # nothing ran: nothing to keep
+            run_dir = None
+    else:
+        code = EXIT_OK
+        if args.verify:
+            cmd = [sys.executable, "-m", "harness.fleet_verify", str(run_dir)]
+            cmd += ["--json"] if args.json else []
+            code = (await trio.run_process(cmd, check=False)).returncode
+        await _build_report(run_dir, out)
+    if args.json and not args.verify:
+        doc = {
+            "run_dir": str(run_dir) if run_dir else None,
+            "mode": args.mode,
+            "seed": seed,
+            "complete": res.error is None,
+            "error": res.error,
+        }
+        print(json.dumps(doc))
+    print(run_dir if run_dir else "no run directory kept", file=out)
     return code
 
 
