@@ -7,9 +7,17 @@ adds them and :func:`parse_address` requires them (``::1:8474`` is ambiguous).
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
-__all__ = ["Address", "AddressError", "format_address", "parse_address"]
+__all__ = [
+    "Address",
+    "AddressError",
+    "format_address",
+    "parse_address",
+    "parse_peer",
+    "peer_matches",
+]
 
 Address = tuple[str, int]
 
@@ -52,3 +60,33 @@ def format_address(addr: Any) -> str:
     """``(host, port[, ...])`` -> ``host:port``, IPv6 in brackets (``[::1]:8474``)."""
     host, port = addr[0], addr[1]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_peer(text: str) -> tuple[str, int | None]:
+    """A client selector, ``HOST`` or ``HOST:PORT`` (``[V6]`` / ``[V6]:PORT``), HOST an IP
+    literal (it is matched against packets' source addresses) -> ``(host, port or None)``.
+    :class:`AddressError` saying why."""
+    if not isinstance(text, str) or not text:
+        raise AddressError(f"peer {text!r} is not HOST or HOST:PORT")
+    bare = text[1:-1] if text.startswith("[") and text.endswith("]") else text
+    try:
+        return str(ipaddress.ip_address(bare)), None
+    except ValueError:
+        pass
+    if ":" not in text:
+        raise AddressError(f"peer {text!r}: the host must be an IP address")
+    host, port = parse_address(text, port_zero=False)
+    try:
+        return str(ipaddress.ip_address(host)), port
+    except ValueError:
+        raise AddressError(f"peer {text!r}: the host must be an IP address") from None
+
+
+def peer_matches(peer: tuple[str, int | None], addr: Any) -> bool:
+    """Whether a client at *addr* (host, port) is the one *peer* selects."""
+    host, port = peer
+    try:
+        same_host = ipaddress.ip_address(addr[0]) == ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return same_host and (port is None or port == addr[1])

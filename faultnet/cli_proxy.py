@@ -13,6 +13,7 @@ from faultnet.addresses import parse_address
 from faultnet.controltest import Step, run_control_test
 from faultnet.errors import UsageError
 from faultnet.probe import probe
+from faultnet.udp.controltest import run_udp_control_test
 from faultnet.udp.probe import udp_probe
 
 __all__ = ["register"]
@@ -35,6 +36,12 @@ def register(sub: Any) -> None:
         ),
     )
     ct.add_argument("--json", action="store_true", help="print one JSON document")
+    ct.add_argument(
+        "--protocol",
+        choices=("tcp", "udp", "both"),
+        default="both",
+        help="the TCP proxy's modes, the UDP proxy's (named udp:MODE), or both (default)",
+    )
     ct.set_defaults(func=_control_test)
     proxy.set_defaults(func=lambda args: _help(proxy))
 
@@ -70,7 +77,7 @@ def _control_test(args: argparse.Namespace) -> int:
         if not args.json:
             mark = "ok " if step.ok else "BAD"
             print(
-                f"{mark} {step.mode:<9} {step.arm:<62} {step.control:<18} "
+                f"{mark} {step.mode:<14} {step.arm:<62} {step.control:<28} "
                 f"want {step.expected:<4} got {step.outcome:<4} "
                 f"[{step.before} | {step.during} | {step.after}] {step.elapsed_ms:7.1f} ms",
                 flush=True,
@@ -84,7 +91,11 @@ def _control_test(args: argparse.Namespace) -> int:
             "each breakage (want red)",
             flush=True,
         )
-    steps = trio.run(run_control_test, progress)
+    steps = []
+    if args.protocol in ("tcp", "both"):
+        steps += trio.run(run_control_test, progress)
+    if args.protocol in ("udp", "both"):
+        steps += trio.run(run_udp_control_test, progress)
     bad = [s for s in steps if not s.ok]
     if args.json:
         print(json.dumps({"ok": not bad, "steps": [s.to_json() for s in steps]}, indent=2))

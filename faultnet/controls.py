@@ -6,9 +6,10 @@ saying what was expected, what was seen, and how long it took; each is proven to
 by ``faultnet proxy control-test`` and the tests, which break the mode it guards.
 
 * negative control: :func:`assert_accepting` (a HEALTHY port);
-* positive controls: :func:`assert_syn_dropped`, :func:`assert_refusing` (new
-  connections), :func:`assert_frozen`, :func:`assert_blackholed`,
-  :func:`assert_severed`, :func:`assert_reset` (a live connection).
+* positive controls: :func:`assert_syn_dropped`, :func:`assert_syn_lossy`,
+  :func:`assert_refusing` (new connections), :func:`assert_frozen`,
+  :func:`assert_blackholed`, :func:`assert_severed`, :func:`assert_reset`,
+  :func:`assert_lossy` (a live connection), :func:`assert_partitioned` (both).
 
 The stream controls take trio streams (``trio.SocketStream``): ``assert_frozen`` writes
 through one and watches another (pass the same echo stream twice when the far end
@@ -18,22 +19,26 @@ echoes); ``assert_severed``/``assert_reset``/``assert_blackholed`` read one.
 from __future__ import annotations
 
 import errno
+import os
 import time
 
 import trio
 
 from faultnet.probe import ProbeKind, ProbeResult, probe
-from faultnet.sockopts import set_keepalive
+from faultnet.sockopts import set_keepalive, tcp_retransmits
 
 __all__ = [
     "ControlFailed",
     "assert_accepting",
     "assert_blackholed",
     "assert_frozen",
+    "assert_lossy",
+    "assert_partitioned",
     "assert_refusing",
     "assert_reset",
     "assert_severed",
     "assert_syn_dropped",
+    "assert_syn_lossy",
 ]
 
 
@@ -207,3 +212,158 @@ async def assert_blackholed(stream: trio.SocketStream, timeout: float = 6.0) -> 
             else "",
         )
     return elapsed
+
+
+async def _echo_transfer(stream: trio.SocketStream, size: int) -> int:
+    """Send *size* random bytes through an echoing *stream* while reading them back;
+    return the segments the stream's own socket retransmitted meanwhile. Raises
+    ControlFailed if the bytes come back altered or short."""
+    data = os.urandom(size)
+    before = tcp_retransmits(stream.socket)
+    got = bytearray()
+
+    async def send() -> None:
+        view = memoryview(data)
+        for i in range(0, size, 1 << 20):
+            await stream.send_all(view[i : i + (1 << 20)])
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send)
+        while len(got) < size:
+            chunk = await stream.receive_some(1 << 20)
+            if not chunk:
+                break
+            got += chunk
+    if bytes(got) != data:
+        raise ControlFailed(
+            "assert_lossy", f"{size} bytes echoed intact", f"{len(got)} bytes, altered", 0.0
+        )
+    return tcp_retransmits(stream.socket) - before
+
+
+async def assert_lossy(
+    stream: trio.SocketStream,
+    address: tuple[str, int],
+    size: int = 8 << 20,
+    timeout: float = 30.0,
+    margin: int = 3,
+) -> tuple[int, int]:
+    """Positive control for loss (on the upstream stream, or both): *size* bytes echoed
+    through *stream* arrive intact, and the client's own TCP retransmitted more than
+    *margin* segments above a no-loss baseline: the same transfer on a fresh connection
+    to *address* made here, which a loss applied earlier does not touch. The kernel's
+    random cannot be seeded, so this scores what happened, not what was asked.
+    Returns (baseline retransmits, retransmits under loss)."""
+    start = time.perf_counter()
+    try:
+        with trio.fail_after(timeout):
+            fresh = await trio.open_tcp_stream(*address)
+            async with fresh:
+                baseline = await _echo_transfer(fresh, size)
+            lossy = await _echo_transfer(stream, size)
+    except trio.TooSlowError:
+        raise ControlFailed(
+            "assert_lossy",
+            f"{size} bytes echoed within {timeout:g} s",
+            "a transfer that did not finish",
+            time.perf_counter() - start,
+            "nothing crosses: frozen or blackholed, not lossy",
+        ) from None
+    except (trio.BrokenResourceError, OSError) as exc:
+        raise ControlFailed(
+            "assert_lossy", "an intact transfer", f"an error ({exc})", time.perf_counter() - start
+        ) from None
+    if lossy <= baseline + margin:
+        raise ControlFailed(
+            "assert_lossy",
+            f"more than {baseline + margin} retransmits (baseline {baseline} + {margin})",
+            f"{lossy} retransmits",
+            time.perf_counter() - start,
+            "the client's TCP saw no loss: no loss filter in force",
+        )
+    return baseline, lossy
+
+
+#: A dropped SYN is retried after the kernel's initial RTO, 1 s (TCP_TIMEOUT_INIT), and
+#: again 2 s later: connects complete at about 0, 1 or 3 s (reference/linux-faults.md).
+_FAST_S = 0.5
+_ONE_RETRY_S = (0.85, 1.7)
+
+
+async def assert_syn_lossy(
+    address: tuple[str, int], probes: int = 32, timeout: float = 4.0
+) -> dict[str, int]:
+    """Positive control for syn_loss (at about 50 %): *probes* fresh connects made at
+    once all connect or hang (none refused or reset), at least one completes at once
+    (under 0.5 s) and at least one on the kernel's first SYN retry (0.85-1.7 s): the
+    retry pattern of a lossy handshake. (At 50 % the chance that 32 probes show no
+    first retry is 0.75^32, 1 in 10,000.) Returns the counts by outcome."""
+    start = time.perf_counter()
+    results: list[ProbeResult] = []
+
+    async def one() -> None:
+        results.append(await probe(address, timeout))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(probes):
+            nursery.start_soon(one)
+    counts = {"fast": 0, "one_retry": 0, "later": 0, "hung": 0, "refused": 0, "reset": 0}
+    for r in results:
+        if r.kind is ProbeKind.CONNECTED:
+            if r.elapsed_s < _FAST_S:
+                counts["fast"] += 1
+            elif _ONE_RETRY_S[0] <= r.elapsed_s <= _ONE_RETRY_S[1]:
+                counts["one_retry"] += 1
+            else:
+                counts["later"] += 1
+        else:
+            counts[r.kind.value] += 1
+    seen = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
+    elapsed = time.perf_counter() - start
+    expected = "some connects at once and some on the 1 s SYN retry, none refused"
+    if counts["refused"] or counts["reset"]:
+        raise ControlFailed(
+            "assert_syn_lossy", expected, seen, elapsed, "connects are refused, not lossy"
+        )
+    if not counts["fast"]:
+        raise ControlFailed(
+            "assert_syn_lossy", expected, seen, elapsed, "no SYN gets through: dropped, not lossy"
+        )
+    if not counts["one_retry"]:
+        raise ControlFailed(
+            "assert_syn_lossy", expected, seen, elapsed, "no connect needed a retry: no SYN loss"
+        )
+    return counts
+
+
+async def assert_partitioned(
+    stream: trio.SocketStream,
+    address: tuple[str, int],
+    window: float = 0.3,
+    probe_timeout: float = 0.5,
+) -> None:
+    """Positive control for partition: the client of *stream* is cut off both ways. A
+    fresh connect to *address* from the same host as *stream* hangs (its SYN dropped,
+    not refused), and bytes written to *stream* bring nothing back within *window*."""
+    host = stream.socket.getsockname()[0]
+    result = await probe(address, probe_timeout, source=host)
+    if result.kind is not ProbeKind.HUNG:
+        raise ControlFailed(
+            "assert_partitioned",
+            f"a new connect from {host} to hang",
+            result.kind.value,
+            result.elapsed_s,
+            f"{host} can still connect: its SYNs are not dropped"
+            if result.kind is ProbeKind.CONNECTED
+            else _HINTS.get((ProbeKind.HUNG, result.kind), ""),
+        )
+    try:
+        await assert_frozen(stream, stream, window)
+    except ControlFailed as exc:
+        raise ControlFailed(
+            "assert_partitioned",
+            "the open connection cut off too",
+            exc.seen,
+            exc.elapsed_s,
+            "open connections still work: only new connects are stopped",
+        ) from None

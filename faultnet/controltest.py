@@ -25,7 +25,7 @@ from faultnet.probe import probe
 from faultnet.proxy import Proxy, open_proxy
 from faultnet.testing import echo_server, read_exactly
 
-__all__ = ["BREAKAGES", "NEGATIVE", "Step", "Timings", "run_control_test"]
+__all__ = ["BREAKAGES", "NEGATIVE", "REAL_ARGS", "Step", "Timings", "run_control_test"]
 
 Address = tuple[str, int]
 
@@ -65,16 +65,27 @@ class Timings:
     frozen_window_s: float = 0.3
     close_s: float = 1.0
     blackhole_s: float = 6.0
+    #: Bytes each way for the loss control's two transfers (8 MiB: about 128 loopback
+    #: segments, so 10 % loss drops about 13 against a baseline of 0).
+    loss_bytes: int = 8 << 20
 
 
 #: The negative control's pseudo-mode: a healthy port.
 NEGATIVE = "pass"
 
+#: The arguments the real arm of a mode that needs some is applied with (by name).
+REAL_ARGS: dict[str, dict[str, Any]] = {
+    "loss": {"percent": 10},
+    # 50 % makes "connected at once" and "connected on the 1 s retry" equally likely.
+    "syn_loss": {"percent": 50},
+}
+
 #: Every mode's breakages: stand-ins that look like the mode but are not, each as
-#: ``(what, apply, undo)`` with *apply* and *undo* names of :class:`Proxy` methods ("" =
-#: do nothing). Every mode of :data:`faultnet.modes.MODES` that has a control has a row
-#: (tests/faultnet/test_modes.py checks), and so does :data:`NEGATIVE`.
-BREAKAGES: dict[str, tuple[tuple[str, str, str], ...]] = {
+#: ``(what, apply, undo)`` or ``(what, apply, undo, apply's keyword arguments)`` with
+#: *apply* and *undo* names of :class:`Proxy` methods ("" = do nothing). Every mode of
+#: :data:`faultnet.modes.MODES` that has a control has a row (tests/faultnet/test_modes.py
+#: checks), and so does :data:`NEGATIVE`.
+BREAKAGES: dict[str, tuple[tuple[Any, ...], ...]] = {
     NEGATIVE: (("listener closed", "refuse", "restore"),),
     "freeze": (
         ("a freeze that still forwards", "", ""),
@@ -104,6 +115,18 @@ BREAKAGES: dict[str, tuple[tuple[str, str, str], ...]] = {
         ("SYNs dropped instead", "drop_syn", "restore"),
         ("refuse as a no-op", "", ""),
     ),
+    "loss": (("loss whose filter is never attached", "", ""),),
+    "syn_loss": (
+        ("syn_loss as a no-op", "", ""),
+        ("every SYN dropped (drop_syn)", "drop_syn", "restore"),
+        ("listener closed (refused)", "refuse", "restore"),
+    ),
+    "partition": (
+        ("open links frozen, new connects accepted", "freeze", "thaw"),
+        ("new connects dropped, open links working", "drop_syn", "restore"),
+        # Per-peer: cutting off another client must leave this one alone.
+        ("another peer partitioned", "partition", "thaw", {"peer": "127.0.0.2"}),
+    ),
 }
 
 
@@ -130,10 +153,10 @@ class _Bench:
             await s.aclose()
         self.streams.clear()
 
-    async def call(self, method: str) -> None:
+    async def call(self, method: str, **kwargs: Any) -> None:
         """Call the proxy's *method* by name ("" = nothing), awaiting it if async."""
         if method:
-            result = getattr(self.proxy, method)()
+            result = getattr(self.proxy, method)(**kwargs)
             if inspect.isawaitable(result):
                 await result
 
@@ -163,21 +186,32 @@ async def run_control_test(
             "assert_accepting": lambda: controls.assert_accepting(addr, t.probe_s * 4),
             "assert_syn_dropped": lambda: controls.assert_syn_dropped(addr, t.probe_s),
             "assert_refusing": lambda: controls.assert_refusing(addr, t.probe_s),
+            "assert_syn_lossy": lambda: controls.assert_syn_lossy(addr),
         }
         on_link: dict[str, Callable[[trio.SocketStream], Awaitable[Any]]] = {
             "assert_frozen": lambda s: controls.assert_frozen(s, s, t.frozen_window_s),
             "assert_severed": lambda s: controls.assert_severed(s, t.close_s),
             "assert_reset": lambda s: controls.assert_reset(s, t.close_s),
             "assert_blackholed": lambda s: controls.assert_blackholed(s, t.blackhole_s),
+            "assert_lossy": lambda s: controls.assert_lossy(s, addr, t.loss_bytes),
+            "assert_partitioned": lambda s: controls.assert_partitioned(
+                s, addr, t.frozen_window_s, t.probe_s
+            ),
         }
 
         async def run_step(
-            mode: str, arm: str, control: str, expected: str, apply: str, undo: str
+            mode: str,
+            arm: str,
+            control: str,
+            expected: str,
+            apply: str,
+            undo: str,
+            kwargs: dict[str, Any] | None = None,
         ) -> None:
             step = Step(mode, arm, control, expected)
             if control in on_listener:
                 step.before = await _classify(addr, t.probe_s)
-                await bench.call(apply)
+                await bench.call(apply, **(kwargs or {}))
                 step.outcome, step.detail, step.elapsed_ms, step.during = await _score(
                     on_listener[control]
                 )
@@ -186,7 +220,7 @@ async def run_control_test(
             else:
                 stream = await bench.link()
                 step.before = "echoing"
-                await bench.call(apply)
+                await bench.call(apply, **(kwargs or {}))
                 step.outcome, step.detail, step.elapsed_ms, step.during = await _score(
                     lambda: on_link[control](stream)
                 )
@@ -210,9 +244,11 @@ async def run_control_test(
         for m in MODES.values():
             if m.control is None:
                 continue
-            await run_step(m.name, "real", m.control, "pass", m.name, m.undone_by or "")
-            for what, apply, undo in BREAKAGES[m.name]:
-                await run_step(m.name, f"breakage: {what}", m.control, "red", apply, undo)
+            await run_step(
+                m.name, "real", m.control, "pass", m.name, m.undone_by or "", REAL_ARGS.get(m.name)
+            )
+            for what, apply, undo, *kwargs in BREAKAGES[m.name]:
+                await run_step(m.name, f"breakage: {what}", m.control, "red", apply, undo, *kwargs)
     return steps
 
 

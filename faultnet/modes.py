@@ -66,6 +66,13 @@ class Mode:
     takes_include_new: bool = False
     #: Takes ``only=[ids]`` (connection ids), and returns how many connections it acted on.
     per_connection: bool = False
+    #: Takes ``percent=`` (0-100).
+    takes_percent: bool = False
+    #: The percent used when none is given (felt, not fatal, as on a poor real link).
+    default_percent: float | None = None
+    #: Takes ``peer="HOST[:PORT]"`` (the client's address), and returns how many
+    #: connections it acted on.
+    takes_peer: bool = False
     #: One line: what a client sees.
     summary: str = ""
     #: The function in :mod:`faultnet.controls` that proves it is in force, or None.
@@ -74,10 +81,29 @@ class Mode:
     open_connections: str = "unchanged"
     new_connections: str = "unchanged"
 
+    @property
+    def counts_connections(self) -> bool:
+        """Whether applying it returns how many open connections it acted on."""
+        return self.per_connection or self.takes_peer
+
     def check(
-        self, *, stream: str = "both", include_new: bool = False, only: Iterable[int] | None = None
+        self,
+        *,
+        stream: str = "both",
+        include_new: bool = False,
+        only: Iterable[int] | None = None,
+        percent: float | None = None,
+        peer: str | None = None,
     ) -> None:
-        """Raise :class:`ModeArgumentError` for an argument this mode does not take."""
+        """Raise :class:`ModeArgumentError` for an argument this mode does not take (or
+        a percent it needs and lacks). *peer*'s syntax is the proxy's to check."""
+        if peer is not None:
+            if not self.takes_peer:
+                raise ModeArgumentError(
+                    f"peer applies to {_names('takes_peer')} only, not {self.name}"
+                )
+            if include_new:
+                raise ModeArgumentError("peer and include_new cannot be combined")
         if stream not in STREAM_CHOICES:
             raise ModeArgumentError(
                 f"stream must be one of {', '.join(STREAM_CHOICES)}, not {stream!r}"
@@ -97,6 +123,15 @@ class Mode:
                 )
             if include_new:
                 raise ModeArgumentError("connections and include_new cannot be combined")
+        if percent is not None and not self.takes_percent:
+            raise ModeArgumentError(
+                f"percent applies to {_names('takes_percent')} only, not {self.name}"
+            )
+        if self.takes_percent and percent is not None:
+            if isinstance(percent, bool) or not isinstance(percent, int | float):
+                raise ModeArgumentError(f"percent must be a number, not {percent!r}")
+            if not 0 <= percent <= 100:
+                raise ModeArgumentError(f"percent must be between 0 and 100, not {percent}")
 
 
 MODES: dict[str, Mode] = {
@@ -105,6 +140,7 @@ MODES: dict[str, Mode] = {
         Mode(
             "freeze",
             "connections",
+            takes_peer=True,
             undone_by="thaw",
             takes_stream=True,
             takes_include_new=True,
@@ -117,6 +153,7 @@ MODES: dict[str, Mode] = {
         Mode(
             "blackhole",
             "connections",
+            takes_peer=True,
             undone_by="thaw",
             takes_include_new=True,
             per_connection=True,
@@ -128,14 +165,17 @@ MODES: dict[str, Mode] = {
         Mode(
             "thaw",
             "undo",
-            undoes=("freeze", "blackhole"),
+            takes_peer=True,
+            undoes=("freeze", "blackhole", "loss", "partition"),
             takes_stream=True,
             per_connection=True,
-            summary="held bytes delivered in order, then any held FIN or RST",
+            summary="held bytes delivered in order, then any held FIN or RST; loss and "
+            "partitions end",
         ),
         Mode(
             "sever",
             "connections",
+            takes_peer=True,
             per_connection=True,
             summary="EOF within ms",
             control="assert_severed",
@@ -144,10 +184,35 @@ MODES: dict[str, Mode] = {
         Mode(
             "reset",
             "connections",
+            takes_peer=True,
             per_connection=True,
             summary="ECONNRESET within ms",
             control="assert_reset",
             open_connections="RST both ways",
+        ),
+        Mode(
+            "loss",
+            "connections",
+            undone_by="thaw",
+            takes_stream=True,
+            per_connection=True,
+            takes_percent=True,
+            default_percent=5.0,
+            takes_peer=True,
+            summary="real segment loss: its own TCP retransmits, bytes arrive intact but late",
+            control="assert_lossy",
+            open_connections="each arriving segment dropped with p = percent "
+            "(a random socket filter); retransmits reported",
+        ),
+        Mode(
+            "partition",
+            "connections",
+            undone_by="thaw",
+            takes_peer=True,
+            summary="one client (or all) cut off as by a dead route, the others unaffected",
+            control="assert_partitioned",
+            open_connections="the peer's (`peer=`) or all: blackholed",
+            new_connections="the peer's SYNs dropped (all, with no peer)",
         ),
         Mode(
             "drop_syn",
@@ -156,6 +221,16 @@ MODES: dict[str, Mode] = {
             summary="connect hangs; a retrying client gets in after restore",
             control="assert_syn_dropped",
             new_connections="SYN dropped",
+        ),
+        Mode(
+            "syn_loss",
+            "listener",
+            undone_by="restore",
+            takes_percent=True,
+            default_percent=20.0,
+            summary="slow, flaky connects: a dropped SYN is retried after ~1 s (3 s, 7 s ...)",
+            control="assert_syn_lossy",
+            new_connections="each SYN dropped with p = percent",
         ),
         Mode(
             "refuse",
@@ -168,7 +243,7 @@ MODES: dict[str, Mode] = {
         Mode(
             "restore",
             "undo",
-            undoes=("drop_syn", "refuse"),
+            undoes=("drop_syn", "syn_loss", "refuse"),
             summary="new connects accepted again",
         ),
     )
@@ -204,7 +279,16 @@ def markdown_table() -> str:
     for m in MODES.values():
         if m.acts_on == "undo":
             continue
-        call = f"`{m.name}(stream=)`" if m.takes_stream else f"`{m.name}`"
+        args = [
+            a
+            for a, takes in (
+                ("percent", m.takes_percent),
+                ("stream=", m.takes_stream),
+                ("peer=", m.takes_peer),
+            )
+            if takes
+        ]
+        call = f"`{m.name}({', '.join(args)})`" if args else f"`{m.name}`"
         if m.undone_by:
             call += f" / `{m.undone_by}`"
         rows.append(f"| {call} | {m.open_connections} | {m.new_connections} | {m.summary} |")

@@ -55,13 +55,18 @@ class ProbeResult:
         return d
 
 
-async def probe(address: tuple[str, int], timeout: float = 1.0) -> ProbeResult:
-    """Connect once to *address*, wait at most *timeout* seconds, and classify."""
+async def probe(
+    address: tuple[str, int], timeout: float = 1.0, *, source: str | None = None
+) -> ProbeResult:
+    """Connect once to *address*, wait at most *timeout* seconds, and classify.
+    *source*: the local address to connect from (e.g. 127.0.0.2, to be another peer)."""
     host, port = address
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = trio.socket.socket(family, socket.SOCK_STREAM)
     start = time.perf_counter()
     try:
+        if source is not None:
+            await sock.bind((source, 0))
         with trio.move_on_after(timeout):
             try:
                 await sock.connect((host, port))

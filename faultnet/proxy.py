@@ -33,8 +33,8 @@ from typing import Any
 
 import trio
 
-from faultnet import dataplane
-from faultnet.addresses import format_address
+from faultnet import bpf, dataplane
+from faultnet.addresses import format_address, parse_peer, peer_matches
 from faultnet.eventlog import JsonlWriter
 from faultnet.modes import STREAM_CHOICES, mode
 from faultnet.pump import (
@@ -47,10 +47,11 @@ from faultnet.pump import (
 )
 from faultnet.seeds import derive_seed
 from faultnet.sockopts import (
-    attach_drop_all,
     detach_filter,
     raise_fd_limit,
     set_linger_reset,
+    socket_drops,
+    tcp_retransmits,
     tcp_state,
 )
 from faultnet.toxics.base import STREAMS, Toxic
@@ -86,6 +87,16 @@ class ConnectionInfo:
     #: open, half-closed, frozen, frozen-upstream, frozen-downstream, blackholed, closing
     state: str
     age_s: float
+    #: Segments dropped on their way into the proxy's client-side socket (the ``loss``
+    #: and blackhole filters): each data segment among them the client retransmitted.
+    dropped_upstream: int = 0
+    #: The same on the proxy's upstream socket: segments the server had to retransmit.
+    dropped_downstream: int = 0
+    #: Segments the proxy's own two sockets retransmitted (``tcpi_total_retrans``), e.g.
+    #: after a loss filter dropped the peer's ACKs.
+    retransmits: int = 0
+    #: The ``loss`` in force here, percent per stream (absent when none).
+    loss: dict[str, float] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -105,6 +116,13 @@ class Connection:
         self.id = conn_id
         self.client = client
         self.peer = peer
+        try:
+            self.peer_addr: tuple[str, int] = client.getpeername()[:2]
+        except OSError:  # already reset by the client: no peer selector will match it
+            self.peer_addr = ("", 0)
+        #: Fraction of segments the loss filter drops, per stream (0: none).
+        self.loss = dict.fromkeys(STREAMS, 0.0)
+        self._final_drops: tuple[int, int, int] | None = None
         self.server: socket.socket | None = None
         self.directions: dict[str, Direction] | dict[str, dataplane.Lane] = {}
         #: This connection in the thread data plane (None on the trio pumps).
@@ -128,7 +146,7 @@ class Connection:
         self.chain_changed = trio.Event()
         if proxy._frozen_new:
             self.freeze(proxy._frozen_new)
-        if proxy._blackhole_new:
+        if proxy._blackhole_new or proxy._partitions(self.peer_addr):
             self.blackhole()
 
     # -- toxics --
@@ -208,8 +226,10 @@ class Connection:
     def thaw(self, streams: Iterable[str]) -> None:
         streams = tuple(streams)
         if self.blackholed and set(streams) == set(STREAMS):
-            detach_filter(self.client)
             self.blackholed = False
+        for s in streams:
+            self.loss[s] = 0.0
+        self.refilter()
         for s in streams:
             self.gates[s].open()
         if self.link is not None:
@@ -219,8 +239,48 @@ class Connection:
 
     def blackhole(self) -> None:
         self.freeze(STREAMS)
-        attach_drop_all(self.client)
         self.blackholed = True
+        self.refilter()
+
+    def set_loss(self, streams: Iterable[str], fraction: float) -> None:
+        for s in streams:
+            self.loss[s] = fraction
+        self.refilter()
+
+    def refilter(self) -> None:
+        """Put on each socket the filter its state asks for: the client-side socket drops
+        everything when blackholed, else the upstream stream's loss; the upstream socket
+        the downstream stream's loss (once it is connected: :meth:`run` calls again)."""
+        wanted = {
+            "client": bpf.drop_all() if self.blackholed else _loss_program(self.loss["upstream"]),
+            "server": _loss_program(self.loss["downstream"]),
+        }
+        for side, sock in (("client", self.client), ("server", self.server)):
+            if sock is None or sock.fileno() < 0:
+                continue
+            program = wanted[side]
+            if program is None:
+                detach_filter(sock)
+            else:
+                bpf.attach(sock, program)
+
+    def drops(self) -> tuple[int, int, int]:
+        """(dropped into the client-side socket, into the upstream socket, the proxy's own
+        retransmits), read from the kernel; once the sockets are closed, as they were
+        just before."""
+        if self._final_drops is not None:
+            return self._final_drops
+        counts = []
+        for sock in (self.client, self.server):
+            try:
+                counts.append((socket_drops(sock), tcp_retransmits(sock)))
+            except (OSError, AttributeError):  # closed, or not connected yet (None)
+                counts.append((0, 0))
+        return counts[0][0], counts[1][0], counts[0][1] + counts[1][1]
+
+    def _snapshot_drops(self) -> None:
+        if self._final_drops is None:
+            self._final_drops = self.drops()
 
     async def sever(self) -> None:
         """Clean FIN both ways, even with unread bytes; ends the connection."""
@@ -235,6 +295,7 @@ class Connection:
             return
         self.closing = how
         self._scope.cancel()
+        self._snapshot_drops()
         if self.link is not None:
             self.link.end()  # the thread forgets the sockets before they are closed
         for sock in (self.client, self.server):
@@ -282,6 +343,7 @@ class Connection:
             state = "half-closed"
         else:
             state = "open"
+        dropped_up, dropped_down, retransmits = self.drops()
         return ConnectionInfo(
             id=self.id,
             peer=self.peer,
@@ -290,6 +352,10 @@ class Connection:
             bytes_downstream=down.bytes if down else 0,
             state=state,
             age_s=round(time.monotonic() - self.started, 3),
+            dropped_upstream=dropped_up,
+            dropped_downstream=dropped_down,
+            retransmits=retransmits,
+            loss={s: f * 100 for s, f in self.loss.items() if f} or None,
         )
 
     # -- lifecycle --
@@ -310,6 +376,8 @@ class Connection:
                         reason=str(exc) or type(exc).__name__,
                     )
                     return
+                if self.loss["downstream"]:
+                    self.refilter()  # loss applied while the upstream connect was pending
                 if proxy._plane is not None:
                     await self._run_in_plane(proxy._plane)
                     return
@@ -332,6 +400,7 @@ class Connection:
                 self._nursery = None
         finally:
             how = self.closing or how
+            self._snapshot_drops()
             if self.link is not None:
                 self.link.end()
             for sock in (self.client, self.server):
@@ -349,6 +418,9 @@ class Connection:
                 bytes_upstream=info.bytes_upstream,
                 bytes_downstream=info.bytes_downstream,
                 age_s=info.age_s,
+                dropped_upstream=info.dropped_upstream,
+                dropped_downstream=info.dropped_downstream,
+                retransmits=info.retransmits,
             )
 
     # -- the thread data plane --
@@ -436,6 +508,10 @@ class Connection:
             pass
 
 
+def _loss_program(fraction: float) -> bpf.Program | None:
+    return bpf.drop_fraction(fraction) if fraction > 0 else None
+
+
 #: How long a severed socket stays open after its FIN, reading and discarding, until the
 #: peer's own FIN. A socket closed with its FIN still queued behind unsent bytes (a client
 #: that reads slowly) is destroyed by the kernel, RST and all, as soon as one more segment
@@ -518,6 +594,9 @@ class Proxy:
         self._frozen_new: tuple[str, ...] = ()
         self._blackhole_new = False
         self._syn_dropped = False
+        self._syn_loss = 0.0
+        self._partitioned: set[tuple[str, int | None]] = set()
+        self._partition_all = False
         self._refusing = False
         self._closed = trio.Event()
         self._poll_scope: trio.CancelScope | None = None
@@ -583,9 +662,8 @@ class Proxy:
                 raise AddressInUse(f"listen address {where} is already in use") from None
             raise ProxyError(f"cannot listen on {where}: {exc.strerror}") from None
         sock.listen(self.backlog)
-        if self._syn_dropped:
-            attach_drop_all(sock)
         self._listener = sock
+        self._refilter_listener()
         self.address = sock.getsockname()[:2]
 
     def _start_accepting(self) -> None:
@@ -671,15 +749,19 @@ class Proxy:
         stream: str = "both",
         include_new: bool = False,
         only: Iterable[int] | None = None,
+        percent: float | None = None,
+        peer: str | None = None,
     ) -> int | None:
         """Apply the mode (or undo) *name* from :data:`faultnet.modes.MODES` with the
-        arguments its row says it takes; return how many connections it acted on (None
+        arguments its row says it takes (a percent it is not given is the row's default);
+        return how many connections it acted on (None
         for the listener modes). :class:`~faultnet.modes.ModeArgumentError` (a
-        ValueError) for an unknown mode or an argument it does not take.
+        ValueError) for an unknown mode or an argument it does not take;
+        :class:`~faultnet.addresses.AddressError` (a ValueError) for a bad *peer*.
 
         The same method as calling it by name, so it is total on return too."""
         m = mode(name)
-        m.check(stream=stream, include_new=include_new, only=only)
+        m.check(stream=stream, include_new=include_new, only=only, percent=percent, peer=peer)
         kwargs: dict[str, Any] = {}
         if m.takes_stream:
             kwargs["stream"] = stream
@@ -687,17 +769,26 @@ class Proxy:
             kwargs["include_new"] = include_new
         if m.per_connection:
             kwargs["only"] = only
+        if m.takes_percent:
+            kwargs["percent"] = m.default_percent if percent is None else percent
+        if m.takes_peer:
+            kwargs["peer"] = peer
         result: int | None = await getattr(self, m.name)(**kwargs)
-        return result if m.per_connection else None
+        return result if m.counts_connections else None
 
     # -- faults on live connections --
 
-    def _live(self, only: Iterable[int] | None = None) -> list[Connection]:
+    def _live(self, only: Iterable[int] | None = None, peer: str | None = None) -> list[Connection]:
+        """Open connections: all, or those whose ids are in *only* and/or whose client
+        is *peer* (``HOST`` or ``HOST:PORT``; ValueError if it is not one)."""
         conns = [c for c in self._connections.values() if not c.closing]
-        if only is None:
-            return conns
-        wanted = set(only)
-        return [c for c in conns if c.id in wanted]
+        if only is not None:
+            wanted = set(only)
+            conns = [c for c in conns if c.id in wanted]
+        if peer is not None:
+            selector = parse_peer(peer)
+            conns = [c for c in conns if peer_matches(selector, c.peer_addr)]
+        return conns
 
     async def freeze(
         self,
@@ -705,25 +796,36 @@ class Proxy:
         *,
         include_new: bool = False,
         only: Iterable[int] | None = None,
+        peer: str | None = None,
     ) -> int:
         """Stop forwarding on every open connection (one stream or both), or on the
-        connections whose ids are in *only*; return how many.
+        connections whose ids are in *only* and/or whose client is *peer*; return how
+        many.
 
         Total on return: not one more byte crosses. FIN and RST are held too.
         """
-        return self._stop("freeze", _streams(stream), include_new, only)
+        return self._stop("freeze", _streams(stream), include_new, only, peer)
 
     async def blackhole(
-        self, *, include_new: bool = False, only: Iterable[int] | None = None
+        self,
+        *,
+        include_new: bool = False,
+        only: Iterable[int] | None = None,
+        peer: str | None = None,
     ) -> int:
         """Freeze both ways and drop every packet from the client (no ACKs either), so the
         client's TCP sees a dead route: keepalive and TCP_USER_TIMEOUT fire."""
-        return self._stop("blackhole", STREAMS, include_new, only)
+        return self._stop("blackhole", STREAMS, include_new, only, peer)
 
     def _stop(
-        self, mode: str, streams: tuple[str, ...], include_new: bool, only: Iterable[int] | None
+        self,
+        mode: str,
+        streams: tuple[str, ...],
+        include_new: bool,
+        only: Iterable[int] | None,
+        peer: str | None,
     ) -> int:
-        conns = self._live(only)
+        conns = self._live(only, peer)
         crossed = dict.fromkeys(STREAMS, 0)  # what had crossed when the gates closed
         for c in conns:
             c.blackhole() if mode == "blackhole" else c.freeze(streams)
@@ -744,37 +846,110 @@ class Proxy:
         )
         return len(conns)
 
-    async def thaw(self, stream: str = "both", *, only: Iterable[int] | None = None) -> int:
-        """Undo freeze and blackhole: held bytes are delivered in order, then any held
-        FIN or RST. Also ends ``include_new`` for the thawed streams (unless *only*)."""
+    async def loss(
+        self,
+        percent: float,
+        stream: str = "both",
+        *,
+        only: Iterable[int] | None = None,
+        peer: str | None = None,
+    ) -> int:
+        """Real segment loss on every open connection (or those in *only* / from
+        *peer*): each segment arriving at the proxy on *stream* is dropped with
+        probability *percent* / 100 by a socket filter, so the client's (``upstream``) or
+        the server's (``downstream``) own TCP sees the loss and retransmits; bytes still
+        arrive intact and in order. Live: replaces any loss already set there. Undone by
+        :meth:`thaw`. Returns how many connections.
+
+        The kernel draws the random (it cannot be seeded): what actually happened is in
+        :meth:`connections` (``dropped_upstream``/``dropped_downstream``,
+        ``retransmits``) and in each connection's ``conn_close`` record."""
+        if not 0 <= percent <= 100:
+            raise ValueError(f"percent must be between 0 and 100, not {percent}")
         streams = _streams(stream)
-        conns = self._live(only)
+        conns = self._live(only, peer)
         for c in conns:
-            c.thaw(streams)
-        if only is None:
-            self._frozen_new = tuple(s for s in self._frozen_new if s not in streams)
-            if stream == "both":
-                self._blackhole_new = False
+            c.set_loss(streams, percent / 100.0)
         self.log.write(
-            "fault_removed", mode="thaw", stream=stream, connections=[c.id for c in conns]
+            "fault_applied",
+            mode="loss",
+            percent=percent,
+            stream=stream,
+            peer=peer,
+            connections=[c.id for c in conns],
         )
         return len(conns)
 
-    async def sever(self, *, only: Iterable[int] | None = None) -> int:
-        """Close every open connection (or those in *only*) with a clean FIN both ways
-        (EOF at both peers)."""
-        return self._end_all("severed", only)
+    async def thaw(
+        self,
+        stream: str = "both",
+        *,
+        only: Iterable[int] | None = None,
+        peer: str | None = None,
+    ) -> int:
+        """Undo freeze, blackhole, loss and partition: held bytes are delivered in order,
+        then any held FIN or RST. Also ends ``include_new`` for the thawed streams
+        (unless *only* or *peer*), and a partition (of *peer*, or every one)."""
+        streams = _streams(stream)
+        conns = self._live(only, peer)
+        for c in conns:
+            c.thaw(streams)
+        if only is None and peer is None:
+            self._frozen_new = tuple(s for s in self._frozen_new if s not in streams)
+            if stream == "both":
+                self._blackhole_new = False
+        if only is None and stream == "both" and (self._partitioned or self._partition_all):
+            if peer is None:
+                self._partitioned.clear()
+                self._partition_all = False
+            else:
+                self._partitioned.discard(parse_peer(peer))
+            self._refilter_listener()
+        self.log.write(
+            "fault_removed",
+            mode="thaw",
+            stream=stream,
+            peer=peer,
+            connections=[c.id for c in conns],
+        )
+        return len(conns)
 
-    async def reset(self, *, only: Iterable[int] | None = None) -> int:
-        """Close every open connection (or those in *only*) with an RST both ways
-        (ECONNRESET at both peers)."""
-        return self._end_all("reset", only)
+    async def sever(self, *, only: Iterable[int] | None = None, peer: str | None = None) -> int:
+        """Close every open connection (or those in *only* / from *peer*) with a clean
+        FIN both ways (EOF at both peers)."""
+        return self._end_all("severed", only, peer)
 
-    def _end_all(self, how: str, only: Iterable[int] | None = None) -> int:
-        conns = self._live(only)
+    async def reset(self, *, only: Iterable[int] | None = None, peer: str | None = None) -> int:
+        """Close every open connection (or those in *only* / from *peer*) with an RST
+        both ways (ECONNRESET at both peers)."""
+        return self._end_all("reset", only, peer)
+
+    def _end_all(self, how: str, only: Iterable[int] | None = None, peer: str | None = None) -> int:
+        conns = self._live(only, peer)
         for c in conns:
             c._end(how)
-        self.log.write("fault_applied", mode=how, connections=[c.id for c in conns])
+        self.log.write("fault_applied", mode=how, peer=peer, connections=[c.id for c in conns])
+        return len(conns)
+
+    async def partition(self, *, peer: str | None = None) -> int:
+        """A route that died outright, for the client *peer* (``HOST`` or ``HOST:PORT``)
+        or for every client: its open connections are blackholed and its new connects
+        hang (their SYNs dropped by the listener's filter), while other clients keep
+        working. Undone by :meth:`thaw` (with the same *peer*, or none). Returns how many
+        open connections it blackholed."""
+        selector = parse_peer(peer) if peer is not None else None
+        conns = self._live(peer=peer)
+        for c in conns:
+            c.blackhole()
+        if selector is None:
+            self._partition_all = True
+        else:
+            self._partitioned.add(selector)
+        self._refilter_listener()
+        self._start_held_poll()
+        self.log.write(
+            "fault_applied", mode="partition", peer=peer, connections=[c.id for c in conns]
+        )
         return len(conns)
 
     # -- faults on new connections --
@@ -785,9 +960,33 @@ class Proxy:
         the first retry after :meth:`restore`; unrestored, a connect times out after
         about 134 s. Open connections are untouched."""
         self._syn_dropped = True
-        if self._listener is not None:
-            attach_drop_all(self._listener)
+        self._refilter_listener()
         self.log.write("fault_applied", mode="drop_syn")
+
+    async def syn_loss(self, percent: float) -> None:
+        """Lossy handshakes: each SYN to the listener is dropped with probability
+        *percent* / 100, so that fraction of new connects succeeds only on the kernel's
+        SYN retry, about 1 s later (3 s, 7 s ... when the retry is dropped too): the
+        slow, flaky connect real clients meet. Undone by :meth:`restore`."""
+        if not 0 <= percent <= 100:
+            raise ValueError(f"percent must be between 0 and 100, not {percent}")
+        self._syn_loss = percent / 100.0
+        self._refilter_listener()
+        self.log.write("fault_applied", mode="syn_loss", percent=percent)
+
+    def _refilter_listener(self) -> None:
+        """Put on the listener the filter drop_syn, syn_loss and partition ask for."""
+        if self._listener is None:
+            return
+        program = bpf.listener_program(
+            drop_everything=self._syn_dropped or self._partition_all,
+            syn_loss=self._syn_loss,
+            peers=self._partitioned,
+        )
+        if program is None:
+            detach_filter(self._listener)
+        else:
+            bpf.attach(self._listener, program)
 
     async def refuse(self) -> None:
         """New connects are refused at once (ECONNREFUSED): the listener is closed.
@@ -824,14 +1023,16 @@ class Proxy:
         self.log.write("fault_applied", mode="refuse", queued_reset=len(queued))
 
     async def restore(self) -> None:
-        """Undo drop_syn and refuse. Raises ProxyError if the port was taken meanwhile."""
+        """Undo drop_syn, syn_loss and refuse (a partition stays: see :meth:`thaw`).
+        Raises ProxyError if the port was taken meanwhile."""
         self._syn_dropped = False
+        self._syn_loss = 0.0
         if self._refusing:
             await self._bind()
             self._refusing = False
             self.resume_accepting()
-        elif self._listener is not None:
-            detach_filter(self._listener)
+        else:
+            self._refilter_listener()
         self.log.write("fault_removed", mode="restore")
 
     # -- toxics --
@@ -906,7 +1107,14 @@ class Proxy:
             "syn_dropped": self._syn_dropped,
             "frozen_new": list(self._frozen_new),
             "blackhole_new": self._blackhole_new,
+            "syn_loss": self._syn_loss * 100,
+            "partitioned": ["*"] * self._partition_all
+            + sorted(h if p is None else format_address((h, p)) for h, p in self._partitioned),
         }
+
+    def _partitions(self, addr: tuple[str, int]) -> bool:
+        """Whether a client at *addr* is cut off by a partition."""
+        return self._partition_all or any(peer_matches(p, addr) for p in self._partitioned)
 
     def _close_after_fin(self, sock: socket.socket) -> None:
         """Send FIN on *sock* (a clean close), then close it once the peer's FIN has

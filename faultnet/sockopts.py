@@ -21,6 +21,8 @@ __all__ = [
     "set_keepalive",
     "set_linger_reset",
     "set_user_timeout",
+    "socket_drops",
+    "tcp_retransmits",
     "tcp_state",
 ]
 
@@ -86,3 +88,23 @@ def raise_fd_limit() -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         return hard
     return soft
+
+
+#: ``SO_MEMINFO`` (55): nine u32 counters; index 8 (SK_MEMINFO_DROPS) is ``sk_drops``.
+_SO_MEMINFO = 55
+#: Offset of ``tcpi_total_retrans`` (u32) in ``struct tcp_info`` (linux/tcp.h).
+_TCPI_TOTAL_RETRANS = 100
+
+
+def tcp_retransmits(sock: _Sock) -> int:
+    """The segments *sock* itself has retransmitted (``tcpi_total_retrans``)."""
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCPI_TOTAL_RETRANS + 4)
+    return int(struct.unpack_from("I", info, _TCPI_TOTAL_RETRANS)[0])
+
+
+def socket_drops(sock: _Sock) -> int:
+    """Segments the kernel dropped on their way into *sock* (``sk_drops``): those a
+    socket filter refused, plus any dropped for want of buffer (rare on loopback).
+    Each dropped data segment is one the sender must retransmit."""
+    mem = sock.getsockopt(socket.SOL_SOCKET, _SO_MEMINFO, 9 * 4)
+    return int(struct.unpack_from("9I", mem)[8])

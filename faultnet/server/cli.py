@@ -183,6 +183,12 @@ _connections = _listing(
     lambda x: (
         f"#{x['id']}  {x['peer']}  up={x['bytes_upstream']}  "
         f"down={x['bytes_downstream']}  {x['state']}"
+        + (
+            f"  loss={x['loss']}  dropped={x['dropped_upstream']}/"
+            f"{x['dropped_downstream']}  retransmits={x['retransmits']}"
+            if x.get("loss") or x.get("dropped_upstream") or x.get("dropped_downstream")
+            else ""
+        )
     ),
 )
 
@@ -195,6 +201,10 @@ def _fault(args: argparse.Namespace, c: ApiClient) -> Any:
         body["include_new"] = True
     if args.connection:
         body["connections"] = args.connection
+    if args.percent is not None:
+        body["percent"] = args.percent
+    if args.peer is not None:
+        body["peer"] = args.peer
     r = c.request("POST", f"/proxies/{c.quote(args.proxy)}/faults", body)
     if args.json:
         return r
@@ -401,6 +411,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="ID",
         help=f"{_modes_that('per_connection')}: act only on this live connection "
         "(repeatable; ids from `faultnet connections`)",
+    )
+    p.add_argument(
+        "--percent",
+        type=float,
+        metavar="P",
+        help=f"{_modes_that('takes_percent')}: the chance (0-100) each segment or SYN is "
+        "dropped (default: the mode's own, see the API)",
+    )
+    p.add_argument(
+        "--peer",
+        metavar="HOST[:PORT]",
+        help=f"{_modes_that('takes_peer')}: only the client at this address",
     )
     client("connections", _connections, "list a proxy's live connections").add_argument("proxy")
     p = client("events", _events, "print event log records (all, or one proxy's)")

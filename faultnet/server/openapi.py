@@ -224,6 +224,24 @@ def _schemas() -> dict[str, Any]:
                     "description": f"{_modes_that('per_connection')}: act only on these live "
                     "connections (ids from /proxies/{proxy}/connections); default all",
                 },
+                "percent": {
+                    "type": "number",
+                    "minimum": 0,
+                    "maximum": 100,
+                    "description": f"{_modes_that('takes_percent')}: the chance each segment "
+                    "(or SYN) is dropped; default "
+                    + ", ".join(
+                        f"{m.default_percent:g} for {m.name}"
+                        for m in MODES.values()
+                        if m.takes_percent
+                    ),
+                },
+                "peer": {
+                    "type": "string",
+                    "description": f"{_modes_that('takes_peer')}: act only on the client at "
+                    "this address, HOST or HOST:PORT (an IP; [V6] in brackets); for "
+                    "partition also its new connects. Default every client",
+                },
             },
         },
         "FaultState": {
@@ -236,6 +254,12 @@ def _schemas() -> dict[str, Any]:
                 "syn_dropped": {"type": "boolean"},
                 "frozen_new": {"type": "array", "items": {"type": "string"}},
                 "blackhole_new": {"type": "boolean"},
+                "syn_loss": {"type": "number", "description": "percent of SYNs dropped"},
+                "partitioned": {
+                    "type": "array",
+                    "items": {"type": "string"},
+                    "description": 'the peers partitioned ("*": every client)',
+                },
                 "connections": {
                     "type": "object",
                     "description": "count of live connections per state",
@@ -270,6 +294,26 @@ def _schemas() -> dict[str, Any]:
                 "frozen-downstream, blackholed or closing",
             },
             age_s={"type": "number", "description": "seconds since accepted"},
+            dropped_upstream={
+                "type": "integer",
+                "description": "segments dropped into the proxy's client-side socket "
+                "(loss, blackhole): the client retransmitted the data among them",
+            },
+            dropped_downstream={
+                "type": "integer",
+                "description": "segments dropped into the proxy's upstream socket: the "
+                "server retransmitted the data among them",
+            },
+            retransmits={
+                "type": "integer",
+                "description": "segments the proxy's own two sockets retransmitted (TCP_INFO)",
+            },
+            loss={
+                "type": "object",
+                "nullable": True,
+                "additionalProperties": {"type": "number"},
+                "description": "the loss in force, percent per stream",
+            },
         ),
         "Events": {
             "type": "object",

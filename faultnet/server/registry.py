@@ -28,7 +28,7 @@ from typing import Any
 import trio
 
 from faultnet import addresses
-from faultnet.addresses import format_address
+from faultnet.addresses import AddressError, format_address, parse_peer
 from faultnet.eventlog import JsonlWriter
 from faultnet.modes import STREAM_CHOICES, ModeArgumentError, mode
 from faultnet.proxy import AddressInUse, Proxy, ProxyError
@@ -512,6 +512,8 @@ class ProxyRegistry:
         if include_new is None:
             include_new = False
         only = body.get("connections")
+        percent = body.get("percent")
+        peer = body.get("peer")
         try:
             m = mode(body.get("mode"))
             if stream not in STREAM_CHOICES:
@@ -525,8 +527,12 @@ class ProxyRegistry:
                 or not all(isinstance(i, int) and not isinstance(i, bool) for i in only)
             ):
                 raise bad_body(f"connections must be a list of connection ids, not {only!r}")
-            m.check(stream=stream, include_new=include_new, only=only)
-        except ModeArgumentError as exc:
+            if peer is not None and not isinstance(peer, str):
+                raise bad_body(f"peer must be HOST or HOST:PORT, not {_json_type(peer)}")
+            m.check(stream=stream, include_new=include_new, only=only, percent=percent, peer=peer)
+            if peer is not None:
+                parse_peer(peer)
+        except (ModeArgumentError, AddressError) as exc:
             raise ApiError(400, str(exc)) from None
         async with self._lock:
             mp = self.get(name)
@@ -534,10 +540,21 @@ class ProxyRegistry:
             if p is None:
                 raise ApiError(409, "proxy is disabled")
             try:
-                affected = await p.apply(m.name, stream=stream, include_new=include_new, only=only)
+                affected = await p.apply(
+                    m.name,
+                    stream=stream,
+                    include_new=include_new,
+                    only=only,
+                    percent=percent,
+                    peer=peer,
+                )
             except ProxyError as exc:
                 raise _proxy_error(exc) from None
         result: dict[str, Any] = {"proxy": name, "mode": m.name, "stream": stream}
+        if percent is not None:
+            result["percent"] = percent
+        if peer is not None:
+            result["peer"] = peer
         if affected is not None:
             result["connections"] = affected
         result["state"] = self.fault_state(name)

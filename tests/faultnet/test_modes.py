@@ -42,6 +42,7 @@ def test_the_table_is_consistent_with_itself() -> None:
             assert m.acts_on == "undo" and MODES[undone].undone_by == m.name, m
         if m.takes_include_new or m.per_connection:
             assert m.acts_on != "listener", m
+        assert (m.default_percent is not None) == m.takes_percent, m
 
 
 def test_proxy_has_one_method_per_mode_taking_what_the_row_says() -> None:
@@ -50,6 +51,8 @@ def test_proxy_has_one_method_per_mode_taking_what_the_row_says() -> None:
         assert ("stream" in params) == m.takes_stream, m.name
         assert ("include_new" in params) == m.takes_include_new, m.name
         assert ("only" in params) == m.per_connection, m.name
+        assert ("percent" in params) == m.takes_percent, m.name
+        assert ("peer" in params) == m.takes_peer, m.name
 
 
 def test_the_controls_list_is_the_table_s_controls() -> None:
@@ -64,7 +67,8 @@ def test_the_control_test_has_a_real_arm_and_breakages_for_every_control() -> No
     assert set(BREAKAGES) == {NEGATIVE, *(m.name for m in MODES.values() if m.control)}
     for rows in BREAKAGES.values():
         assert rows
-        for _, apply, undo in rows:
+        for _, apply, undo, *kwargs in rows:
+            assert len(kwargs) <= 1 and all(isinstance(k, dict) for k in kwargs)
             for method in (apply, undo):
                 assert method == "" or callable(getattr(Proxy, method)), method
 
@@ -99,12 +103,25 @@ async def test_server_dispatches_every_mode_and_validates_by_the_table() -> None
     async with echo_server() as up, open_registry() as reg:
         await reg.create({"name": "p", "upstream": f"{up[0]}:{up[1]}"})
         for m in MODES.values():
-            result = await reg.apply_fault("p", {"mode": m.name})
+            body: dict[str, object] = {"mode": m.name}
+            result = await reg.apply_fault("p", body)  # a percent mode uses its default
+            if m.takes_percent:
+                with pytest.raises(ApiError, match="percent must be between 0 and 100"):
+                    await reg.apply_fault("p", {**body, "percent": 101})
             assert result["mode"] == m.name
-            assert ("connections" in result) == m.per_connection
+            assert ("connections" in result) == m.counts_connections
             if not m.takes_stream:
-                with pytest.raises(ApiError, match="stream applies to freeze and thaw only"):
+                with pytest.raises(ApiError, match="stream applies to freeze, thaw and loss only"):
                     await reg.apply_fault("p", {"mode": m.name, "stream": "upstream"})
+            if not m.takes_percent:
+                with pytest.raises(ApiError, match="percent applies to loss and syn_loss only"):
+                    await reg.apply_fault("p", {"mode": m.name, "percent": 5})
+            if not m.takes_peer:
+                with pytest.raises(ApiError, match="peer applies to"):
+                    await reg.apply_fault("p", {"mode": m.name, "peer": "127.0.0.2"})
+            else:
+                with pytest.raises(ApiError, match="the host must be an IP address"):
+                    await reg.apply_fault("p", {**body, "mode": m.name, "peer": "localhost:80"})
             if not m.per_connection:
                 with pytest.raises(ApiError, match="connections applies to"):
                     await reg.apply_fault("p", {"mode": m.name, "connections": [1]})

@@ -53,6 +53,8 @@ async def assert_as_found(proxy) -> None:
         "syn_dropped": False,
         "frozen_new": [],
         "blackhole_new": False,
+        "syn_loss": 0.0,
+        "partitioned": [],
     }
     assert proxy.toxics == []
     assert all(c.state in ("open", "half-closed") for c in proxy.connections())

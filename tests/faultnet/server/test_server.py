@@ -482,7 +482,7 @@ async def test_fault_errors(api: httpx.AsyncClient, upstream: Address) -> None:
         ({"mode": "melt"}, 400, "invalid fault mode"),
         ({}, 400, "invalid fault mode"),
         ({"mode": "freeze", "stream": "sideways"}, 400, "stream was invalid"),
-        ({"mode": "sever", "stream": "upstream"}, 400, "stream applies to freeze and thaw"),
+        ({"mode": "sever", "stream": "upstream"}, 400, "stream applies to freeze, thaw and loss"),
         ({"mode": "freeze", "include_new": "yes"}, 400, "bad request body"),
         ({"mode": "refuse", "include_new": True}, 400, "include_new applies to"),
         ({"mode": "freeze", "connections": "all"}, 400, "bad request body"),

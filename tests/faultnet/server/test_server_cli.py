@@ -97,6 +97,17 @@ async def test_client_commands(cli: Cli, upstream: str) -> None:
     await assert_syn_dropped(where, timeout=0.3)
     await cli.ok("fault", "web", "restore")
     await assert_accepting(where)
+    r = await cli.json("fault", "web", "loss", "--percent", "100", "--peer", "127.0.0.1")
+    assert (r["connections"], r["percent"], r["peer"]) == (1, 100, "127.0.0.1")
+    assert "loss={'upstream': 100.0, 'downstream': 100.0}" in await cli.ok("connections", "web")
+    await cli.ok("fault", "web", "thaw")
+    await cli.ok("fault", "web", "syn-loss", "--percent", "100")
+    await assert_syn_dropped(where, timeout=0.3)
+    await cli.ok("fault", "web", "restore")
+    out = await cli.ok("fault", "web", "partition", "--peer", "127.0.0.2")
+    assert out.strip() == "web: partition on 0 connection(s)"
+    assert (await cli.json("proxies"))["web"]["enabled"]
+    await cli.ok("fault", "web", "thaw")
     await cli.ok("fault", "web", "sever")
     await stream.aclose()
 
