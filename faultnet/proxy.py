@@ -301,8 +301,9 @@ class Connection:
         for sock in (self.client, self.server):
             if sock is None or sock.fileno() < 0:
                 continue
-            if self.blackholed and sock is self.client:
-                detach_filter(sock)  # let the FIN or RST reach the client
+            # Let the FIN or RST through, and the peer's answer: no blackhole or loss
+            # filter outlives the connection it was for.
+            detach_filter(sock)
             trio.lowlevel.notify_closing(sock)
             if how == "reset":
                 set_linger_reset(sock)

@@ -134,7 +134,8 @@ async def accept_server(
 @asynccontextmanager
 async def udp_echo_server(host: str = "127.0.0.1") -> AsyncIterator[tuple[Address, list[int]]]:
     """A UDP server that echoes every datagram to its sender for the duration of the
-    block; yields ``(address, counter)`` where ``counter[0]`` counts datagrams echoed."""
+    block; yields ``(address, counter)`` where ``counter[0]`` counts datagrams received
+    (counted before the echo is sent, so a client that has its echo sees it counted)."""
     import socket
 
     counter = [0]
@@ -145,11 +146,11 @@ async def udp_echo_server(host: str = "127.0.0.1") -> AsyncIterator[tuple[Addres
         async def echo() -> None:
             while True:
                 data, peer = await sock.recvfrom(65536)
+                counter[0] += 1
                 try:
                     await sock.sendto(data, peer)
                 except OSError:  # the sender is gone (ICMP): not the echo's business
                     continue
-                counter[0] += 1
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(echo)

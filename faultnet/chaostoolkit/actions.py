@@ -27,6 +27,8 @@ def _apply(
     stream: str = "both",
     include_new: bool = False,
     connections: list | None = None,
+    percent: float | None = None,
+    peer: str | None = None,
     api_url: str | None = None,
     configuration: dict | None = None,
 ) -> dict:
@@ -37,6 +39,10 @@ def _apply(
         body["include_new"] = True
     if connections is not None:
         body["connections"] = connections
+    if percent is not None:
+        body["percent"] = percent
+    if peer is not None:
+        body["peer"] = peer
     return api_request(
         "POST", _path(proxy, "/faults"), body, api_url_=api_url, configuration=configuration
     )
@@ -57,6 +63,14 @@ def _mode_action(m: Mode) -> Callable[..., dict]:
     if m.per_connection:
         params.append(
             Parameter("connections", Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=list)
+        )
+    if m.takes_percent:
+        params.append(
+            Parameter("percent", Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=float)
+        )
+    if m.takes_peer:
+        params.append(
+            Parameter("peer", Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=str)
         )
     params.append(
         Parameter("api_url", Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=str)

@@ -34,6 +34,8 @@ def test_every_mode_of_the_table_is_an_action_taking_what_its_row_says() -> None
         assert ("stream" in params) == m.takes_stream, m.name
         assert ("include_new" in params) == m.takes_include_new, m.name
         assert ("connections" in params) == m.per_connection, m.name
+        assert ("percent" in params) == m.takes_percent, m.name
+        assert ("peer" in params) == m.takes_peer, m.name
         assert m.summary in action.__doc__
 
 
@@ -45,7 +47,12 @@ def test_remove_fault_refuses_what_cannot_be_undone() -> None:
 
 
 def test_run_control_offers_the_controls_that_make_their_own_connect() -> None:
-    assert probes.ADDRESS_CONTROLS == ("assert_accepting", "assert_refusing", "assert_syn_dropped")
+    assert probes.ADDRESS_CONTROLS == (
+        "assert_accepting",
+        "assert_refusing",
+        "assert_syn_dropped",
+        "assert_syn_lossy",
+    )
     with pytest.raises(ActivityFailed, match="no probe-able control for 'freeze'"):
         probes.run_control("freeze", address="127.0.0.1:1")
 

@@ -39,8 +39,8 @@ async def dns_responder() -> AsyncIterator[tuple[tuple[str, int], list[int]]]:
                 response = dns.message.make_response(query)
                 for q in query.question:
                     response.answer.append(dns.rrset.from_text(q.name, 60, "IN", "A", ANSWER))
+                counter[0] += 1  # before the send: the client may act on the answer at once
                 await sock.sendto(response.to_wire(), peer)
-                counter[0] += 1
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(serve)
