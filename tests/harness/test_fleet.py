@@ -122,42 +122,51 @@ def _check(doc: dict[str, Any], name_part: str) -> dict[str, Any]:
     return c
 
 
+#: The runs of the module, side by side: name -> (mode, bot defect or None).
+RUNS = {
+    "main": ("main", None),
+    "control": ("control", None),
+    # A real breakage for the descriptor check: a bot that leaks one per reconnect.
+    "leaky": ("main", "leak-fd-on-reconnect"),
+}
+
+
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The main run and the control run, side by side (each its own environment)."""
+    """The main run, the control run and a leaking main run, side by side (each its own
+    environment)."""
     base = tmp_path_factory.mktemp("fleet")
     procs = {}
-    for mode in ("main", "control"):
-        procs[mode] = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "harness.fleet",
-                "--env",
-                "auto",
-                "--mode",
-                mode,
-                "--bots",
-                BOTS,
-                "--time-scale",
-                SCALE,
-                "--seed",
-                SEED,
-                "--bot-bin",
-                f"{sys.executable} -m harness.bot",
-                "--run-dir",
-                str(base / mode),
-            ],
+    for name, (mode, defect) in RUNS.items():
+        bot = f"{sys.executable} -m harness.bot" + (f" --defect {defect}" if defect else "")
+        argv = [
+            "--env",
+            "auto",
+            "--mode",
+            mode,
+            "--bots",
+            BOTS,
+            "--time-scale",
+            SCALE,
+            "--seed",
+            SEED,
+            "--bot-bin",
+            bot,
+            "--run-dir",
+            str(base / name),
+        ]
+        procs[name] = subprocess.Popen(
+            [sys.executable, "-m", "harness.fleet", *argv],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             env=_env(),
         )
-    for mode, proc in procs.items():
+    for name, proc in procs.items():
         out, _ = proc.communicate(timeout=240)
         assert proc.returncode == 0, out
-        assert out.strip().splitlines()[-1] == str(base / mode)  # the run dir, last line
-    return {mode: base / mode for mode in procs}
+        assert out.strip().splitlines()[-1] == str(base / name)  # the run dir, last line
+    return {name: base / name for name in procs}
 
 
 def test_the_control_fails_with_lost_posts_as_it_must(pair: dict[str, Path]) -> None:
@@ -250,6 +259,14 @@ def test_a_bot_that_never_came_back_fails_liveness(pair: dict[str, Path], tmp_pa
     code, doc = _judge(run)
     assert code == 1 and not _check(doc, "liveness")["passed"]
     assert list(_check(doc, "liveness")["evidence"]) == ["w02"]
+
+
+def test_a_bot_that_leaks_descriptors_fails_flatness(pair: dict[str, Path]) -> None:
+    code, doc = _verify(pair["leaky"])
+    flat = _check(doc, "descriptors")
+    assert code == 1 and not flat["passed"], flat
+    assert all(d["final"] > d["baseline"] for d in flat["evidence"].values())
+    assert [c["name"] for c in doc["checks"] if not c["passed"]] == [flat["name"]]
 
 
 def test_descriptors_that_grow_fail_flatness(pair: dict[str, Path], tmp_path: Path) -> None:
