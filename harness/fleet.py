@@ -19,7 +19,8 @@ directory as its last line). What the run directory holds:
 * ``bots/LABEL/fds.jsonl``: the bot's descriptor count, sampled after every post;
 * ``LABEL.stderr``: the bot's stderr (its own BOTEVENT transport events);
 * ``calls/LABEL/``: the drivers.mcp call record of every MCP request to that bot;
-* ``observer.jsonl``: the transcript of the observer (the leader, on a direct link).
+* ``observer.jsonl``: the transcript of the observer (the leader, on a direct link);
+* ``verdict.json``: with ``--verify``, the verifier's verdict.
 
 Topology: owners are minted in the environment's registry (the enclave allows 3 live
 bots per owner, the leader counting), each owner's leader connects and spawns two
@@ -755,8 +756,9 @@ async def amain(argv: Sequence[str] | None = None) -> int:
     else:
         code = EXIT_OK
         if args.verify:
+            # The verdict is also kept in the run directory (verdict.json) for the report.
             cmd = [sys.executable, "-m", "harness.fleet_verify", str(run_dir)]
-            cmd += ["--json"] if args.json else []
+            cmd += ["--out", str(run_dir / "verdict.json")] + (["--json"] if args.json else [])
             code = (await trio.run_process(cmd, check=False)).returncode
         await _build_report(run_dir, out)
     if args.json and not args.verify:
