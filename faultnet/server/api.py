@@ -17,6 +17,7 @@ a web page must not be able to drive the API from a developer's browser. Only
 from __future__ import annotations
 
 import functools
+import hmac
 import json
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -102,6 +103,26 @@ def _query_int(request: Request, key: str, default: int, lo: int, hi: int) -> in
     return int(raw)
 
 
+class TokenRequired:
+    """Refuse requests without ``Authorization: Bearer <token>`` (401), except
+    ``GET /openapi.json``. For a server exposed beyond loopback."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("path") != "/openapi.json":
+            given = dict(scope.get("headers", [])).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                response = JSONResponse(
+                    {"error": "missing or wrong token", "status": 401}, status_code=401
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 class BrowserBlock:
     """Refuse browsers (User-Agent ``Mozilla/...``) as Toxiproxy does: 403."""
 
@@ -118,8 +139,9 @@ class BrowserBlock:
         await self.app(scope, receive, send)
 
 
-def create_app(registry: ProxyRegistry) -> Starlette:
-    """The ASGI app for *registry* (which must be running: see :func:`open_registry`)."""
+def create_app(registry: ProxyRegistry, token: str | None = None) -> Starlette:
+    """The ASGI app for *registry* (which must be running: see :func:`open_registry`).
+    With *token*, every request but the OpenAPI document must carry it (401 otherwise)."""
 
     def handler(func: Handler) -> Handler:
         @functools.wraps(func)
@@ -304,6 +326,8 @@ def create_app(registry: ProxyRegistry) -> Starlette:
     # "/proxies/" is not "/proxies": a 404, not a redirect (Toxiproxy's router agrees).
     app.router.redirect_slashes = False
     app.add_middleware(BrowserBlock)
+    if token:
+        app.add_middleware(TokenRequired, token=token)
     return app
 
 
@@ -312,6 +336,7 @@ async def serve_api(
     host: str = "127.0.0.1",
     port: int = 8474,
     *,
+    token: str | None = None,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the API with hypercorn's trio worker until cancelled; report the base URL."""
@@ -329,7 +354,7 @@ async def serve_api(
         def started(self, binds: Any = None) -> None:
             task_status.started(binds[0] if binds else None)
 
-    await serve(create_app(registry), config, task_status=Started())  # type: ignore[arg-type]
+    await serve(create_app(registry, token), config, task_status=Started())  # type: ignore[arg-type]
 
 
 @dataclass
@@ -346,6 +371,7 @@ async def open_server(
     port: int = 0,
     *,
     populate: list[Any] | None = None,
+    token: str | None = None,
     **registry_kwargs: Any,
 ) -> AsyncIterator[RunningServer]:
     """Run the whole server (proxies and API) for the block.
@@ -360,7 +386,9 @@ async def open_server(
             if err is not None:
                 raise err
         async with trio.open_nursery() as nursery:
-            url = await nursery.start(serve_api, registry, host, port)
+            url = await nursery.start(
+                functools.partial(serve_api, token=token), registry, host, port
+            )
             registry.events.server.write("api_listening", url=url)
             try:
                 yield RunningServer(url, registry)

@@ -5,10 +5,14 @@ http://127.0.0.1:8474 or $FAULTNET_API): ``proxies``, ``create``, ``delete``,
 ``enable``, ``disable``, ``toxic add|update|remove|list``, ``fault``, ``connections``,
 ``events``, ``reset``. ``--json`` prints the API's JSON answer instead of text.
 
-Exit codes: 0 done; 1 the server failed (a 5xx, e.g. a listen address in use);
-2 a usage mistake: bad arguments, an API answer in the 4xx class (bad input, proxy or
-toxic not found, already exists, proxy disabled), or the API unreachable. Errors are one
-line on stderr; with ``--json`` the API's error body is printed on stdout too.
+Exit codes: 0 done; 2 a usage or environment error: bad arguments, any API error (bad
+input, proxy, toxic or connection not found, already exists, proxy disabled, a listen
+address in use), or the API unreachable. Errors are one line on stderr; with ``--json``
+the API's error body is printed on stdout too.
+
+The server binds to loopback, and puts proxies on loopback, unless told otherwise by
+name: ``--expose`` serves the API beyond loopback (with a warning; ``--token`` then
+requires a bearer token), ``--proxies-beyond-loopback`` lets proxies listen anywhere.
 """
 
 from __future__ import annotations
@@ -42,8 +46,8 @@ def _client_command(func: Callable[[argparse.Namespace, ApiClient], Any]) -> Cal
     """Run *func* against the API; map failures to one line and an exit code."""
 
     def run(args: argparse.Namespace) -> int:
-        client = ApiClient(args.api)
         try:
+            client = ApiClient(args.api, token=args.token)
             result = func(args, client)
         except ApiUnavailable as exc:
             _err(str(exc))
@@ -52,7 +56,7 @@ def _client_command(func: Callable[[argparse.Namespace, ApiClient], Any]) -> Cal
             _err(f"{exc.message} (HTTP {exc.status})")
             if args.json and exc.body is not None:
                 print(json.dumps(exc.body))
-            return 2 if 400 <= exc.status < 500 else 1
+            return 2
         if args.json:
             print(json.dumps(result, indent=2) if result is not None else "null")
         elif result is not None:
@@ -231,7 +235,28 @@ def _reset(args: argparse.Namespace, c: ApiClient) -> Any:
 def _server(args: argparse.Namespace) -> int:
     import trio
 
-    from faultnet.server.registry import ApiError
+    from faultnet.server.registry import ApiError, is_loopback
+
+    if not 0 <= args.port <= 65535:
+        _err(f"--port must be 0 to 65535, not {args.port}")
+        return 2
+    if not is_loopback(args.host):
+        if not args.expose:
+            _err(
+                f"--host {args.host} would serve the control API beyond loopback; "
+                "add --expose to mean it (and --token to require a token)"
+            )
+            return 2
+        print(
+            f"faultnet: warning: the control API listens on {args.host}, beyond loopback: "
+            + (
+                "requests must carry the token"
+                if args.token
+                else "anyone who can reach it can drive every proxy (see --token)"
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
 
     populate = None
     if args.config:
@@ -289,6 +314,8 @@ async def _serve_forever(args: argparse.Namespace, populate: Any) -> None:
             seed=args.seed,
             event_log=args.event_log,
             listen_hosts=listen_hosts,
+            beyond_loopback=args.proxies_beyond_loopback,
+            token=args.token,
         ) as server:
             n = len(server.registry.proxies)
             print(
@@ -317,6 +344,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help=f"the server's URL (default $FAULTNET_API or {DEFAULT_API})",
     )
     common.add_argument("--json", action="store_true", help="print the API's JSON answer")
+    common.add_argument(
+        "--token",
+        default=os.environ.get("FAULTNET_TOKEN") or None,
+        help="bearer token for a server started with --token (default $FAULTNET_TOKEN)",
+    )
 
     def client(name: str, func: Callable[..., Any], help: str, parent: Any = sub) -> Any:
         p = parent.add_parser(name, parents=[common], help=help, description=help)
@@ -339,7 +371,25 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     s.add_argument(
         "--loopback-only",
         action="store_true",
-        help="refuse proxies that would listen beyond 127.0.0.1, ::1 and localhost",
+        help="refuse proxies asked to listen beyond 127.0.0.1, ::1 and localhost (by "
+        "default 0.0.0.0 and :: are put on loopback instead, and other hosts refused)",
+    )
+    s.add_argument(
+        "--proxies-beyond-loopback",
+        action="store_true",
+        help="let proxies listen on the address asked for, 0.0.0.0 included",
+    )
+    s.add_argument(
+        "--expose",
+        action="store_true",
+        help="allow --host beyond loopback (the API can then drive every proxy from the "
+        "network: prints a warning; use --token)",
+    )
+    s.add_argument(
+        "--token",
+        default=os.environ.get("FAULTNET_TOKEN") or None,
+        help="require 'Authorization: Bearer TOKEN' on every request but GET /openapi.json "
+        "(default $FAULTNET_TOKEN)",
     )
     s.set_defaults(func=_server)
 

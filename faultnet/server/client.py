@@ -12,13 +12,17 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-__all__ = ["DEFAULT_API", "ApiClient", "ApiFailure", "ApiUnavailable"]
+__all__ = ["DEFAULT_API", "ApiClient", "ApiFailure", "ApiUnavailable", "BadApiUrl"]
 
 DEFAULT_API = "http://127.0.0.1:8474"
 
 
 class ApiUnavailable(Exception):
     """The API could not be reached (refused, unresolvable, timed out)."""
+
+
+class BadApiUrl(ApiUnavailable):
+    """The API's URL is not an http(s) URL with a host."""
 
 
 class ApiFailure(Exception):
@@ -34,9 +38,17 @@ class ApiFailure(Exception):
 class ApiClient:
     """Blocking calls to one server; each returns the decoded JSON body (None if empty)."""
 
-    def __init__(self, base_url: str = DEFAULT_API, timeout: float = 30.0) -> None:
+    def __init__(
+        self, base_url: str = DEFAULT_API, timeout: float = 30.0, token: str | None = None
+    ) -> None:
+        """*token*, if given, is sent as ``Authorization: Bearer <token>`` (a server
+        started with ``--token``). :class:`BadApiUrl` unless *base_url* is http(s)."""
+        parts = urllib.parse.urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise BadApiUrl(f"the API URL must be http://HOST:PORT, not {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.token = token
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
         data = None if body is None else json.dumps(body).encode()
@@ -44,7 +56,11 @@ class ApiClient:
             self.base_url + path,
             data=data,
             method=method,
-            headers={"Content-Type": "application/json", "User-Agent": "faultnet-cli"},
+            headers={
+                "Content-Type": "application/json",
+                "User-Agent": "faultnet-cli",
+                **({"Authorization": f"Bearer {self.token}"} if self.token else {}),
+            },
         )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:  # noqa: S310
@@ -63,7 +79,8 @@ class ApiClient:
             raise ApiFailure(exc.code, str(message), parsed) from None
         except (urllib.error.URLError, OSError) as exc:  # refused, timed out, unresolvable
             reason = getattr(exc, "reason", exc)
-            raise ApiUnavailable(f"cannot reach the API at {self.base_url}: {reason}") from None
+            why = str(reason) or type(reason).__name__
+            raise ApiUnavailable(f"cannot reach the API at {self.base_url}: {why}") from None
         return json.loads(raw) if raw.strip() else None
 
     @staticmethod

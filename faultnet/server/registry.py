@@ -20,6 +20,7 @@ replay the same toxicity and jitter decisions.
 from __future__ import annotations
 
 import collections
+import ipaddress
 import secrets
 from collections.abc import AsyncIterator, Collection, Mapping
 from contextlib import asynccontextmanager
@@ -289,7 +290,10 @@ class ProxyRegistry:
     """Every proxy of one server. Run it with :func:`open_registry`.
 
     ``listen_hosts``, if given, is the set of hosts a proxy may listen on (e.g. loopback
-    only); any other listen address is a 400.
+    only); any other listen address is a 400. Otherwise, unless ``beyond_loopback``,
+    proxies listen on loopback only: a wildcard (0.0.0.0, as chaostoolkit-toxiproxy asks
+    by default, or ::) is put on loopback (127.0.0.1, ::1) and the answer shows the real
+    address; any other non-loopback host is a 400.
     """
 
     def __init__(
@@ -298,7 +302,9 @@ class ProxyRegistry:
         seed: int | None = None,
         event_log: str | None = None,
         listen_hosts: Collection[str] | None = None,
+        beyond_loopback: bool = False,
     ) -> None:
+        self.beyond_loopback = beyond_loopback
         self.seed = seed if seed is not None else secrets.randbits(63)
         self.events = EventLog(event_log)
         self.listen_hosts = frozenset(listen_hosts) if listen_hosts is not None else None
@@ -334,6 +340,15 @@ class ProxyRegistry:
                 f"listen address {format_address(addr)} not allowed: this server listens "
                 f"only on {', '.join(sorted(self.listen_hosts))}",
             )
+        if self.listen_hosts is None and not self.beyond_loopback:
+            host = _LOOPBACK_FOR.get(addr[0], addr[0])
+            if not is_loopback(host):
+                raise ApiError(
+                    400,
+                    f"listen address {format_address(addr)} not allowed: this server puts "
+                    "proxies on loopback (start it with --proxies-beyond-loopback)",
+                )
+            addr = (host, addr[1])
         return addr
 
     @staticmethod
@@ -539,6 +554,14 @@ class ProxyRegistry:
             p = mp.proxy
             if p is None:
                 raise ApiError(409, "proxy is disabled")
+            if only is not None:
+                # Acting on nothing is not a success: every id named must be live.
+                live = {c.id for c in p.connections() if c.state != "closing"}
+                missing = [i for i in only if i not in live]
+                if missing:
+                    raise ApiError(
+                        404, f"connection not found: {', '.join(str(i) for i in missing)}"
+                    )
             try:
                 affected = await p.apply(
                     m.name,
@@ -583,6 +606,21 @@ class ProxyRegistry:
                 await mp.stop()
                 mp.close_log()
             self.events.server.close()
+
+
+#: A wildcard listen host, and the loopback address it is put on by default.
+_LOOPBACK_FOR = {"0.0.0.0": "127.0.0.1", "::": "::1"}
+
+
+def is_loopback(host: str) -> bool:
+    """True for localhost and loopback addresses (127.0.0.0/8, ::1); False for any other
+    name, which may resolve anywhere."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _proxy_error(exc: ProxyError) -> ApiError:

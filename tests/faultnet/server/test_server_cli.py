@@ -139,7 +139,7 @@ async def test_client_errors_and_exit_codes(cli: Cli, upstream: str) -> None:
     assert code == 2 and "is not KEY=VALUE" in err
     code, _, err = await cli("toxic", "add", "p", "-t", "nope")
     assert (code, err) == (2, "faultnet: error: invalid toxic type (HTTP 400)\n")
-    # A server-side failure (listen address in use) exits 1, with its message.
+    # A listen address in use is an environment error: exit 2, with its message.
     with trio.socket.socket() as taken:
         await taken.bind(("127.0.0.1", 0))
         taken.listen(1)
@@ -147,7 +147,7 @@ async def test_client_errors_and_exit_codes(cli: Cli, upstream: str) -> None:
         code, _, err = await cli(
             "create", "q", "--upstream", upstream, "--listen", f"127.0.0.1:{port}"
         )
-    assert code == 1
+    assert code == 2  # an environment error (issue 10 item 13: it was 1)
     assert err == (
         f"faultnet: error: listen address 127.0.0.1:{port} is already in use (HTTP 500)\n"
     )
@@ -227,3 +227,72 @@ def test_server_startup_errors_are_one_line_exit_2(tmp_path: Path) -> None:
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
     assert r.stderr.startswith(f"faultnet: error: cannot serve the API on 127.0.0.1:{port}: ")
     assert "in use" in r.stderr
+
+
+# -- front doors: one line and the right exit code (issue 10 items 12, 13, 14) -----------
+
+
+def _one_line_exit_2(r: subprocess.CompletedProcess[str], says: str) -> None:
+    assert r.returncode == 2, r
+    assert says in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_bad_ports_and_api_urls_are_one_line_and_exit_2() -> None:
+    _one_line_exit_2(_run("server", "--port", "99999"), "--port must be 0 to 65535, not 99999")
+    _one_line_exit_2(_run("server", "--port", "-5"), "--port must be 0 to 65535, not -5")
+    _one_line_exit_2(_run("proxies", "--api", "notaurl"), "must be http://HOST:PORT")
+    _one_line_exit_2(_run("proxies", "--api", "ftp://127.0.0.1:1"), "must be http://HOST:PORT")
+
+
+def test_server_beyond_loopback_takes_expose_warns_and_can_require_a_token(
+    tmp_path: Path,
+) -> None:
+    _one_line_exit_2(_run("server", "--host", "0.0.0.0", "--port", "0"), "--expose")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "faultnet", "server", "--host", "0.0.0.0", "--port", str(port)]
+        + ["--expose", "--token", "s3cret"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert "listening on" in read_line(proc.stdout, 20)
+        assert proc.stderr is not None
+        warning = read_line(proc.stderr, 5)
+        assert warning.startswith("faultnet: warning:") and "beyond loopback" in warning
+        api = f"http://127.0.0.1:{port}"
+        r = _run("proxies", "--api", api)
+        assert r.returncode == 2 and "missing or wrong token (HTTP 401)" in r.stderr
+        r = _run("proxies", "--api", api, "--token", "s3cret")
+        assert r.returncode == 0 and r.stdout.strip() == "no proxies"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=20)
+
+
+async def test_a_proxy_asked_for_every_interface_listens_on_loopback(
+    cli: Cli, upstream: str
+) -> None:
+    from faultnet.server import open_server
+
+    async with open_server() as server:  # the default, as `faultnet server` runs it
+        cli.url = server.url
+        p = await cli.json("create", "web", "--upstream", upstream, "--listen", "0.0.0.0:0")
+        host, port = parse_address(p["listen"])
+        assert host == "127.0.0.1" and port != 0  # the real address, not 0.0.0.0
+        code, _, err = await cli("create", "far", "--upstream", upstream, "--listen", "10.1.2.3:0")
+        assert code == 2 and "--proxies-beyond-loopback" in err
+    async with open_server(beyond_loopback=True) as server:
+        cli.url = server.url
+        p = await cli.json("create", "web", "--upstream", upstream, "--listen", "0.0.0.0:0")
+        assert parse_address(p["listen"])[0] == "0.0.0.0"
+
+
+async def test_a_fault_on_a_connection_that_does_not_exist_is_not_a_success(
+    cli: Cli, upstream: str
+) -> None:
+    await cli.ok("create", "web", "--upstream", upstream)
+    code, _, err = await cli("fault", "web", "freeze", "--connection", "999")
+    assert code == 2 and "connection not found: 999" in err
