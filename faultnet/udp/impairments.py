@@ -28,7 +28,7 @@ proxy's business, not this module's):
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 __all__ = ["SIZE_ACTIONS", "Fate", "Impairment", "draw", "fate"]
@@ -72,10 +72,15 @@ class Impairment:
             raise ValueError(
                 f"size_action must be one of {', '.join(SIZE_ACTIONS)}, not {self.size_action!r}"
             )
+        active = bool(
+            self.loss or self.latency_ms or self.jitter_ms or self.duplicate or self.reorder
+        ) or (self.size_limit is not None)
+        object.__setattr__(self, "_active", active)
 
     @property
     def active(self) -> bool:
-        return self != Impairment()
+        """Whether any impairment is on (computed once: it is asked per datagram)."""
+        return self._active
 
     def with_(self, **changes: Any) -> Impairment:
         """A copy with *changes* (validated; unknown names raise ValueError)."""
@@ -86,7 +91,7 @@ class Impairment:
         return replace(self, **changes)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass(frozen=True)

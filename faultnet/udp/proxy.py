@@ -53,6 +53,10 @@ STREAMS = ("upstream", "downstream")
 _STREAM_CHOICES = ("both", *STREAMS)
 #: The largest UDP payload (65535 - 8 byte UDP header - 20 byte IPv4 header).
 MAX_DATAGRAM = 65507
+#: Datagrams a reader handles before it yields to other tasks when more keep coming.
+#: A checkpoint per datagram (a task switch each) held the proxy to ~7,400 echo round
+#: trips/s against ~47,000 direct; one per 16 is the copy path's fairness, as in pump.
+_FAIRNESS = 16
 #: Gate states of one direction.
 OPEN, FROZEN, BLACKHOLED = "open", "frozen", "blackholed"
 
@@ -227,10 +231,12 @@ class Session:
     async def _read_upstream(self) -> None:
         buf = self.proxy._recv_buf
         sock = self.upstream
+        ops = 0
         while True:
             try:
                 n = sock.recv_into(buf)
             except BlockingIOError:
+                ops = 0
                 await trio.lowlevel.wait_readable(sock)
                 continue
             except ConnectionRefusedError:
@@ -238,7 +244,10 @@ class Session:
                 continue
             # No await between the read and the copy: tasks never share the buffer.
             self.ingress("downstream", bytes(buf[:n]))
-            await trio.lowlevel.checkpoint()
+            ops += 1
+            if ops >= _FAIRNESS:
+                ops = 0
+                await trio.lowlevel.checkpoint()
 
 
 class UdpProxy:
@@ -343,10 +352,12 @@ class UdpProxy:
 
     async def _receive_loop(self, sock: socket.socket) -> None:
         buf = self._recv_buf
+        ops = 0
         while True:
             try:
                 n, addr = sock.recvfrom_into(buf)
             except BlockingIOError:
+                ops = 0
                 await trio.lowlevel.wait_readable(sock)
                 continue
             except OSError as exc:
@@ -361,7 +372,10 @@ class UdpProxy:
                 session = self._open_session(addr)
             if session is not None:
                 session.ingress("upstream", data)
-            await trio.lowlevel.checkpoint()
+            ops += 1
+            if ops >= _FAIRNESS:
+                ops = 0
+                await trio.lowlevel.checkpoint()
 
     def _open_session(self, addr: Address) -> Session | None:
         assert self._nursery is not None
