@@ -14,7 +14,7 @@ from pathlib import Path
 
 from faultnet.errors import EnvironmentProblem, UsageError, fail
 from harness.bench._report import format_report
-from harness.bench._roles import _proxy_main, _upstream_main
+from harness.bench._roles import _proxy_main, _udp_echo_main, _udp_proxy_main, _upstream_main
 from harness.bench._run import BenchParams, run_bench
 from harness.bench._stream import PRESETS, parse_size
 
@@ -35,8 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog=(
             "Presets: default = 1 GiB per transfer, 20000 pings, 5000 connections, 3 rounds, "
-            "0.5 s freeze window; --quick = 256 MiB, 3000 pings, 500 connections, 3 rounds, "
-            "0.2 s. Explicit flags override the preset. socat is Debian's package "
+            "0.5 s freeze window, 256 MiB per loss-line transfer, 50000 datagrams; --quick = "
+            "256 MiB, 3000 pings, 500 connections, 3 rounds, 0.2 s, 64 MiB, 10000. Explicit flags override the preset. socat is Debian's package "
             "(apt-get install socat); without it the socat arm is skipped and said so."
         ),
     )
@@ -86,6 +86,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="connections per arm and round in the churn line (default 3000; 0 skips it)",
     )
     ap.add_argument(
+        "--loss-bytes",
+        metavar="SIZE",
+        help="bytes per transfer of the loss line, at 0/1/5 %% loss (default 256M; 0 skips)",
+    )
+    ap.add_argument(
+        "--datagrams",
+        type=int,
+        metavar="N",
+        help="UDP datagrams per arm and round, direct and through the UDP proxy "
+        "(default 50000; 0 skips the line)",
+    )
+    ap.add_argument(
         "--dataplane",
         choices=("trio", "thread"),
         help="the faultnet proxy's data plane (default: the proxy's own default)",
@@ -93,7 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", metavar="PATH", help="also write the result as JSON ('-': stdout)")
     ap.add_argument("--require-targets", action="store_true", help="exit 1 if a target is MISSED")
     # Internal: the child roles, and deliberate breakage for the bench's own tests.
-    ap.add_argument("--role", choices=("upstream", "proxy"), help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--role", choices=("upstream", "proxy", "udp-echo", "udp-proxy"), help=argparse.SUPPRESS
+    )
     ap.add_argument("--upstream-port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--sabotage", default="", help=argparse.SUPPRESS)
     return ap
@@ -109,8 +123,13 @@ def params_from_args(args: argparse.Namespace) -> BenchParams:
     window = args.freeze_window if args.freeze_window is not None else d["freeze_window"]
     requests = args.requests if args.requests is not None else d["requests"]
     churn = args.churn if args.churn is not None else d["churn"]
-    if requests < 0 or churn < 0:
-        raise UsageError("--requests and --churn must be 0 or more")
+    if args.loss_bytes is None:
+        loss_bytes = d["loss_bytes"]
+    else:
+        loss_bytes = 0 if args.loss_bytes.strip() == "0" else parse_size(args.loss_bytes)
+    datagrams = args.datagrams if args.datagrams is not None else d["datagrams"]
+    if requests < 0 or churn < 0 or datagrams < 0:
+        raise UsageError("--requests, --churn and --datagrams must be 0 or more")
     if pings < 1:
         raise UsageError("--pings must be at least 1")
     if rounds < 1:
@@ -123,7 +142,7 @@ def params_from_args(args: argparse.Namespace) -> BenchParams:
         raise UsageError(f"--connections must be 1..{cap} (this process's descriptor limit)")
     sabotage = tuple(s for s in args.sabotage.split(",") if s)
     for s in sabotage:
-        if s not in ("freeze", "corrupt"):
+        if s not in ("freeze", "corrupt", "loss"):
             raise UsageError(f"unknown sabotage {s!r}")
     usable = os.sched_getaffinity(0)
     rtt_cpu: int | None
@@ -165,6 +184,8 @@ def params_from_args(args: argparse.Namespace) -> BenchParams:
         requests=requests,
         churn=churn,
         dataplane=args.dataplane,
+        loss_bytes=loss_bytes,
+        datagrams=datagrams,
     )
 
 
@@ -173,6 +194,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.role == "upstream":
             return _upstream_main(args.seed or 0)
+        if args.role == "udp-echo":
+            return _udp_echo_main()
+        if args.role == "udp-proxy":
+            if args.upstream_port is None:
+                raise UsageError("--role udp-proxy needs --upstream-port")
+            return _udp_proxy_main(args.upstream_port)
         if args.role == "proxy":
             if args.upstream_port is None:
                 raise UsageError("--role proxy needs --upstream-port")

@@ -9,9 +9,10 @@ import os
 import selectors
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from faultnet.sockopts import tcp_retransmits
 from harness.bench._stream import (
     BATCH,
     BATCH_S,
@@ -37,12 +38,15 @@ def bulk_once(
     verify: str,
     expected_sha: str | None,
     corrupt: bool = False,
+    on_connected: Callable[[socket.socket], None] | None = None,
 ) -> dict[str, Any]:
     """Send *total* bytes of the repeated block; return timing and the receiver's verdict
-    (a transfer that fails is returned as not verified, with why)."""
+    (a transfer that fails is returned as not verified, with why), and the segments the
+    sender's own TCP retransmitted. *on_connected(sock)* runs once the connection is open,
+    before the first byte (the loss line applies its loss there)."""
     t0 = time.perf_counter()
     try:
-        return _bulk(addr, block, total, verify, expected_sha, corrupt)
+        return _bulk(addr, block, total, verify, expected_sha, corrupt, on_connected)
     except OSError as exc:
         return {"bytes": None, "seconds": time.perf_counter() - t0, "mbps": None,
                 "verified": False, "why": f"transfer failed: {exc}"}  # fmt: skip
@@ -55,12 +59,15 @@ def _bulk(
     verify: str,
     expected_sha: str | None,
     corrupt: bool,
+    on_connected: Callable[[socket.socket], None] | None = None,
 ) -> dict[str, Any]:
     s = socket.create_connection(addr, timeout=IO_TIMEOUT_S)
     s.settimeout(None)
     _set_io_timeout(s, IO_TIMEOUT_S)
     try:
         s.sendall(MODE_SINK_SHA if verify == "sha256" else MODE_SINK)
+        if on_connected is not None:
+            on_connected(s)
         full, tail = divmod(total, len(block))
         bad = bytearray(block)
         bad[min(total, len(block)) // 2] ^= 0xFF  # --sabotage corrupt: one byte flipped
@@ -77,6 +84,7 @@ def _bulk(
                 break
             reply += chunk
         elapsed = time.perf_counter() - t0
+        retransmits = tcp_retransmits(s)
     finally:
         s.close()
     try:
@@ -98,6 +106,7 @@ def _bulk(
         "verified": why is None,
         "why": why,
         "receiver_s": report["recv_s"],
+        "retransmits": retransmits,
     }
 
 

@@ -72,6 +72,18 @@ def format_report(res: dict[str, Any]) -> str:
         ("churn connections/s (connect, 1 RTT, close)", ("churn", "per_s"), _num(".0f"),
          "churn_vs_direct", "churn_vs_socat"),
         ("  churn p99 us per connection", ("churn", "p99_us"), _num(".0f"), None, None),
+        *[
+            row
+            for pct in (0, 1, 5)
+            for row in (
+                (f"bulk MB/s at {pct} % loss ({human_size(p.get('loss_bytes') or 0)})",
+                 ("loss", f"p{pct}", "mbps"), _num(".0f"), None, None),
+                ("  sender retransmits per transfer", ("loss", f"p{pct}", "retransmits"),
+                 _num(".0f"), None, None),
+            )
+        ],
+        ("UDP datagrams/s (64 B echo round trips)", ("udp", "per_s"), _num(".0f"),
+         "udp_vs_direct", None),
         (f"connections held (asked {p['connections']})", ("hold", "held"), _num("d"),
          "held_vs_direct", None),
         ("  proxy CPU ms per connection opened", ("hold", "proxy_cpu_ms_per_conn"),

@@ -246,6 +246,8 @@ def _proxy_main(
                 "connections": len(infos),
                 "bytes_upstream": sum(i.bytes_upstream for i in infos),
                 "bytes_downstream": sum(i.bytes_downstream for i in infos),
+                "dropped_upstream": sum(i.dropped_upstream for i in infos),
+                "dropped_downstream": sum(i.dropped_downstream for i in infos),
             }
 
         async with trio.open_nursery() as nursery:
@@ -273,6 +275,14 @@ def _proxy_main(
                         n = await proxy.thaw()
                     elapsed_ms = (time.perf_counter() - t0) * 1000
                     _emit({"elapsed_ms": elapsed_ms, "affected": n, **counters()})
+                elif cmd.startswith("loss "):
+                    # ``loss PERCENT PEER``: the client at PEER (host:port) loses this
+                    # percent each way ("loss" sabotaged: claims it, does nothing).
+                    _, percent, peer = cmd.split()
+                    n = await proxy.loss(float(percent), peer=peer)
+                    if "loss" in sabotage:
+                        await proxy.thaw(peer=peer)
+                    _emit({"affected": n, **counters()})
                 elif cmd == "stats":
                     _emit(counters())
                 elif cmd == "quit":
@@ -281,6 +291,52 @@ def _proxy_main(
                     _emit({"error": f"unknown command {cmd!r}"})
             await stdin.aclose()
             await proxy.aclose()
+
+    trio.run(serve)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
+# Roles: a UDP echo, and one faultnet UDP proxy in front of it
+
+
+def _udp_echo_main() -> int:
+    """Echo every datagram on 127.0.0.1:0 to its sender; print the port; EOF on stdin
+    ends the process."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind((HOST, 0))
+
+    def echo() -> None:
+        while True:
+            try:
+                data, peer = sock.recvfrom(65536)
+                sock.sendto(data, peer)
+            except OSError:  # closed at exit, or an ICMP error from a gone sender
+                if sock.fileno() < 0:
+                    return
+
+    threading.Thread(target=echo, daemon=True).start()
+    _emit({"port": sock.getsockname()[1], "pid": os.getpid()})
+    while os.read(0, 4096):
+        pass
+    sock.close()
+    return 0
+
+
+def _udp_proxy_main(upstream_port: int) -> int:
+    """Run one faultnet UdpProxy to 127.0.0.1:*upstream_port*; print its address; EOF on
+    stdin closes it."""
+    import trio
+
+    from faultnet.udp import open_udp_proxy
+
+    async def serve() -> None:
+        async with open_udp_proxy((HOST, upstream_port), name="bench-udp") as proxy:
+            _emit({"address": list(proxy.address), "pid": os.getpid()})
+            stdin = trio.lowlevel.FdStream(os.dup(0))
+            while await stdin.receive_some(4096):
+                pass
+            await stdin.aclose()
 
     trio.run(serve)
     return 0

@@ -19,6 +19,7 @@ from faultnet.errors import EnvironmentProblem
 from faultnet.procs import fd_count
 from faultnet.sockopts import raise_fd_limit
 from harness.bench._children import Child, Socat, _self_argv, proc_cpu_s, proc_rss_kib
+from harness.bench._lossy import LOSS_APPLY_S, LOSS_PERCENTS, UdpArms, udp_round_trips
 from harness.bench._measure import (
     _close_all,
     _us,
@@ -73,6 +74,8 @@ class BenchParams:
     requests: int = 0  # redis-benchmark GETs per arm and round (0: no request/response line)
     churn: int = 0  # connections per arm and round in the churn line (0: none)
     dataplane: str | None = None  # the faultnet proxy's data plane (None: its default)
+    loss_bytes: int = 0  # bytes per transfer of the loss line (0: no loss line)
+    datagrams: int = 0  # UDP datagrams per arm and round (0: no UDP line)
 
 
 def _log(msg: str) -> None:
@@ -134,6 +137,8 @@ def run_bench(p: BenchParams) -> dict[str, Any]:
             "requests": p.requests,
             "churn": p.churn,
             "dataplane": p.dataplane,
+            "loss_bytes": p.loss_bytes,
+            "datagrams": p.datagrams,
         },
         "loadavg": _loadavg(),
         "env": _env(p.socat),
@@ -201,6 +206,10 @@ def run_bench(p: BenchParams) -> dict[str, Any]:
             _churn_phase(ctx)
         if p.requests:
             _reqresp_phase(ctx)
+        if p.loss_bytes:
+            _loss_phase(ctx, proxy, block)
+        if p.datagrams:
+            _udp_phase(ctx)
         _hold_phase(ctx, proxy, upstream)
     finally:
         if socat is not None:
@@ -339,6 +348,92 @@ def _reqresp_phase(ctx: _Run) -> None:
             )
     finally:
         redis.stop()
+
+
+def _loss_phase(ctx: _Run, proxy: Child, block: bytes) -> None:
+    """Bulk through faultnet with each of LOSS_PERCENTS applied to the transfer's own
+    connection (each way) once it is open: throughput and the sender's retransmits."""
+    line: dict[str, Any] = {}
+    for pct in LOSS_PERCENTS:
+        rounds = []
+        for _ in range(ctx.p.rounds):
+
+            def apply(sock: socket.socket, pct: int = pct) -> None:
+                # This connection only (by its client port), once the proxy has it.
+                peer = "{}:{}".format(*sock.getsockname()[:2])
+                deadline = time.monotonic() + LOSS_APPLY_S
+                while proxy.request(f"loss {pct} {peer}")["affected"] != 1:
+                    if time.monotonic() > deadline:
+                        raise OSError(f"the proxy never had the connection from {peer}")
+                    time.sleep(0.01)  # a bounded poll: the proxy's accept has no event here
+
+            rounds.append(
+                bulk_once(ctx.addrs["faultnet"], block, ctx.p.loss_bytes, "compare", None,
+                          on_connected=apply)
+            )  # fmt: skip
+        ok = [r for r in rounds if r["verified"]]
+        line[f"p{pct}"] = {
+            "rounds": rounds,
+            "mbps": _median([r["mbps"] for r in ok]),
+            "retransmits": _median([r["retransmits"] for r in ok]),
+        }
+        _log(
+            f"loss {pct}%: {line[f'p{pct}']['mbps'] or 0:7.0f} MB/s, "
+            f"{line[f'p{pct}']['retransmits'] or 0:.0f} retransmits per "
+            f"{ctx.p.loss_bytes >> 20} MiB"
+        )
+    ctx.arms["faultnet"]["loss"] = line
+    for arm in ("direct", "socat"):
+        ctx.arms[arm]["loss"] = {"n/a": "loss is a faultnet mode"}
+    bad = [
+        f"{pct} %: {r['why']}" for pct in LOSS_PERCENTS for r in line[f"p{pct}"]["rounds"]
+        if not r["verified"]
+    ]  # fmt: skip
+    ctx.checks.append(
+        {
+            "name": "loss: every transfer arrived intact at 0/1/5 % loss",
+            "ok": not bad,
+            "detail": bad[0] if bad else f"{ctx.p.loss_bytes} bytes x {ctx.p.rounds} per level",
+        }
+    )
+    base, top = line["p0"]["retransmits"], line[f"p{LOSS_PERCENTS[-1]}"]["retransmits"]
+    ctx.checks.append(
+        {
+            "name": f"loss: the sender retransmitted more at {LOSS_PERCENTS[-1]} % than at 0 %",
+            "ok": base is not None and top is not None and top > base,
+            "detail": f"median retransmits {base} at 0 %, {top} at {LOSS_PERCENTS[-1]} %",
+        }
+    )
+
+
+def _udp_phase(ctx: _Run) -> None:
+    """UDP echo round trips per second, direct and through the faultnet UDP proxy."""
+    udp = UdpArms()
+    try:
+        for arm in ("direct", "faultnet"):
+            ctx.arms[arm]["udp"] = {"rounds": []}
+        for r in range(ctx.p.rounds):
+            for arm in ("direct", "faultnet")[:: 1 if r % 2 == 0 else -1]:
+                ctx.arms[arm]["udp"]["rounds"].append(
+                    udp_round_trips(udp.addrs[arm], ctx.p.datagrams)
+                )
+    finally:
+        udp.stop()
+    ctx.arms["socat"]["udp"] = {"n/a": "not measured"}
+    for arm in ("direct", "faultnet"):
+        u = ctx.arms[arm]["udp"]
+        u["per_s"] = _median([x["per_s"] for x in u["rounds"] if x["per_s"]])
+        lost = sum(x["lost"] for x in u["rounds"])
+        altered = sum(x["altered"] for x in u["rounds"])
+        u["lost"] = lost
+        ctx.checks.append(
+            {
+                "name": f"udp {arm}: no datagram came back altered",
+                "ok": altered == 0,
+                "detail": f"{ctx.p.datagrams} x {ctx.p.rounds}: {altered} altered, {lost} lost",
+            }
+        )
+        _log(f"udp  {arm:8}: {u['per_s'] or 0:.0f} datagrams/s round trip, {lost} lost")
 
 
 def _pin(pids: Sequence[int], cpus: set[int]) -> dict[int, set[int]]:
@@ -598,6 +693,7 @@ def _ratios(arms: dict[str, dict[str, Any]]) -> dict[str, float | None]:
         ("reqresp_p1", ("reqresp", "p1_rps")),
         ("reqresp_p16", ("reqresp", "p16_rps")),
         ("churn", ("churn", "per_s")),
+        ("udp", ("udp", "per_s")),
     ):
         out[f"{key}_vs_direct"] = _ratio(get("faultnet", *path), get("direct", *path))
         out[f"{key}_vs_socat"] = _ratio(get("faultnet", *path), get("socat", *path))

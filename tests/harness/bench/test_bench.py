@@ -20,6 +20,7 @@ from tests import REPO
 TINY = [
     "--bytes", "3M", "--pings", "100", "--connections", "20", "--rounds", "1",
     "--freeze-window", "0.05", "--requests", "1000", "--churn", "20",
+    "--loss-bytes", "16M", "--datagrams", "500",
 ]  # fmt: skip
 
 
@@ -53,6 +54,13 @@ def test_tiny_run_end_to_end_writes_valid_json(tmp_path: Path) -> None:
         if Path("/usr/bin/redis-benchmark").exists():
             assert doc["arms"][arm]["reqresp"]["p1_rps"] > 0
             assert doc["arms"][arm]["reqresp"]["p16_rps"] > 0
+    loss = doc["arms"]["faultnet"]["loss"]
+    assert [loss[f"p{pct}"]["rounds"][0]["bytes"] for pct in (0, 1, 5)] == [16 << 20] * 3
+    assert doc["arms"]["direct"]["loss"] == {"n/a": "loss is a faultnet mode"}
+    for arm in ("direct", "faultnet"):
+        assert doc["arms"][arm]["udp"]["rounds"][0]["datagrams"] == 500
+        assert doc["arms"][arm]["udp"]["per_s"] > 0
+    assert "UDP datagrams/s" in out.stdout and "at 5 % loss" in out.stdout
     freeze = doc["arms"]["faultnet"]["freeze"]
     assert freeze["connections"] == 20 and freeze["zero_bytes_crossed"] is True
     assert freeze["delivered_after_thaw"]["right"] == 20
@@ -69,12 +77,12 @@ def test_tiny_run_end_to_end_writes_valid_json(tmp_path: Path) -> None:
 
 
 def test_checks_go_red_when_the_proxy_leaks_or_corrupts(tmp_path: Path) -> None:
-    # Sabotage: the proxy runner ignores freeze, and the sender flips one byte of the
-    # faultnet arm's stream. socat points at a missing binary: its arm is skipped.
+    # Sabotage: the proxy runner ignores freeze and loss, and the sender flips one byte
+    # of the faultnet arm's stream. socat points at a missing binary: its arm is skipped.
     out_path = tmp_path / "bench.json"
     out = bench(
         *TINY,
-        "--sabotage", "freeze,corrupt", "--rtt-cpu", "none",
+        "--sabotage", "freeze,corrupt,loss", "--rtt-cpu", "none",
         "--socat", str(tmp_path / "no-socat"),
         "--json", str(out_path),
     )  # fmt: skip
@@ -85,6 +93,8 @@ def test_checks_go_red_when_the_proxy_leaks_or_corrupts(tmp_path: Path) -> None:
     assert checks["bulk faultnet: byte count and content"] is False
     assert checks["freeze: zero bytes crossed either way after freeze() returned"] is False
     assert doc["arms"]["faultnet"]["freeze"]["upstream_bytes_received"] > 0
+    assert checks["loss: every transfer arrived intact at 0/1/5 % loss"] is True
+    assert checks["loss: the sender retransmitted more at 5 % than at 0 %"] is False
     assert "not found" in doc["arms"]["socat"]["skipped"]
     assert "apt-get install socat" in out.stdout and "FAILED" in out.stdout
 
