@@ -184,15 +184,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in ("mint-leader", "bots"):
         return _admin(argv[0], argv[1:])
     args = _serve_parser().parse_args(argv)
+    # The flags named after ServerConfig fields carry over as they are.
+    same = ("host", "port", "ping_interval", "ping_timeout", "close_grace", "port_file")
     config = ServerConfig(
         state_dir=args.state,
-        host=args.host,
-        port=args.port,
-        ping_interval=args.ping_interval,
-        ping_timeout=args.ping_timeout,
-        close_grace=args.close_grace,
         flood=FloodLimits(args.flood_rate, args.flood_burst, args.excess_flood),
-        port_file=args.port_file,
+        **{name: getattr(args, name) for name in same},
     )
     if not _is_loopback(args.host):
         print(

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import ipaddress
 import itertools
 import math
@@ -220,6 +221,7 @@ class EnclaveServer:
             pid=os.getpid(),
             ping_interval=self.config.ping_interval,
             ping_timeout=self.config.ping_timeout,
+            flood=dataclasses.asdict(self.config.flood),
         )
         task_status.started(self.address)
         try:

@@ -613,6 +613,8 @@ def test_server_process_port_file_log_and_mint_leader(tmp_path: Path) -> None:
             str(port_file),
             "--ping-interval",
             "5",
+            "--flood-burst",
+            "7",
         ],
         stderr=log,
         stdin=subprocess.DEVNULL,
@@ -650,7 +652,10 @@ def test_server_process_port_file_log_and_mint_leader(tmp_path: Path) -> None:
         log.close()
     text = (tmp_path / "server.log").read_text()
     assert re.search(rf"^LISTENING 127\.0\.0\.1 {port}$", text, re.M)
-    kinds = [e["event"] for e in read_events(tmp_path / "server.log")]
+    records = read_events(tmp_path / "server.log")
+    listening = next(e for e in records if e["event"] == "listening")
+    assert listening["flood"] == {"rate": 100.0, "burst": 7, "limit_s": 10.0}
+    kinds = [e["event"] for e in records]
     for kind in ("listening", "accepted", "registered", "closed", "signal", "stopped"):
         assert kind in kinds, kinds
 
