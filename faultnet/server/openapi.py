@@ -14,8 +14,7 @@ from typing import Any
 
 from faultnet.modes import MODES, STREAM_CHOICES, modes_that
 from faultnet.server.names import MAX_NAME_CHARS
-from faultnet.toxics import TOXICS
-from faultnet.toxics._attributes import INT64_MIN
+from faultnet.toxics import INT64_MIN, TOXICS
 
 __all__ = ["openapi_document"]
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from faultnet.toxics._attributes import Attribute, AttributeToxic
+from faultnet.toxics._attributes import INT64_MAX, INT64_MIN, Attribute, AttributeToxic
 from faultnet.toxics.base import STREAMS, Toxic, ToxicContext
 from faultnet.toxics.registry import TOXICS, register
 
@@ -43,6 +43,8 @@ for _module in pkgutil.iter_modules(__path__):
 globals().update({cls.__name__: cls for cls in TOXICS.values()})
 
 __all__ = [  # the toxic classes are found, not listed
+    "INT64_MAX",
+    "INT64_MIN",
     "STREAMS",
     "TOXICS",
     "Attribute",
