@@ -782,7 +782,13 @@ class Proxy:
     def _live(self, only: Iterable[int] | None = None, peer: str | None = None) -> list[Connection]:
         """Open connections: all, or those whose ids are in *only* and/or whose client
         is *peer* (``HOST`` or ``HOST:PORT``; ValueError if it is not one)."""
-        conns = [c for c in self._connections.values() if not c.closing]
+        # A link the thread data plane has ended (both EOFs forwarded, or a reset) is not
+        # live, though trio has not yet been told: faults count it out at once.
+        conns = [
+            c
+            for c in self._connections.values()
+            if not c.closing and (c.link is None or not c.link.ended)
+        ]
         if only is not None:
             wanted = set(only)
             conns = [c for c in conns if c.id in wanted]
