@@ -72,7 +72,7 @@ def _run_section(run: Run, page_dir: Path, heading: bool, page_replay: str) -> s
         ["duration", _fmt(res.get("duration_s")) + " s"],
         ["t = 0", escape(run.origin)],
     ]
-    out.append(_table(["", ""], facts))
+    out.append(_table(["", "value"], facts))
     if run.replay and run.replay != page_replay:
         how = "recorded" if run.replay_recorded else "rebuilt from result.json"
         out.append(f"<h3>Replay ({how})</h3><pre>{escape(run.replay)}</pre>")
