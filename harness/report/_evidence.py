@@ -13,6 +13,8 @@ A run directory (one arm of one attempt) holds, as the experiment runner writes 
 ``faults.jsonl``,           decision logs (``faultnet chaos``'s join log, the fleet's
 ``chaos*.jsonl``            faults.jsonl): one marker per decision on its target's lane
 ``command.txt``             the exact command that replays the run (written by publish)
+``verdict.json``            a separate verifier's verdict (the fleet's), joined to the
+                            run's own checks
 ==========================  ===========================================================
 
 Every file is optional: a directory kept from a killed attempt loads with what it has,
@@ -229,6 +231,7 @@ def load_run(path: Path, *, title: str | None = None) -> Run:
     result = _json_file(path / "result.json", notes)
     if result is None and not (path / "result.json").exists():
         notes.append("result.json: absent (the attempt was killed or is still running)")
+    result = _with_verdict(result, _json_file(path / "verdict.json", notes))
     events = _records(path / "events.jsonl", notes)
 
     proxies: dict[str, list[dict[str, Any]]] = {}
@@ -392,6 +395,31 @@ def load_run(path: Path, *, title: str | None = None) -> Run:
     run.replay, run.replay_recorded = _replay(path, run)
     run.files = _evidence_files(path)
     return run
+
+
+def _with_verdict(
+    result: dict[str, Any] | None, verdict: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """A separate verifier's verdict (the fleet's ``verdict.json``: ``ok`` and ``checks``)
+    joins the run's own checks: the run passes only if both do."""
+    if not verdict or not isinstance(verdict.get("checks"), list):
+        return result
+    doc = dict(result or {})
+    doc["checks"] = [
+        *doc.get("checks", []),
+        *(
+            {
+                "name": f"verifier: {c.get('name')}",
+                "passed": bool(c.get("passed")),
+                "detail": str(c.get("detail", "")),
+                "role": "verifier",
+            }
+            for c in verdict["checks"]
+            if isinstance(c, dict)
+        ),
+    ]
+    doc["passed"] = bool(doc.get("passed", True)) and bool(verdict.get("ok"))
+    return doc
 
 
 def _call_records(directory: Path, notes: list[str]) -> list[dict[str, Any]]:

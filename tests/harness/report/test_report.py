@@ -251,3 +251,19 @@ def test_a_decision_log_is_drawn_on_its_targets_lane(pair_dir: Path, tmp_path: P
         ("proxy:other", 0.9, "decision_failed"),
     ]
     assert "skip sever: rail" in built.html.read_text()
+
+
+def test_a_verifiers_verdict_joins_the_runs_checks(pair_dir: Path, tmp_path: Path) -> None:
+    """The fleet's verdict.json (a verifier run apart from the run): its checks are the
+    run's too, and one failing fails the run that passed on its own."""
+    arm = copy_arm(pair_dir, tmp_path, "fixed")
+    assert load_report(arm).passed
+    verdict = {
+        "ok": False,
+        "checks": [{"name": "no silent loss", "passed": False, "detail": "2 lost"}],
+    }
+    (arm / "verdict.json").write_text(json.dumps(verdict))
+    built = build(arm)
+    assert not built.report.passed
+    assert built.report.runs[0].verdict() == "FAIL: verifier: no silent loss"
+    assert "verifier: no silent loss" in built.html.read_text()
