@@ -12,6 +12,7 @@ requests, timeouts and the notification inbox, and ``python -m drivers.mcp --hel
 for the command line.
 """
 
+from . import _errors
 from ._client import (
     HANDSHAKE_VERSIONS,
     LATEST_HANDSHAKE_VERSION,
@@ -21,42 +22,30 @@ from ._client import (
     ToolResult,
     open_mcp,
 )
-from ._errors import (
-    CallTimeout,
-    MCPDriverError,
-    ProcessExited,
-    ProtocolError,
-    ProtocolVersionError,
-    RPCError,
-    StartError,
-)
+from ._errors import *  # noqa: F403 (every error class: _errors.__all__ lists them)
 from ._framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
+from ._inbox import DEFAULT_MAX_NOTIFICATIONS
 from ._process import CloseReport, CloseTimeouts, ServerProcess, StderrLine
 from ._record import CALL_LOG_ENV, OUTCOMES, CallRecord
 
 __all__ = [
     "CALL_LOG_ENV",
     "DEFAULT_MAX_LINE_BYTES",
+    "DEFAULT_MAX_NOTIFICATIONS",
     "HANDSHAKE_VERSIONS",
     "LATEST_HANDSHAKE_VERSION",
     "OUTCOMES",
     "CallRecord",
-    "CallTimeout",
     "CloseReport",
     "CloseTimeouts",
     "LineFramer",
     "MCPDriver",
-    "MCPDriverError",
     "Notification",
     "Oversize",
-    "ProcessExited",
-    "ProtocolError",
-    "ProtocolVersionError",
-    "RPCError",
     "ServerProcess",
-    "StartError",
     "StderrLine",
     "StdoutProblem",
     "ToolResult",
     "open_mcp",
+    *_errors.__all__,
 ]

@@ -9,40 +9,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 import trio
 
+from faultnet.cliargs import positive_number
 from faultnet.errors import UsageError, fail
 
 from ._client import HANDSHAKE_VERSIONS, LATEST_HANDSHAKE_VERSION, MCPDriver, open_mcp
-from ._errors import (
-    CallTimeout,
-    MCPDriverError,
-    ProcessExited,
-    ProtocolError,
-    ProtocolVersionError,
-    RPCError,
-    StartError,
-)
+from ._errors import MCPDriverError, RPCError
 from ._record import CALL_LOG_ENV
 
 __all__ = ["build_parser", "main"]
 
 PROG = "python -m drivers.mcp"
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds: {text!r}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,20 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="a tool argument, as a string; KEY:=JSON passes a JSON value (number, "
         "true, object...). Repeatable.",
     )
-    parser.add_argument(
-        "--timeout",
-        type=_seconds,
-        default=10.0,
-        metavar="S",
-        help="per-request timeout in seconds (default 10)",
-    )
-    parser.add_argument(
-        "--handshake-timeout",
-        type=_seconds,
-        default=20.0,
-        metavar="S",
-        help="timeout for the initialize answer (default 20; SDK servers take seconds)",
-    )
+    for flag, default, text in (
+        ("--timeout", 10.0, "per-request timeout in seconds (default 10)"),
+        (
+            "--handshake-timeout",
+            20.0,
+            "timeout for the initialize answer (default 20; SDK servers take seconds)",
+        ),
+    ):
+        parser.add_argument(flag, type=positive_number, default=default, metavar="S", help=text)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--call-log", metavar="DIR", help="write the call record in DIR")
     parser.add_argument(
@@ -190,21 +167,18 @@ async def _run(args: argparse.Namespace, command: list[str], tool_args: dict[str
             return 0
     except RPCError as exc:
         # An error answer to initialize means the server could not be started: 2.
-        return _fail(args, exc, 1 if drv is not None else 2, "rpc_error", code=exc.code)
-    except (StartError, ProtocolVersionError, CallTimeout, ProcessExited, ProtocolError) as exc:
-        kind = {
-            StartError: "start_error",
-            ProtocolVersionError: "protocol_version",
-            CallTimeout: "timeout",
-            ProcessExited: "process_exited",
-            ProtocolError: "protocol_error",
-        }[type(exc)]
-        return _fail(args, exc, 2, kind)
-    except MCPDriverError as exc:  # pragma: no cover - every subclass is listed above
-        return _fail(args, exc, 2, "error")
+        return _fail(args, exc, 1 if drv is not None else 2, exc.kind, code=exc.code)
+    except MCPDriverError as exc:  # started, refused, exited, answered nothing in time...
+        return _fail(args, exc, 2, exc.kind)
     finally:
         if args.show_stderr and drv is not None:
             sys.stderr.write(drv.stderr_text())
+        if drv is not None and drv.notifications_dropped:
+            print(
+                f"{PROG}: note: the inbox dropped the oldest {drv.notifications_dropped} of "
+                f"{drv.notification_count} notifications",
+                file=sys.stderr,
+            )
 
 
 def _fail(args: argparse.Namespace, exc: Exception, status: int, kind: str, **extra: Any) -> int:

@@ -20,7 +20,8 @@ Timing semantics:
 * if the caller's own cancel scope cancels a request, the driver sends
   ``notifications/cancelled`` too (bounded, shielded), records ``cancelled`` and lets
   the cancellation propagate;
-* when the server's stdout closes, every pending request fails at once with
+* when the server's stdout closes, or the server process exits (even if a grandchild
+  keeps its stdout open), every pending request fails at once with
   :class:`ProcessExited`, carrying the exit code and the last stderr lines; later
   requests fail with it immediately.
 """
@@ -55,7 +56,13 @@ from ._errors import (
     RPCError,
 )
 from ._framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
-from ._inbox import Inbox, Notification, NotificationMatch, StdoutProblem
+from ._inbox import (
+    DEFAULT_MAX_NOTIFICATIONS,
+    Inbox,
+    Notification,
+    NotificationMatch,
+    StdoutProblem,
+)
 from ._process import DEFAULT_CLOSE_TIMEOUTS, CloseReport, CloseTimeouts, ServerProcess, StderrLine
 from ._record import CallRecord
 
@@ -83,6 +90,9 @@ METHOD_NOT_FOUND = -32601
 #: (measured here: pending calls fail ~10 ms after an os._exit), so this bound only
 #: matters for a server that closed its stdout and lives on.
 EXIT_GRACE_S = 2.0
+#: After the process exits with its stdout still open (a grandchild holds it), how long
+#: the reader gets to route what the server wrote last before pending requests fail.
+EXIT_DRAIN_S = 0.5
 #: Bound on sending notifications/cancelled (the pipe may be full if the server stopped
 #: reading).
 CANCEL_SEND_S = 1.0
@@ -157,6 +167,7 @@ class MCPDriver:
         call_log_dir: str | os.PathLike[str] | None,
         max_line_bytes: int,
         close_timeouts: CloseTimeouts,
+        max_notifications: int = DEFAULT_MAX_NOTIFICATIONS,
     ) -> None:
         self._proc = proc
         self._nursery = nursery
@@ -169,7 +180,7 @@ class MCPDriver:
         self._by_token: dict[str, _Pending] = {}
         self._abandoned: set[int] = set()
         self._send_lock = trio.Lock()
-        self._inbox = Inbox()
+        self._inbox = Inbox(max_notifications)
         #: Set when the server's stdout has closed (nothing more will arrive).
         self.stdout_closed = self._inbox.closed
         self._exited: ProcessExited | None = None
@@ -245,6 +256,21 @@ class MCPDriver:
     async def _on_stdout_closed(self) -> None:
         with trio.move_on_after(EXIT_GRACE_S):
             await self._proc.wait()
+        await self._settle_exited()
+
+    async def _watch_exit(self) -> None:
+        """Fail the pending requests when the server process exits, whether or not its
+        stdout closes: a grandchild that inherited the pipe can hold it open for as long
+        as it lives, and the requests would otherwise wait for their timeouts."""
+        await self._proc.wait()
+        # What the server wrote before it exited is in the pipe: let the reader route it.
+        with trio.move_on_after(EXIT_DRAIN_S):
+            await self.stdout_closed.wait()
+        if not self.stdout_closed.is_set():
+            self.record.event("stdout_held_open", returncode=self._proc.returncode)
+            await self._settle_exited()
+
+    async def _settle_exited(self) -> None:
         # The exit closed stderr too; give the reader a moment to take the last lines.
         with trio.move_on_after(0.5):
             await self._proc.stderr_closed.wait()
@@ -326,7 +352,12 @@ class MCPDriver:
                         pending.on_progress(params)
                     except Exception as exc:
                         pending.callback_error = exc
-        self._inbox.add(note)
+        if self._inbox.add(note) and self._inbox.dropped == 1:
+            self.record.event(
+                "notifications_dropped",
+                kept=self._inbox.max_notifications,
+                detail="the inbox is full: the oldest notifications are dropped from now on",
+            )
 
     async def _answer_server_request(self, msg: dict[str, Any]) -> None:
         method = msg["method"]
@@ -609,12 +640,21 @@ class MCPDriver:
     # -- observation ------------------------------------------------------------------
 
     def notifications(self, method: str | None = None) -> list[Notification]:
-        """Every notification received so far (of ``method``, if given), oldest first.
-
-        ``len(drv.notifications())`` is a mark to pass as ``since`` to
-        :meth:`wait_notification`.
-        """
+        """Every notification kept so far (of ``method``, if given), oldest first: the
+        newest ``max_notifications`` (see :attr:`notifications_dropped`)."""
         return self._inbox.notifications(method)
+
+    @property
+    def notification_count(self) -> int:
+        """Every notification received so far, including those dropped: a mark to pass
+        as ``since`` to :meth:`wait_notification`."""
+        return self._inbox.received
+
+    @property
+    def notifications_dropped(self) -> int:
+        """How many of the oldest notifications were dropped to keep the inbox within its
+        bound (``max_notifications`` of :func:`open_mcp`); the call record says when."""
+        return self._inbox.dropped
 
     def contents(self) -> list[str]:
         """The text of every ``notifications/message`` received, oldest first.
@@ -683,6 +723,12 @@ class MCPDriver:
             dead = self._dead()
             for pending in list(self._pending.values()):
                 pending.settle(failure=dead)
+            if first and self._inbox.dropped:
+                self.record.event(
+                    "notifications_dropped",
+                    received=self._inbox.received,
+                    dropped=self._inbox.dropped,
+                )
             if first:
                 self.record.event(
                     "exit",
@@ -707,13 +753,15 @@ async def open_mcp(
     capabilities: dict[str, Any] | None = None,
     close_timeouts: CloseTimeouts = DEFAULT_CLOSE_TIMEOUTS,
     max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
+    max_notifications: int = DEFAULT_MAX_NOTIFICATIONS,
 ) -> AsyncIterator[MCPDriver]:
     """Start the server ``argv``, run the handshake, yield the driver; close it on exit.
 
     ``env`` replaces the child's environment (None: inherit). ``timeout`` is the default
     per-request timeout; the handshake has its own, longer one (the official SDK takes
     1-2.5 s to answer initialize on an idle machine). The call record goes to
-    ``call_log_dir`` or ``$FAULTNET_CALL_LOG_DIR`` (neither: no record).
+    ``call_log_dir`` or ``$FAULTNET_CALL_LOG_DIR`` (neither: no record). The inbox keeps
+    the newest ``max_notifications`` notifications and counts the ones it drops.
 
     Raises :class:`StartError`, :class:`ProtocolVersionError`, :class:`CallTimeout`,
     :class:`ProcessExited`, :class:`RPCError` from the start and handshake (after
@@ -734,9 +782,11 @@ async def open_mcp(
                 call_log_dir=call_log_dir,
                 max_line_bytes=max_line_bytes,
                 close_timeouts=close_timeouts,
+                max_notifications=max_notifications,
             )
             nursery.start_soon(proc.read_stderr)
             nursery.start_soon(drv._read_stdout)
+            nursery.start_soon(drv._watch_exit)
             await drv.initialize(
                 protocol_version=protocol_version,
                 capabilities=capabilities,

@@ -23,13 +23,20 @@ __all__ = [
 class MCPDriverError(Exception):
     """Base class of every error the MCP driver raises."""
 
+    #: The ``error`` field ``python -m drivers.mcp --json`` reports for this class.
+    kind = "error"
+
 
 class StartError(MCPDriverError):
     """The server command could not be executed (not found, not executable...)."""
 
+    kind = "start_error"
+
 
 class RPCError(MCPDriverError):
     """The server answered the request with a JSON-RPC error object."""
+
+    kind = "rpc_error"
 
     def __init__(self, method: str, code: int, message: str, data: Any = None) -> None:
         super().__init__(f"{method}: JSON-RPC error {code}: {message}")
@@ -42,9 +49,13 @@ class RPCError(MCPDriverError):
 class ProtocolError(MCPDriverError):
     """The server's answer is not a well-formed JSON-RPC response or MCP result."""
 
+    kind = "protocol_error"
+
 
 class ProtocolVersionError(MCPDriverError):
     """The server answered initialize with a protocol version this driver refuses."""
+
+    kind = "protocol_version"
 
     def __init__(self, requested: str, offered: object, accepted: Sequence[str]) -> None:
         super().__init__(
@@ -62,6 +73,8 @@ class CallTimeout(MCPDriverError, TimeoutError):
     ``initialize``, which the protocol forbids cancelling) and forgotten it: a late
     answer is recorded as such and otherwise ignored. The driver stays usable.
     """
+
+    kind = "timeout"
 
     def __init__(self, method: str, timeout: float, request_id: int, note: str = "") -> None:
         super().__init__(
@@ -83,6 +96,8 @@ class ProcessExited(MCPDriverError):
     stdout but had not exited within the grace period; negative means killed by that
     signal.
     """
+
+    kind = "process_exited"
 
     def __init__(self, pid: int, returncode: int | None, stderr_tail: Sequence[str]) -> None:
         status = (

@@ -20,6 +20,7 @@ import pytest
 import trio
 
 from drivers.mcp import (
+    DEFAULT_MAX_NOTIFICATIONS,
     CallTimeout,
     CloseTimeouts,
     ProcessExited,
@@ -30,7 +31,7 @@ from drivers.mcp import (
     open_mcp,
 )
 from faultnet.eventlog import flatten, read_jsonl
-from faultnet.procs import ProcessIdentity, signal_exact
+from faultnet.procs import ProcessIdentity, signal_exact, stop_exact
 
 SERVERS = Path(__file__).parent / "servers"
 SDK = [sys.executable, str(SERVERS / "sdk_server.py")]
@@ -382,3 +383,48 @@ async def test_close_never_signals_a_recycled_pid() -> None:
         with trio.fail_after(5):
             assert await proc.wait() == -signal.SIGKILL
         await proc.release_pipes()
+
+
+async def test_a_notification_flood_keeps_the_newest_and_counts_the_rest(tmp_path: Path) -> None:
+    """The inbox is bounded (it grew to 710 MB under 852,000 notifications): the oldest
+    are dropped, counted, and the call record says so; marks count every arrival."""
+    async with open_mcp(RAW, call_log_dir=tmp_path, close_timeouts=FAST_CLOSE) as drv:
+        assert drv.notifications_dropped == 0
+        result = await drv.call("flood", count=DEFAULT_MAX_NOTIFICATIONS + 5000)
+        assert result.text == f"flooded {DEFAULT_MAX_NOTIFICATIONS + 5000}"
+        assert len(drv.notifications()) == DEFAULT_MAX_NOTIFICATIONS
+        assert drv.notification_count == DEFAULT_MAX_NOTIFICATIONS + 5000
+        assert drv.notifications_dropped == 5000
+        mark = drv.notification_count
+        await drv.call("burst")  # one more notification after the mark
+        note = await drv.wait_notification("notifications/message", 5, since=mark)
+        assert note is not None and note.params["data"] == "burst note"
+    dropped = [
+        r for r in read_jsonl(only_file(tmp_path)).records if r["event"] == "notifications_dropped"
+    ]
+    assert dropped[0]["kept"] == DEFAULT_MAX_NOTIFICATIONS  # said when it began
+    assert (dropped[-1]["received"], dropped[-1]["dropped"]) == (
+        DEFAULT_MAX_NOTIFICATIONS + 5001,
+        5001,
+    )
+
+
+async def test_a_pending_call_fails_when_the_server_exits_though_its_stdout_stays_open() -> None:
+    """A grandchild holding the server's stdout must not keep a call waiting for its
+    timeout (30 s here): it fails with ProcessExited when the server process exits."""
+    orphan: ProcessIdentity | None = None
+    try:
+        async with open_mcp(RAW, timeout=30, close_timeouts=FAST_CLOSE) as drv:
+            t0 = time.monotonic()
+            with trio.fail_after(10), pytest.raises(ProcessExited) as info:
+                await drv.call("orphan")
+            assert time.monotonic() - t0 < 10 and info.value.returncode == 3
+            line = await drv.wait_stderr(r"^orphan \d+$", 5)
+            assert line is not None
+            orphan = ProcessIdentity.of(int(line.split()[1]))
+            assert orphan.is_alive() and not drv.stdout_closed.is_set()
+            with pytest.raises(ProcessExited):  # later calls fail at once
+                await drv.call("echo", text="too late")
+    finally:
+        if orphan is not None:
+            stop_exact(orphan, term_timeout=5)

@@ -15,7 +15,9 @@ answer, all in ONE write); batch (notification + answer as one JSON array); coll
 server ping whose id equals the client's request id, answered only after our pong);
 junk (bad lines on stdout, then the answer); rpcerror (a JSON-RPC error); big {size} (the answer as an oversize line,
 and nothing else); noanswer (never answers; logs "cancelled ID" on stderr when told);
-exit {code} (dies mid-call after a stderr line).
+exit {code} (dies mid-call after a stderr line); orphan (leaves a grandchild holding our
+stdout, logs "orphan PID" on stderr, dies mid-call); flood {count} (that many
+notifications, 500 per write, then the answer).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import argparse
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 
@@ -128,6 +131,22 @@ class Peer:
         elif name == "exit":
             log(f"exiting with {args.get('code', 3)} during call {rid}")
             os._exit(int(args.get("code", 3)))
+        elif name == "orphan":
+            # A grandchild that inherits our stdout and outlives us: after we exit, the
+            # driver never sees stdout close.
+            child = subprocess.Popen(
+                [sys.executable, "-c", "import time; time.sleep(60)"],
+                stdin=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            log(f"orphan {child.pid}")
+            os._exit(3)
+        elif name == "flood":
+            count = int(args.get("count", 1000))
+            chunk = self.encode({**note, "params": {"level": "info", "data": "flood"}}) * 500
+            for _ in range(count // 500):
+                self.send(raw=chunk)
+            self.send(self.result(rid, f"flooded {count // 500 * 500}"))
         else:
             self.send(self.result(rid, f"Unknown tool: {name}", is_error=True))
 
