@@ -19,26 +19,36 @@ and writes ``DIR/state.env``::
     LEADER_NICK=leader
     LEADER_TOKEN=<64 hex>
     CHANNEL=#enclave
+    MARKER=<32 hex>         # also in the server's environment as ENCLAVE_ENV_MARKER
 
 Values are raw (split each line at its first ``=``); the file is written atomically
-(temp file + rename) with mode 0600 because it holds a token.
+(temp file + rename) with mode 0600 because it holds a token. Without ``--state`` (or
+``$ENCLAVE_STATE_DIR``), ``up`` makes a temporary directory, and ``down`` removes it once
+the server is gone (``down --keep`` keeps it).
 
 Safety rules:
 
 * ``up`` refuses to start over a live environment in the same directory (exit 2). A
   stale one (its server is gone) is replaced; its log is kept as ``server.log.prev``.
   Concurrent ``up`` calls on one directory are serialised by a lock file.
-* ``down`` signals exactly the recorded process: the PID must still have the recorded
-  start time AND command line, and the signal goes through a pidfd
-  (:func:`faultnet.procs.signal_exact`), so a recycled PID is never signalled. SIGTERM,
-  then SIGKILL after ``term_timeout``; a process already gone is reported, not an error.
+* ``down`` signals exactly the recorded process, and only once every test holds: the
+  PID is not init, the caller or an ancestor of it; it still has the recorded start
+  time; the recorded command line is an enclave server for this state directory and is
+  the one it runs; and its environment (``/proc/PID/environ``) carries the random
+  marker ``up`` gave it and recorded. A state file can be made to name any process by
+  its PID, start time and command line; it cannot give that process the marker. The
+  signals go through a pidfd (:func:`faultnet.procs.stop_exact`): SIGTERM, then SIGKILL
+  after ``term_timeout``. A process already gone is reported, not an error; a recorded
+  process that is not ours is left alone, reported, and ``down`` exits 1 naming
+  ``--by-port``.
 * ``down --by-port`` is the fallback when the recorded PID no longer names the server:
   it finds the process listening on the recorded port (``/proc/net/tcp{,6}`` LISTEN
-  entries matched to ``/proc/PID/fd`` socket inodes) and signals it only if its command
-  line is exactly the recorded one (which names this state directory).
+  entries matched to ``/proc/PID/fd`` socket inodes) and signals it only if it passes
+  the same tests (the marker above all).
 
 Environments in different state directories are independent and can run side by side.
-Exit codes: 0 ok, 1 check failed (``status``: not running; ``down``: survived SIGKILL),
+Exit codes: 0 ok, 1 check failed (``status``: not running; ``down``: survived SIGKILL,
+or the recorded process is not ours),
 2 usage or environment error (one line, never a traceback).
 """
 
@@ -48,6 +58,8 @@ import argparse
 import fcntl
 import json
 import os
+import secrets
+import shutil
 import socket
 import subprocess
 import sys
@@ -59,6 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from faultnet.cliargs import positive_number
 from faultnet.errors import CommandError, EnvironmentProblem, UsageError, fail
 from faultnet.procs import ProcessIdentity, read_cmdline, read_start_time, stop_exact
 from harness.enclave import REGISTRY_FILE, Registry, RegistryError
@@ -82,6 +95,9 @@ STATE_FILE = "state.env"
 LOG_FILE = "server.log"
 PORT_FILE = "port"
 LOCK_FILE = ".env.lock"
+#: Present in a state directory `up` made itself (no --state): `down` removes the
+#: directory once the server is stopped, unless told to keep it.
+MADE_BY_UP = ".made-by-up"
 DEFAULT_LEADER_NICK = "leader"
 DEFAULT_CHANNEL = "#enclave"
 #: Environment variable naming the state directory when --state is not given.
@@ -97,6 +113,12 @@ _KEYS = (
     "LEADER_TOKEN",
     "CHANNEL",
 )
+#: Written by every `up` since the marker exists; a file without it is still readable,
+#: but `down` never signals the process it names (nothing proves it is ours).
+_OPTIONAL_KEYS = ("MARKER",)
+#: The environment variable through which `up` gives the server its unguessable marker;
+#: `down` reads it back from /proc/PID/environ before any signal.
+MARKER_ENV_VAR = "ENCLAVE_ENV_MARKER"
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
 #: Server processes started by this Python process, so ``down`` can reap them (no zombie).
@@ -116,6 +138,9 @@ class EnvState:
     leader_nick: str
     leader_token: str
     channel: str
+    #: The random token `up` put in the server's environment (MARKER_ENV_VAR); "" when
+    #: the state file predates it.
+    marker: str = ""
 
     @property
     def identity(self) -> ProcessIdentity:
@@ -140,6 +165,7 @@ class EnvState:
             "leader_nick": self.leader_nick,
             "leader_token": self.leader_token,
             "channel": self.channel,
+            "marker": self.marker,
         }
 
     def to_env_text(self) -> str:
@@ -153,8 +179,9 @@ class EnvState:
             "LEADER_NICK": self.leader_nick,
             "LEADER_TOKEN": self.leader_token,
             "CHANNEL": self.channel,
+            "MARKER": self.marker,
         }
-        return "".join(f"{k}={values[k]}\n" for k in _KEYS)
+        return "".join(f"{k}={values[k]}\n" for k in (*_KEYS, *_OPTIONAL_KEYS))
 
 
 def read_state(state_dir: str | os.PathLike[str]) -> EnvState:
@@ -192,6 +219,7 @@ def read_state(state_dir: str | os.PathLike[str]) -> EnvState:
             leader_nick=values["LEADER_NICK"],
             leader_token=values["LEADER_TOKEN"],
             channel=values["CHANNEL"],
+            marker=values.get("MARKER", ""),
         )
     except ValueError as exc:
         raise EnvironmentProblem(f"{path}: malformed: {exc}") from None
@@ -206,16 +234,62 @@ def _write_state(state: EnvState) -> None:
     os.replace(tmp, path)
 
 
-def _is_server(ident: ProcessIdentity) -> bool:
-    """True iff *ident*'s PID is alive with the recorded start time and command line.
+def _is_enclave_for(cmdline: Sequence[str], state_dir: Path) -> bool:
+    """Is *cmdline* an enclave server (``-m harness.enclave``) for *state_dir*?"""
+    pairs = list(zip(cmdline, cmdline[1:], strict=False))
+    return ("-m", "harness.enclave") in pairs and ("--state", str(state_dir)) in pairs
 
-    The start time alone pins the process (a recycled PID cannot share it); the command
-    line is a second check, skipped when none was recorded (a state file written before
-    ``ProcessIdentity.of`` waited for the exec could hold an empty one).
-    """
-    if not ident.is_alive():
+
+def _protected_pids() -> set[int]:
+    """PIDs `down` never signals: init, this process and every ancestor of it."""
+    pids, pid = {1}, os.getpid()
+    while pid > 1 and pid not in pids:
+        pids.add(pid)
+        try:
+            status_text = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            break
+        ppid = next(
+            (ln.split()[1] for ln in status_text.splitlines() if ln.startswith("PPid:")), "0"
+        )
+        pid = int(ppid)
+    return pids
+
+
+def _environ_has(pid: int, name: str, value: str) -> bool:
+    """Does /proc/PID/environ hold ``NAME=VALUE`` (the process's environment at exec)?"""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
         return False
-    return not ident.cmdline or tuple(read_cmdline(ident.pid) or ()) == ident.cmdline
+    return f"{name}={value}".encode() in raw.split(b"\0")
+
+
+def _why_not_ours(ident: ProcessIdentity, st: EnvState) -> str | None:
+    """Why the process *ident* is not the server of *st* (None: it is, and may be
+    signalled). Every test must pass: not init, the caller or an ancestor of it; alive
+    with the recorded start time; a recorded and a live command line that are both this
+    enclave server for this state directory; and the marker `up` gave it, read back
+    from its environment (a PID, a start time and a command line can all be copied into
+    a state file; the marker is a 128-bit secret only the server's environment holds)."""
+    if ident.pid in _protected_pids():
+        return f"pid {ident.pid} is init, this process or one of its ancestors"
+    if not ident.is_alive():
+        return f"pid {ident.pid} is not the process recorded (gone, or another start time)"
+    if not _is_enclave_for(ident.cmdline, st.state_dir):
+        return f"the recorded command line is not an enclave server for {st.state_dir}"
+    if tuple(read_cmdline(ident.pid) or ()) != ident.cmdline:
+        return f"pid {ident.pid} runs another command line than the one recorded"
+    if not st.marker:
+        return "the state file records no marker, so nothing proves the process is ours"
+    if not _environ_has(ident.pid, MARKER_ENV_VAR, st.marker):
+        return f"pid {ident.pid} does not carry this environment's marker"
+    return None
+
+
+def _is_server(st: EnvState) -> bool:
+    """True iff the recorded process is this environment's server (see _why_not_ours)."""
+    return _why_not_ours(st.identity, st) is None
 
 
 @contextmanager
@@ -265,6 +339,7 @@ def up(
     """
     if state_dir is None:
         root = Path(tempfile.mkdtemp(prefix="enclave-env-"))
+        (root / MADE_BY_UP).touch()
     else:
         root = Path(state_dir)
         try:
@@ -278,7 +353,7 @@ def up(
                 old = read_state(root)
             except EnvironmentProblem:
                 old = None
-            if old is not None and _is_server(old.identity):
+            if old is not None and _is_server(old):
                 raise EnvironmentProblem(
                     f"a live environment already runs in {root} (pid {old.pid}, "
                     f"port {old.port}); run `python -m harness.env down --state {root}` first"
@@ -336,6 +411,8 @@ def _start_server(
         "--ping-timeout", repr(float(ping_timeout)),
     ]  # fmt: skip
     env = os.environ.copy()
+    marker = secrets.token_hex(16)
+    env[MARKER_ENV_VAR] = marker
     # The server must import this very checkout, installed or not, from any cwd.
     env["PYTHONPATH"] = os.pathsep.join(
         [str(_REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
@@ -382,6 +459,7 @@ def _start_server(
         leader_nick=leader_nick,
         leader_token=token,
         channel=channel,
+        marker=marker,
     )
     _write_state(state)
     return state
@@ -397,8 +475,9 @@ class DownReport:
     * ``"stopped"``: SIGTERM sent, the process exited within ``term_timeout``;
     * ``"killed"``: it survived SIGTERM, SIGKILL sent, it exited;
     * ``"gone"``: the recorded process no longer exists; nothing was signalled;
-    * ``"not-ours"``: the recorded PID now names another process (different start time
-      or command line); it was NOT signalled;
+    * ``"not-ours"``: the recorded PID names a process that fails the identity tests
+      (another start time or command line, no marker, init or the caller); it was NOT
+      signalled (exit 1);
     * ``"survived"``: still alive after SIGKILL and ``kill_timeout`` (exit 1).
     """
 
@@ -412,7 +491,8 @@ class DownReport:
 
     @property
     def ok(self) -> bool:
-        return self.outcome != "survived"
+        """False (exit 1) when the server survived, or the recorded process is not ours."""
+        return self.outcome not in ("survived", "not-ours")
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -433,6 +513,16 @@ def _reap(pid: int) -> None:
     proc = _children.get(pid)
     if proc is not None and proc.poll() is not None:
         del _children[pid]
+
+
+def _remove_if_made(state_dir: Path, outcome: str, keep: bool) -> str:
+    """Remove *state_dir* if `up` made it and its server is gone; say so ("" if not)."""
+    if keep or outcome not in ("stopped", "killed", "gone"):
+        return ""
+    if not (state_dir / MADE_BY_UP).exists():
+        return ""
+    shutil.rmtree(state_dir, ignore_errors=True)
+    return f"; removed the temporary state directory {state_dir} (--keep keeps it)"
 
 
 def _tcp_listen_inodes(port: int) -> set[str]:
@@ -483,41 +573,45 @@ def down(
     by_port: bool = False,
     term_timeout: float = 5.0,
     kill_timeout: float = 5.0,
+    keep: bool = False,
 ) -> DownReport:
-    """Stop the environment recorded in *state_dir* (see the module docstring)."""
+    """Stop the environment recorded in *state_dir* (see the module docstring). A state
+    directory `up` made itself is removed once its server is gone, unless *keep*."""
     t0 = time.monotonic()
     st = read_state(state_dir)
     ident = st.identity
     target: ProcessIdentity | None = None
     found_by: str | None = None
+    why = _why_not_ours(ident, st) or ""
     now_start = read_start_time(ident.pid)
-    if _is_server(ident):
+    if not why:
         target, found_by = ident, "pid"
-        why = ""
     elif now_start is None or not ProcessIdentity(ident.pid, now_start).is_alive():
         why = f"recorded server pid {ident.pid} is gone"
         outcome = "gone"
     else:
-        cmd = read_cmdline(ident.pid) or []
-        why = (
-            f"pid {ident.pid} now belongs to another process (start time {now_start} vs "
-            f"recorded {ident.start_time}; command {' '.join(cmd)[:80]!r}): not signalled"
-        )
+        why = f"{why}: not signalled"
         outcome = "not-ours"
+        if not by_port:
+            why += (
+                "; if the server still runs, find it by the port it listens on: "
+                f"python -m harness.env down --state {st.state_dir} --by-port"
+            )
     if target is None and by_port:
         for pid in listeners_on_port(st.port):
             try:
                 candidate = ProcessIdentity.of(pid)
             except ProcessLookupError:
                 continue
-            if candidate.cmdline == ident.cmdline:
+            if _why_not_ours(candidate, st) is None:
                 target = candidate
                 found_by = "port"
-                why += f"; found the recorded server by port {st.port}: pid {pid}"
+                why += f"; found the server by port {st.port} (its marker matches): pid {pid}"
                 break
         else:
-            why += f"; no process listening on port {st.port} is the recorded server"
+            why += f"; no process listening on port {st.port} is this environment's server"
     if target is None:
+        why += _remove_if_made(st.state_dir, outcome, keep)
         return DownReport(
             st.state_dir, ident.pid, outcome, why.lstrip("; "), elapsed_s=time.monotonic() - t0
         )
@@ -535,7 +629,9 @@ def down(
         st.state_dir,
         target.pid,
         result,
-        (why.lstrip("; ") + "; " if why else "") + messages[result],
+        (why.lstrip("; ") + "; " if why else "")
+        + messages[result]
+        + _remove_if_made(st.state_dir, result, keep),
         sent,
         found_by,
         time.monotonic() - t0,
@@ -563,21 +659,11 @@ class StatusReport:
 
 def status(state_dir: str | os.PathLike[str]) -> StatusReport:
     st = read_state(state_dir)
-    alive = _is_server(st.identity)
+    alive = _is_server(st)
     return StatusReport(st, alive, alive and _accepts(st.host, st.port))
 
 
 # ------------------------------------------------------------------------------ CLI
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0: {text!r}")
-    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -595,13 +681,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", metavar="{up,down,status}")
     u = sub.add_parser("up", parents=[common], help="start a fresh environment")
-    u.add_argument("--ping-interval", type=_positive, default=90.0)
-    u.add_argument("--ping-timeout", type=_positive, default=60.0)
+    u.add_argument("--ping-interval", type=positive_number, default=90.0)
+    u.add_argument("--ping-timeout", type=positive_number, default=60.0)
     u.add_argument("--leader-nick", default=DEFAULT_LEADER_NICK)
     u.add_argument("--channel", default=DEFAULT_CHANNEL)
     u.add_argument(
         "--timeout",
-        type=_positive,
+        type=positive_number,
         default=15.0,
         help="seconds to wait for the server to accept (default 15)",
     )
@@ -611,8 +697,13 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="if the recorded PID is not the server, find it by its port",
     )
-    d.add_argument("--term-timeout", type=_positive, default=5.0)
-    d.add_argument("--kill-timeout", type=_positive, default=5.0)
+    d.add_argument(
+        "--keep",
+        action="store_true",
+        help="keep a state directory `up` made itself (default: removed once the server is gone)",
+    )
+    d.add_argument("--term-timeout", type=positive_number, default=5.0)
+    d.add_argument("--kill-timeout", type=positive_number, default=5.0)
     sub.add_parser("status", parents=[common], help="is the recorded server running?")
     return p
 
@@ -626,6 +717,10 @@ def _state_dir(args: argparse.Namespace) -> Path:
     raise UsageError(f"--state DIR is required (or set ${STATE_ENV_VAR})")
 
 
+def _print(args: argparse.Namespace, doc: dict[str, Any], text: str) -> None:
+    print(json.dumps(doc) if args.json else text)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -635,42 +730,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "up":
             where = args.state if args.state is not None else os.environ.get(STATE_ENV_VAR)
-            st = up(
-                where,
-                ping_interval=args.ping_interval,
-                ping_timeout=args.ping_timeout,
-                leader_nick=args.leader_nick,
-                channel=args.channel,
-                timeout=args.timeout,
+            opts = ("ping_interval", "ping_timeout", "leader_nick", "channel", "timeout")
+            st = up(where, **{k: getattr(args, k) for k in opts})
+            _print(
+                args,
+                st.to_json(),
+                f"enclave up: {st.host}:{st.port} pid {st.pid}\n"
+                f"state: {st.state_dir}\n"
+                f"leader: {st.leader_nick} (token in {st.state_dir / STATE_FILE})\n"
+                f"channel: {st.channel}  log: {st.log_path}",
             )
-            if args.json:
-                print(json.dumps(st.to_json()))
-            else:
-                print(f"enclave up: {st.host}:{st.port} pid {st.pid}")
-                print(f"state: {st.state_dir}")
-                print(f"leader: {st.leader_nick} (token in {st.state_dir / STATE_FILE})")
-                print(f"channel: {st.channel}  log: {st.log_path}")
             return 0
         state_dir = _state_dir(args)
         if args.command == "down":
-            report = down(
-                state_dir,
-                by_port=args.by_port,
-                term_timeout=args.term_timeout,
-                kill_timeout=args.kill_timeout,
-            )
-            if args.json:
-                print(json.dumps(report.to_json()))
-            else:
-                print(f"enclave down ({report.outcome}): {report.message}")
+            opts = ("by_port", "term_timeout", "kill_timeout", "keep")
+            report = down(state_dir, **{k: getattr(args, k) for k in opts})
+            _print(args, report.to_json(), f"enclave down ({report.outcome}): {report.message}")
             return 0 if report.ok else 1
         rep = status(state_dir)
-        if args.json:
-            print(json.dumps(rep.to_json()))
-        else:
-            st = rep.state
-            what = "running" if rep.running else ("not accepting" if rep.alive else "down")
-            print(f"enclave {what}: {st.host}:{st.port} pid {st.pid} state {st.state_dir}")
+        st = rep.state
+        what = "running" if rep.running else ("not accepting" if rep.alive else "down")
+        _print(
+            args,
+            rep.to_json(),
+            f"enclave {what}: {st.host}:{st.port} pid {st.pid} state {st.state_dir}",
+        )
         return 0 if rep.running else 1
     except CommandError as exc:
         if getattr(args, "json", False):

@@ -3,6 +3,7 @@ the guarantee that a PID which no longer names the recorded server is never sign
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -20,16 +21,11 @@ from faultnet.procs import ProcessIdentity, read_start_time, stop_exact
 from harness import env
 from harness.env import STATE_FILE, read_state
 from tests import REPO
+from tests.conftest import run_module
 
 
 def run_env(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "harness.env", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-    )
+    return run_module("harness.env", *args, timeout=timeout)
 
 
 def env_up(state: Path, *extra: str) -> dict:
@@ -38,9 +34,9 @@ def env_up(state: Path, *extra: str) -> dict:
     return json.loads(r.stdout)
 
 
-def env_down(state: Path, *extra: str) -> dict:
+def env_down(state: Path, *extra: str, code: int = 0) -> dict:
     r = run_env("down", "--state", str(state), "--json", *extra)
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == code, r.stderr
     return json.loads(r.stdout)
 
 
@@ -71,14 +67,21 @@ def rewrite_state(state: Path, **changes: str) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def start_sleeper(ignore_term: bool = False) -> subprocess.Popen[str]:
-    """A process of our own that stands in for 'someone else' holding a recycled PID."""
+def start_sleeper(
+    ignore_term: bool = False, args: tuple[str, ...] = (), environ: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """A process of our own that stands in for 'someone else' holding a recycled PID
+    (*args* after its code shape its command line; *environ* its environment)."""
     code = "import signal, sys, time\n"
     if ignore_term:
         code += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
     code += "print('ready', flush=True)\ntime.sleep(120)\n"
     proc = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        env=environ,
     )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     return proc
@@ -149,6 +152,8 @@ def test_up_default_state_dir_and_scripts(tmp_path: Path, cleanup: list) -> None
     )
     assert r.returncode == 0 and "enclave down (stopped)" in r.stdout, r.stderr
     assert not st.identity.is_alive()
+    # `up` made the directory, so `down` removed it: nothing is left in $TMPDIR.
+    assert "removed the temporary state directory" in r.stdout and not state.exists()
 
 
 def test_two_environments_side_by_side(tmp_path: Path, cleanup: list) -> None:
@@ -174,14 +179,14 @@ def test_recycled_pid_is_never_signalled(tmp_path: Path, cleanup: list) -> None:
         # The recorded PID now names another process (the sleeper), with a start time
         # that is not the recorded one.
         rewrite_state(state, PID=str(sleeper.pid), START_TIME=str(st["start_time"] + 12345))
-        rep = env_down(state)
+        rep = env_down(state, code=1)
         assert rep["outcome"] == "not-ours" and rep["signals"] == []
-        assert "not signalled" in rep["message"]
+        assert "not signalled" in rep["message"] and "--by-port" in rep["message"]
         assert sleeper.poll() is None, "the sleeper was signalled"
         # Same PID and the *right* start time, but another command line: still not ours.
         real_start = read_start_time(sleeper.pid)
         rewrite_state(state, START_TIME=str(real_start))
-        rep = env_down(state)
+        rep = env_down(state, code=1)
         assert rep["outcome"] == "not-ours" and sleeper.poll() is None
         assert server.is_alive()
 
@@ -229,17 +234,28 @@ def test_by_port_leaves_a_listener_that_is_not_the_server(tmp_path: Path, cleanu
         other.wait()
 
 
+def fake_state(state: Path, ident: ProcessIdentity, marker: str = "") -> None:
+    """Write a state file naming *ident* (with *marker*), as a forger could."""
+    state.mkdir(exist_ok=True)
+    fake = env.EnvState(
+        "127.0.0.1", 1, ident.pid, ident.start_time, ident.cmdline, state, "l", "0" * 64, "#e"
+    )
+    env._write_state(dataclasses.replace(fake, state_dir=state.resolve(), marker=marker))
+
+
 def test_term_ignored_escalates_to_kill(tmp_path: Path) -> None:
-    """Breaks the polite path on purpose: a process that ignores SIGTERM gets SIGKILL."""
-    stubborn = start_sleeper(ignore_term=True)
+    """Breaks the polite path on purpose: a process that ignores SIGTERM gets SIGKILL.
+    The stand-in passes every identity test: an enclave command line for this state
+    directory, and the marker in its environment."""
+    state = (tmp_path / "env").resolve()
+    marker = "ab" * 16
+    stubborn = start_sleeper(
+        ignore_term=True,
+        args=("-m", "harness.enclave", "--state", str(state)),
+        environ={**os.environ, env.MARKER_ENV_VAR: marker},
+    )
     try:
-        ident = ProcessIdentity.of(stubborn.pid)
-        state = tmp_path / "env"
-        state.mkdir()
-        fake = env.EnvState(
-            "127.0.0.1", 1, ident.pid, ident.start_time, ident.cmdline, state, "l", "0" * 64, "#e"
-        )
-        env._write_state(fake)
+        fake_state(state, ProcessIdentity.of(stubborn.pid), marker)
         t0 = time.monotonic()
         rep = env.down(state, term_timeout=0.3, kill_timeout=5)
         assert rep.outcome == "killed" and rep.signals == ["SIGTERM", "SIGKILL"]
@@ -249,6 +265,49 @@ def test_term_ignored_escalates_to_kill(tmp_path: Path) -> None:
         if stubborn.poll() is None:
             stubborn.kill()
             stubborn.wait()
+
+
+def test_a_forged_state_file_gets_no_process_signalled(tmp_path: Path) -> None:
+    """What a state file can copy (PID, start time, command line, even an enclave
+    command line for this directory) never gets a process signalled without the marker
+    `up` put in the server's environment. Was: the first three were killed."""
+    state = (tmp_path / "env").resolve()
+    lookalike = ("-m", "harness.enclave", "--state", str(state))
+    sleepers = [
+        start_sleeper(),
+        start_sleeper(args=lookalike),
+        start_sleeper(args=lookalike, environ={**os.environ, env.MARKER_ENV_VAR: "cd" * 16}),
+    ]
+    try:
+        real = [ProcessIdentity.of(s.pid) for s in sleepers]
+        forgeries = [
+            dataclasses.replace(real[0], cmdline=()),  # CMDLINE=[] and a real start time
+            real[0],  # a sleep, named by its PID, start time and command line
+            real[1],  # an enclave-looking command line for this very directory
+            real[2],  # ...carrying a marker, but not the recorded one
+        ]
+        for forged, marker in zip(forgeries, ["", "", "", "ef" * 16], strict=True):
+            fake_state(state, forged, marker)
+            rep = env_down(state, code=1)
+            assert rep["outcome"] == "not-ours" and rep["signals"] == [], rep
+            assert "--by-port" in rep["message"]
+        assert all(s.poll() is None for s in sleepers), "a forged state file got a kill"
+    finally:
+        for s in sleepers:
+            s.kill()
+            s.wait()
+
+
+def test_down_never_signals_init_the_caller_or_its_ancestors(tmp_path: Path) -> None:
+    state = tmp_path / "env"
+    # The CLI's ancestors include this test process; in-process, the caller is us.
+    for pid in (1, os.getpid()):
+        fake_state(state, ProcessIdentity.of(pid), marker="00" * 16)
+        rep = env_down(state, code=1)
+        assert rep["outcome"] == "not-ours" and rep["signals"] == []
+        assert "init, this process or one of its ancestors" in rep["message"]
+        rep_in = env.down(state)
+        assert rep_in.outcome == "not-ours" and not rep_in.ok
 
 
 def test_python_api_up_down(tmp_path: Path) -> None:
