@@ -12,6 +12,7 @@ import trio
 from faultnet.addresses import parse_address
 from faultnet.controltest import Step, run_control_test
 from faultnet.errors import UsageError
+from faultnet.interrupts import cancel_on_signals
 from faultnet.probe import probe
 from faultnet.udp.controltest import run_udp_control_test
 from faultnet.udp.probe import udp_probe
@@ -91,11 +92,19 @@ def _control_test(args: argparse.Namespace) -> int:
             "each breakage (want red)",
             flush=True,
         )
-    steps = []
-    if args.protocol in ("tcp", "both"):
-        steps += trio.run(run_control_test, progress)
-    if args.protocol in ("udp", "both"):
-        steps += trio.run(run_udp_control_test, progress)
+    steps: list[Step] = []
+
+    async def run() -> int:
+        if args.protocol in ("tcp", "both"):
+            steps.extend(await run_control_test(progress))
+        if args.protocol in ("udp", "both"):
+            steps.extend(await run_udp_control_test(progress))
+        return 0
+
+    # Ctrl-C cancels the test: its proxies and listeners close, exit 130, one line.
+    interrupted = trio.run(cancel_on_signals, run)
+    if interrupted:
+        return interrupted
     bad = [s for s in steps if not s.ok]
     if args.json:
         print(json.dumps({"ok": not bad, "steps": [s.to_json() for s in steps]}, indent=2))

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import subprocess
 import sys
 import threading
+
+import pytest
 
 from faultnet import __version__
 
@@ -89,3 +92,31 @@ def test_udp_probe_prints_answered_silent_and_refused() -> None:
         echo.close()
     out = run("probe", "--udp", f"127.0.0.1:{port}")
     assert out.returncode == 0 and "refused" in out.stdout
+
+
+@pytest.mark.parametrize("signals", [1, 2], ids=["one SIGINT", "a second SIGINT in cleanup"])
+def test_control_test_interrupted_exits_130_with_one_line(signals: int) -> None:
+    """Ctrl-C during control-test cancels it cleanly (was: exit 1 and a KeyboardInterrupt
+    traceback); a second Ctrl-C while it unwinds changes nothing."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "faultnet", "proxy", "control-test"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # the first scored step: the test is under way
+            if line.startswith("ok "):
+                break
+        for _ in range(signals):
+            proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.strip().splitlines() == ["interrupted by SIGINT; cleaned up"]
+    assert "PASS" not in out and "FAIL" not in out  # no verdict for a run cut short

@@ -1,0 +1,68 @@
+"""Ending a command cleanly when it is interrupted: one routine every front door shares.
+
+A default SIGTERM kills a process on the spot, and trio's default SIGINT raises
+KeyboardInterrupt wherever the program happens to be, which surfaces as a traceback (an
+exception group) and skips nothing but can interleave with cleanup. Instead
+:func:`cancel_on_signals` turns SIGINT, SIGTERM and SIGHUP into a cancellation of the
+command: every ``finally`` and ``async with`` unwinds (proxies closed, processes stopped
+by their recorded identity), and the command exits 128 + the signal number with one line
+on stderr. Signals that arrive while it unwinds (a second Ctrl-C) are swallowed: the
+cleanup is already under way and is bounded on its own.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import trio
+
+__all__ = ["INTERRUPT_SIGNALS", "cancel_on_signals"]
+
+#: The signals that cancel a command instead of killing it.
+INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+async def cancel_on_signals(
+    fn: Callable[..., Awaitable[int]], *args: Any, cleaned: str = "cleaned up"
+) -> int:
+    """Await ``fn(*args)`` (an exit code); a signal in :data:`INTERRUPT_SIGNALS` cancels
+    it instead, and then this returns 128 + the signal number after printing
+    ``interrupted by SIGNAME; CLEANED`` on stderr. Main thread only (trio's signal
+    receiver)."""
+    got: int | None = None
+    code = 2
+    body = trio.CancelScope()
+    # Leaving trio's receiver redelivers the signals still queued in it, with the
+    # handlers from before it: make those handlers swallow them, or a second Ctrl-C in
+    # the cleanup would come back as a KeyboardInterrupt traceback (or a SIGTERM as a
+    # kill) once the cleanup is done.
+    previous = {signum: signal.signal(signum, _swallow) for signum in INTERRUPT_SIGNALS}
+    try:
+        with trio.open_signal_receiver(*INTERRUPT_SIGNALS) as sigs:
+            async with trio.open_nursery() as nursery:
+
+                async def watch() -> None:
+                    nonlocal got
+                    async for signum in sigs:  # every signal, so none stays queued
+                        if got is None:
+                            got = signum
+                            body.cancel()
+
+                nursery.start_soon(watch)
+                with body:
+                    code = await fn(*args)
+                nursery.cancel_scope.cancel()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if got is not None:
+        print(f"interrupted by {signal.Signals(got).name}; {cleaned}", file=sys.stderr)
+        return 128 + got
+    return code
+
+
+def _swallow(signum: int, frame: object) -> None:
+    """A signal that arrived after the first one, while the command unwound: ignored."""
