@@ -146,6 +146,18 @@ class Result:
         return cls(**d)
 
 
+def clip(text: str, width: int) -> str:
+    """*text* on one line in at most *width* characters: cut at a word boundary and
+    marked with "..." when it is longer (never in the middle of a word)."""
+    text = " ".join(text.split())
+    if len(text) <= width:
+        return text
+    head = text[: width - 3]
+    if " " in head and text[width - 3] != " ":
+        head = head.rsplit(" ", 1)[0]
+    return head.rstrip() + "..."
+
+
 def _fmt(value: Any) -> str:
     if value is None:
         return "-"
@@ -254,5 +266,5 @@ def render_side_by_side(a: Result, b: Result, drifts: list[Drift]) -> str:
             ]
             for d in drifts
         ]
-        lines += _table(drow, ["internal control", na, nb, "drift", "tolerance", ""])
+        lines += _table(drow, ["internal control", na, nb, "drift", "tolerance", "verdict"])
     return "\n".join(lines)

@@ -11,7 +11,8 @@ An experiment module provides::
     async def run(ctx: Context) -> None: ...   # fills ctx.result
 
 and gets ``main(argv)`` (a console entry point) and ``amain(argv)`` (the same, awaitable
-from a running trio loop, which the tests use to save interpreter start-ups) from here.
+from a running trio loop, which the tests use to save interpreter start-ups) from here,
+in one line: ``amain, main = _runner.commands(__name__)``.
 
 Topology of every experiment: the leader is an IRC observer (``drivers.irc``) that
 authenticates with the environment's leader token and talks to the server DIRECTLY; it
@@ -28,26 +29,28 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import random
 import secrets
 import shlex
 import shutil
-import signal
 import sys
+import tempfile
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import trio
 
 from faultnet.errors import CommandError, EnvironmentProblem, UsageError, fail
 from faultnet.eventlog import JsonlWriter, flatten
+from faultnet.interrupts import cancel_on_signals
 from faultnet.procs import stop_exact
 from harness import env as envmod
 from harness._contract import claims_delivery, parse_botevents
@@ -62,7 +65,7 @@ __all__ = [
     "add_common_arguments",
     "amain",
     "attempt_seeds",
-    "cancel_on_signals",
+    "run_cancellable",
     "claims_delivery",
     "main",
     "parse_botevents",
@@ -70,6 +73,8 @@ __all__ = [
     "resolve_bot_argv",
     "run_attempt",
 ]
+
+T = TypeVar("T")
 
 
 class RunProblem(Exception):
@@ -423,8 +428,9 @@ class Context:
                 # A post waits at most the confirmation budget; anything past this is a
                 # hung call, and the experiments pass their own tighter bound anyway.
                 timeout=self.scale.bound(60, floor=30),
-                # The SDK bot takes 1-2.5 s to answer initialize on an idle machine.
-                handshake_timeout=30.0,
+                # The SDK bot takes 1-2.5 s to answer initialize on an idle machine (more
+                # under load, hence the floor); 30 s at real time, scaled with the rest.
+                handshake_timeout=self.scale.bound(30, floor=10),
             ) as drv:
                 entered = True
                 handle = BotHandle(drv, nick, label, self)
@@ -450,6 +456,17 @@ class Context:
                 f"BOT_BIN {shlex.join(self.bot_argv)!r} did not start as an MCP server: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
+
+    @contextlib.asynccontextmanager
+    async def worker(self, obs: Any, proxy: Any, prefix: str) -> AsyncIterator[BotHandle]:
+        """The usual single worker: spawned with a fresh nick (*prefix*), BOT_BIN started
+        as it through *proxy*, connected (RunProblem if never) and settled."""
+        nick, token = await self.spawn(obs, prefix)
+        self.phase(f"worker {nick} starting, through the proxy at {proxy.address[1]}")
+        async with self.bot(nick, token, "worker", via=proxy) as w:
+            await self.connected(w)
+            await self.countdown(self.scale.real("settle"), "the worker settles")
+            yield w
 
     def _save_stderr(self, label: str, drv: Any) -> None:
         with contextlib.suppress(Exception):
@@ -490,7 +507,8 @@ def add_common_arguments(p: argparse.ArgumentParser, *, pair: bool = False) -> N
             "--bot-bin",
             metavar="CMD",
             help="command line of the bot under test (shlex-split); default: $BOT_BIN, "
-            "or its alias $APIARY_BIN. Required: there is no default.",
+            "or $APIARY_BIN (a stale alias of BOT_BIN, still accepted). Required: there is "
+            "no default.",
         )
         envg = p.add_mutually_exclusive_group()
         envg.add_argument(
@@ -720,8 +738,6 @@ def overall_exit(results: Sequence[Result]) -> int:
 
 
 def default_run_dir(name: str) -> Path:
-    import tempfile
-
     return Path(tempfile.mkdtemp(prefix=f"faultnet-{name}-"))
 
 
@@ -753,70 +769,180 @@ async def amain(exp: ModuleType, argv: Sequence[str] | None = None) -> int:
         check_args = getattr(exp, "check_arguments", None)
         if check_args is not None:
             check_args(args)
+        base, report = open_run(args, exp.NAME, experiment=exp.NAME)
     except (CommandError, ValueError) as exc:
         return fail(prog, exc)
-    base = args.run_dir or default_run_dir(exp.NAME)
-    base.mkdir(parents=True, exist_ok=True)
-    report = JsonlWriter(args.report or base / "report.jsonl", experiment=exp.NAME)
-    results: list[Result] = []
-    seeds = attempt_seeds(args.repeat, args.seed)
+
+    async def attempt(seed: int, run_dir: Path) -> Result:
+        res = await run_attempt(
+            exp,
+            args,
+            bot_argv=bot_argv,
+            scale=scale,
+            seed=seed,
+            run_dir=run_dir,
+            out=out,
+            env_mode=args.env,
+            state=args.state,
+        )
+        print(render_result(res), file=out, flush=True)
+        return res
+
+    def attempt_end(res: Result, kept: str | None, seed: int) -> dict[str, Any]:
+        res.run_dir = kept
+        publish_run(kept, f"harness.exp_{exp.NAME}", argv, seed, out)
+        return {
+            "passed": res.passed,
+            "exit_code": res.exit_code,
+            "failed": [c.name for c in res.failed_checks()],
+            "error": res.error,
+        }
+
+    results = await repeat_attempts(
+        args,
+        base,
+        report,
+        out,
+        {"bot_argv": bot_argv, "time_scale": scale.factor},
+        attempt,
+        lambda res: res.passed,
+        attempt_end,
+    )
+    return conclude(
+        exp.NAME,
+        args,
+        base,
+        report,
+        out,
+        overall_exit(results),
+        sum(r.passed for r in results),
+        {"experiment": exp.NAME},
+        [r.to_json() for r in results],
+    )
+
+
+def open_run(args: argparse.Namespace, name: str, **fields: Any) -> tuple[Path, JsonlWriter]:
+    """The run's base directory (``--run-dir``, else a new one under $TMPDIR) and its JSONL
+    report (``--report``, else RUN_DIR/report.jsonl), opened with *fields* in each record.
+
+    ``--out``, the run directory and the report are all checked before any attempt runs:
+    one that cannot be written is an EnvironmentProblem now, not an error after a run
+    that passed."""
+    if args.out is not None:
+        writable_file(args.out, "--out")
+    if args.run_dir is not None:
+        writable_dir(args.run_dir, "--run-dir")
+    base = args.run_dir or default_run_dir(name)
+    path = args.report or base / "report.jsonl"
     try:
-        for i, seed in enumerate(seeds, 1):
+        return base, JsonlWriter(path, **fields)
+    except OSError as exc:
+        if args.run_dir is None:
+            shutil.rmtree(base, ignore_errors=True)
+        raise EnvironmentProblem(
+            f"--report {path}: cannot write it: {exc.strerror or exc}"
+        ) from None
+
+
+def writable_dir(path: Path, flag: str) -> None:
+    """Make directory *path* (and its parents) and prove a file can be created in it;
+    EnvironmentProblem naming *flag* if not."""
+    try:
+        _probe_dir(path)
+    except OSError as exc:
+        raise EnvironmentProblem(
+            f"{flag} {path}: cannot write there: {exc.strerror or exc}"
+        ) from None
+
+
+def writable_file(path: Path, flag: str) -> None:
+    """Prove file *path* can be written later (its directory made, a file creatable there,
+    *path* itself not a directory) without creating it; EnvironmentProblem if not."""
+    try:
+        _probe_dir(path.parent)
+    except OSError as exc:
+        raise EnvironmentProblem(f"{flag} {path}: cannot write it: {exc.strerror or exc}") from None
+    if path.is_dir():
+        raise EnvironmentProblem(f"{flag} {path}: is a directory")
+
+
+def _probe_dir(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=path):
+        pass
+
+
+async def repeat_attempts(
+    args: argparse.Namespace,
+    base: Path,
+    report: JsonlWriter,
+    out: TextIO,
+    start: dict[str, Any],
+    attempt: Callable[[int, Path], Awaitable[T]],
+    passed: Callable[[T], bool],
+    end: Callable[[T, str | None, int], dict[str, Any]],
+) -> list[T]:
+    """Run ``--repeat`` attempts, one seed each (see :func:`attempt_seeds`), each in its
+    own directory under *base*; log ``attempt_start`` (with *start*) before each and
+    ``attempt_end`` (with what *end* makes of the outcome, its kept directory and its
+    seed) after.
+    The report is closed at the end, whatever happened."""
+    outcomes: list[T] = []
+    try:
+        for i, seed in enumerate(attempt_seeds(args.repeat, args.seed), 1):
             # The seed is on disk before the attempt runs: a killed run still says how
             # to replay every attempt it started.
-            report.write(
-                "attempt_start",
-                attempt=i,
-                seed=seed,
-                bot_argv=bot_argv,
-                time_scale=scale.factor,
-            )
+            report.write("attempt_start", attempt=i, seed=seed, **start)
             run_dir = base / f"attempt-{i:03d}-seed-{seed}"
-            res = await run_attempt(
-                exp,
-                args,
-                bot_argv=bot_argv,
-                scale=scale,
-                seed=seed,
-                run_dir=run_dir,
-                out=out,
-                env_mode=args.env,
-                state=args.state,
-            )
-            print(render_result(res), file=out, flush=True)
+            outcome = await attempt(seed, run_dir)
             kept = finish_attempt_dir(
-                run_dir, res.passed, args.keep, lambda m: print(m, file=out, flush=True)
+                run_dir, passed(outcome), args.keep, lambda m: print(m, file=out, flush=True)
             )
-            res.run_dir = kept
-            publish_run(kept, f"harness.exp_{exp.NAME}", argv, seed, out)
             report.write(
                 "attempt_end",
                 attempt=i,
                 seed=seed,
-                passed=res.passed,
-                exit_code=res.exit_code,
-                failed=[c.name for c in res.failed_checks()],
-                error=res.error,
+                **end(outcome, kept, seed),
                 run_dir=kept,
                 replay=f"--seed {seed}",
             )
-            results.append(res)
+            outcomes.append(outcome)
     finally:
         report.close()
-    code = overall_exit(results)
+    return outcomes
+
+
+def conclude(
+    label: str,
+    args: argparse.Namespace,
+    base: Path,
+    report: JsonlWriter,
+    out: TextIO,
+    code: int,
+    npass: int,
+    head: dict[str, Any],
+    attempts: list[dict[str, Any]],
+) -> int:
+    """Say how many attempts passed (with ``--repeat``), write the result document, and
+    return *code*.
+
+    A run directory this run made for itself (no ``--run-dir``) is removed when every
+    attempt passed, unless ``--keep``: passing runs leave nothing behind in $TMPDIR. The
+    document's ``report`` is then null, unless ``--report`` put it elsewhere."""
+    report_path: Path | None = report.path
+    if args.run_dir is None and code == EXIT_OK and not args.keep:
+        shutil.rmtree(base, ignore_errors=True)
+        if not report.path.exists():
+            report_path = None
     if args.repeat > 1:
-        npass = sum(r.passed for r in results)
-        print(
-            f"{exp.NAME}: {npass}/{len(results)} attempts passed (report {report.path})",
-            file=out,
-            flush=True,
-        )
+        where = f"report {report_path}" if report_path else "passing: run directory removed"
+        print(f"{label}: {npass}/{len(attempts)} attempts passed ({where})", file=out, flush=True)
     doc = {
-        "experiment": exp.NAME,
+        **head,
         "passed": code == EXIT_OK,
         "exit_code": code,
-        "report": str(report.path),
-        "attempts": [r.to_json() for r in results],
+        "report": str(report_path) if report_path else None,
+        "attempts": attempts,
     }
     write_result(doc, args)
     return code
@@ -832,38 +958,37 @@ def write_result(doc: dict[str, Any], args: argparse.Namespace) -> None:
         print(flatten(doc))
 
 
-async def cancel_on_signals(fn: Callable[..., Any], *args: Any) -> int:
-    """Await ``fn(*args)`` (an exit code); SIGINT, SIGTERM or SIGHUP cancel it instead.
+#: What an interrupted run says it did before exiting 128 + the signal number.
+CLEANED = "cleaned up (processes stopped by PID)"
 
-    Cancelling unwinds every ``finally``: bots are closed, workers revoked, and a private
-    environment is brought down by its PID -- none of which a default SIGTERM (immediate
-    death) would do, leaving an enclave server running in its own session. Returns
-    128 + the signal number when a signal ended the run. Main thread only.
-    """
-    got: int | None = None
-    code = EXIT_ENV
-    # The receiver encloses the nursery, so it outlives the task iterating it.
-    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as sigs:
-        async with trio.open_nursery() as nursery:
 
-            async def watch() -> None:
-                nonlocal got
-                async for signum in sigs:
-                    got = signum
-                    nursery.cancel_scope.cancel()
-                    return
-
-            nursery.start_soon(watch)
-            code = await fn(*args)
-            nursery.cancel_scope.cancel()
-    if got is not None:
-        print(
-            f"interrupted by {signal.Signals(got).name}; cleaned up (processes stopped by PID)",
-            file=sys.stderr,
-        )
-        return 128 + got
-    return code
+def run_cancellable(fn: Callable[..., Awaitable[int]], *args: Any) -> int:
+    """``trio.run(fn, *args)`` (an exit code), where SIGINT, SIGTERM or SIGHUP cancel the
+    run cleanly (bots closed, workers revoked, a private environment brought down by its
+    PID, none of which a default SIGTERM would do) and it exits 128 + the signal number
+    (:func:`faultnet.interrupts.cancel_on_signals`)."""
+    return trio.run(functools.partial(cancel_on_signals, cleaned=CLEANED), fn, *args)
 
 
 def main(exp: ModuleType, argv: Sequence[str] | None = None) -> int:
-    return trio.run(cancel_on_signals, amain, exp, argv)
+    return run_cancellable(amain, exp, argv)
+
+
+def commands(
+    module_name: str,
+) -> tuple[Callable[[Sequence[str] | None], Awaitable[int]], Callable[[Sequence[str] | None], int]]:
+    """The experiment module *module_name*'s ``amain`` and ``main``; in the module::
+
+        amain, main = _runner.commands(__name__)
+
+    The module is looked up when a command runs, so this works under ``python -m`` too
+    (where the module is ``__main__``).
+    """
+
+    async def exp_amain(argv: Sequence[str] | None = None) -> int:
+        return await amain(sys.modules[module_name], argv)
+
+    def exp_main(argv: Sequence[str] | None = None) -> int:
+        return main(sys.modules[module_name], argv)
+
+    return exp_amain, exp_main

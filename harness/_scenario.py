@@ -9,8 +9,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from faultnet.errors import EnvironmentProblem
 from faultnet.eventlog import flatten
-from harness._runner import BotHandle, Context
+from harness._runner import BotHandle, Context, RunProblem
 
 __all__ = [
     "FreezeRecord",
@@ -117,6 +118,20 @@ async def freeze_links(ctx: Context, proxy: Any) -> FreezeRecord:
     }
     ctx.log.write("freeze", links=n, conns={str(k): v for k, v in conns.items()})
     return FreezeRecord(mono, n, conns)
+
+
+async def freeze_worker(
+    ctx: Context, obs: Any, worker: BotHandle, proxy: Any, phase: str
+) -> FreezeRecord:
+    """Sync *worker* with the observer (RunProblem if it never hears the sync line), then
+    freeze every link of *proxy* both ways (EnvironmentProblem if there is none)."""
+    if await sync_inbound(ctx, obs, [worker]) is None:
+        raise RunProblem("the worker never reported the observer's sync line")
+    ctx.phase(phase)
+    rec = await freeze_links(ctx, proxy)
+    if rec.count < 1:
+        raise EnvironmentProblem("the proxy had no live link to freeze")
+    return rec
 
 
 def freeze_held(proxy: Any, rec: FreezeRecord) -> tuple[bool, str]:

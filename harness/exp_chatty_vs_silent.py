@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import trio
@@ -153,44 +152,39 @@ async def run(ctx: Context) -> None:
         }
     )
     r.details["chatty_posts"] = posts
-    r.check(
-        "both links frozen at the same instant",
-        rec.count == 2 and len(rec.conns) == 2,
-        f"{rec.count} link(s) frozen by one call",
-        role="control",
-    )
-    r.check(
-        "the freeze held (no byte crossed a frozen link)",
-        held,
-        held_detail,
-        role="control",
-    )
-    r.check(
-        "the silent worker (the internal control) detected on its own keepalive",
-        detect["silent"] is not None,
-        f"t+{detect['silent']:.2f} s (window {window:.3g} s)"
-        if detect["silent"] is not None
-        else f"never in {watch:.3g} s -- the run is not comparable",
-        role="control",
-    )
     # Measured, not assumed: the largest gap between the starts of consecutive posts
     # (each includes the post's own confirmation wait) until detection or the end.
     until = detect["chatty"] if detect["chatty"] is not None else watch
     max_gap = max_post_gap(posts, until)
     idle = s.real("keepalive_idle")
-    r.check(
-        "the chatty worker posted more often than its idle threshold",
-        max_gap is not None and max_gap < idle,
-        f"{len(posts)} posts, largest gap {_r(max_gap)} s (idle threshold {idle:.3g} s)",
-        role="control",
+    controls = (
+        (
+            "both links frozen at the same instant",
+            rec.count == 2 and len(rec.conns) == 2,
+            f"{rec.count} link(s) frozen by one call",
+        ),
+        ("the freeze held (no byte crossed a frozen link)", held, held_detail),
+        (
+            "the silent worker (the internal control) detected on its own keepalive",
+            detect["silent"] is not None,
+            f"t+{detect['silent']:.2f} s (window {window:.3g} s)"
+            if detect["silent"] is not None
+            else f"never in {watch:.3g} s -- the run is not comparable",
+        ),
+        (
+            "the chatty worker posted more often than its idle threshold",
+            max_gap is not None and max_gap < idle,
+            f"{len(posts)} posts, largest gap {_r(max_gap)} s (idle threshold {idle:.3g} s)",
+        ),
+        (
+            "no reconnect without the bot's own detection first",
+            not rescued,
+            "a reconnect with no PONG timeout before it means a close leaked through the "
+            "freeze: " + (", ".join(rescued) or "none"),
+        ),
     )
-    r.check(
-        "no reconnect without the bot's own detection first",
-        not rescued,
-        "a reconnect with no PONG timeout before it means a close leaked through the freeze: "
-        + (", ".join(rescued) or "none"),
-        role="control",
-    )
+    for name, ok, detail in controls:
+        r.check(name, ok, detail, role="control")
     r.check(
         "the CHATTY worker detected on its own keepalive",
         detect["chatty"] is not None,
@@ -234,12 +228,7 @@ def _r(v: float | None) -> float | None:
     return None if v is None else round(v, 3)
 
 
-async def amain(argv: Sequence[str] | None = None) -> int:
-    return await _runner.amain(sys.modules[__name__], argv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return _runner.main(sys.modules[__name__], argv)
+amain, main = _runner.commands(__name__)
 
 
 if __name__ == "__main__":

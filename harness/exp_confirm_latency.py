@@ -25,7 +25,6 @@ import argparse
 import re
 import sys
 import time
-from collections.abc import Sequence
 
 from faultnet.toxics import Latency
 from harness import _runner
@@ -224,12 +223,7 @@ def _r(v: float | None) -> float | None:
     return None if v is None else round(v, 2)
 
 
-async def amain(argv: Sequence[str] | None = None) -> int:
-    return await _runner.amain(sys.modules[__name__], argv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return _runner.main(sys.modules[__name__], argv)
+amain, main = _runner.commands(__name__)
 
 
 if __name__ == "__main__":

@@ -21,12 +21,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
 
 from faultnet.errors import EnvironmentProblem
 from harness import _runner
-from harness._runner import Context, RunProblem
-from harness._scenario import first_after, freeze_held, freeze_links, rel, sync_inbound
+from harness._runner import Context
+from harness._scenario import first_after, freeze_held, freeze_worker, rel
 
 NAME = "fd_flatness"
 DESCRIPTION = __doc__
@@ -61,11 +60,7 @@ async def run(ctx: Context) -> None:
     back_bound = s.bound(s.detection_window + s.real("reconnect_max") + 30, floor=8)
     counts: dict[str, int | None] = {}
     async with ctx.leader() as obs, ctx.proxy() as proxy:
-        nick, token = await ctx.spawn(obs, "fd")
-        ctx.phase(f"worker {nick} starting, through the proxy at {proxy.address[1]}")
-        async with ctx.bot(nick, token, "worker", via=proxy) as w:
-            await ctx.connected(w)
-            await ctx.countdown(s.real("settle"), "the worker settles")
+        async with ctx.worker(obs, proxy, "fd") as w:
 
             def count(stage: str) -> int | None:
                 n = w.fd_count()
@@ -88,12 +83,9 @@ async def run(ctx: Context) -> None:
             )
             count("posts")
 
-            if await sync_inbound(ctx, obs, [w]) is None:
-                raise RunProblem("the worker never reported the observer's sync line")
-            ctx.phase("freezing the worker's link; posting into the dead link")
-            rec = await freeze_links(ctx, proxy)
-            if rec.count < 1:
-                raise EnvironmentProblem("the proxy had no live link to freeze")
+            rec = await freeze_worker(
+                ctx, obs, w, proxy, "freezing the worker's link; posting into the dead link"
+            )
             outage_s, every = s.scenario(45.0), s.scenario(5.0)
             outage_posts = 0
             while time.monotonic() - rec.mono < outage_s:
@@ -192,12 +184,7 @@ def is_flat(counts: dict[str, int | None], stage: str, tolerance: int = TOLERANC
     return d is not None and abs(d) <= tolerance
 
 
-async def amain(argv: Sequence[str] | None = None) -> int:
-    return await _runner.amain(sys.modules[__name__], argv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return _runner.main(sys.modules[__name__], argv)
+amain, main = _runner.commands(__name__)
 
 
 if __name__ == "__main__":

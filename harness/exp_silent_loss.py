@@ -30,22 +30,20 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from faultnet.errors import EnvironmentProblem
 from harness import _runner
-from harness._runner import Context, RunProblem, claims_delivery
+from harness._report import clip
+from harness._runner import Context, claims_delivery
 from harness._scenario import (
     first_after,
     freeze_held,
-    freeze_links,
+    freeze_worker,
     link_works,
     observed,
     observer_texts,
     rel,
-    sync_inbound,
 )
 
 NAME = "silent_loss"
@@ -75,18 +73,23 @@ async def run(ctx: Context) -> None:
     # seconds are plenty for it to reach the observer.
     seen_bound = s.bound(10, floor=3)
     async with ctx.leader() as obs, ctx.proxy() as proxy:
-        nick, token = await ctx.spawn(obs, "sl")
-        ctx.phase(f"worker {nick} starting, through the proxy at {proxy.address[1]}")
-        async with ctx.bot(nick, token, "worker", via=proxy) as w:
-            await ctx.connected(w)
-            await ctx.countdown(s.real("settle"), "the worker settles")
+        async with ctx.worker(obs, proxy, "sl") as w:
+            nick = w.nick
 
-            ctx.phase("CONTROL A: a post before the freeze")
-            text_a = ctx.payload("silent loss control before freeze")
-            res_a, _ = await w.send(text_a, call_bound)
-            got_a = await observed(obs, text_a, seen_bound)
-            ctx.say(f"   worker was told: {res_a[:120]!r}")
-            ctx.say(f"   observer received it: {got_a}")
+            async def control_post(phase: str, words: str) -> tuple[str, bool]:
+                """Post *words*; return what the worker was told and whether the observer
+                received it."""
+                ctx.phase(phase)
+                text = ctx.payload(words)
+                res, _ = await w.send(text, call_bound)
+                got = await observed(obs, text, seen_bound)
+                ctx.say(f"   worker was told: {clip(res, 120)!r}")
+                ctx.say(f"   observer received it: {got}")
+                return res, got
+
+            res_a, got_a = await control_post(
+                "CONTROL A: a post before the freeze", "silent loss control before freeze"
+            )
             # Recorded now, so a run that stops early still shows this control.
             r.check(
                 "control A: the observer sees a post made before the freeze",
@@ -96,12 +99,9 @@ async def run(ctx: Context) -> None:
                 role="control",
             )
 
-            if await sync_inbound(ctx, obs, [w]) is None:
-                raise RunProblem("the worker never reported the observer's sync line")
-            ctx.phase("freezing the worker's link both ways (no byte, no FIN, no RST)")
-            rec = await freeze_links(ctx, proxy)
-            if rec.count < 1:
-                raise EnvironmentProblem("the proxy had no live link to freeze")
+            rec = await freeze_worker(
+                ctx, obs, w, proxy, "freezing the worker's link both ways (no byte, no FIN, no RST)"
+            )
             rows: list[dict] = []
             for i in range(1, ctx.args.posts + 1):
                 at = time.monotonic() - rec.mono
@@ -115,7 +115,7 @@ async def run(ctx: Context) -> None:
                 ctx.say(
                     f"   t+{at:6.2f}s post {i:2d}/{ctx.args.posts}: "
                     f"{'claims delivery' if claimed else 'no claim'} ({wall * 1000:.0f} ms) "
-                    f"{res[:60]!r}"
+                    f"{clip(res, 60)!r}"
                 )
                 ctx.log.write("outage_post", i=i, at=at, claimed=claimed, result=res)
                 if i < ctx.args.posts:
@@ -146,12 +146,9 @@ async def run(ctx: Context) -> None:
             )
             await ctx.countdown(s.real("settle"), "the worker settles")
 
-            ctx.phase("CONTROL B: a post after recovery")
-            text_b = ctx.payload("silent loss control after recovery")
-            res_b, _ = await w.send(text_b, call_bound)
-            got_b = await observed(obs, text_b, seen_bound)
-            ctx.say(f"   worker was told: {res_b[:120]!r}")
-            ctx.say(f"   observer received it: {got_b}")
+            res_b, got_b = await control_post(
+                "CONTROL B: a post after recovery", "silent loss control after recovery"
+            )
             got = observer_texts(obs, nick)
             late_after_thaw = sum(
                 1 for row in rows if not row["received"] and any(row["text"] in t for t in got)
@@ -246,12 +243,7 @@ def _print_rows(ctx: Context, rows: list[dict]) -> None:
         )
 
 
-async def amain(argv: Sequence[str] | None = None) -> int:
-    return await _runner.amain(sys.modules[__name__], argv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return _runner.main(sys.modules[__name__], argv)
+amain, main = _runner.commands(__name__)
 
 
 if __name__ == "__main__":

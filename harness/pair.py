@@ -28,10 +28,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO
 
-import trio
-
 from faultnet.errors import CommandError, UsageError, fail
-from faultnet.eventlog import JsonlWriter
 from harness import _runner
 from harness._report import (
     EXIT_ENV,
@@ -240,86 +237,68 @@ async def amain(argv: Sequence[str] | None = None) -> int:
         check = getattr(exp, "check_arguments", None)
         if check is not None:
             check(exp_args)
+        base, report = _runner.open_run(args, f"pair-{exp.NAME}", experiment=exp.NAME, pair=True)
     except (CommandError, ValueError) as exc:
         return fail("harness.pair", exc)
 
-    base = args.run_dir or _runner.default_run_dir(f"pair-{exp.NAME}")
-    base.mkdir(parents=True, exist_ok=True)
-    report = JsonlWriter(args.report or base / "report.jsonl", experiment=exp.NAME, pair=True)
-    outcomes: list[PairOutcome] = []
-    try:
-        for i, seed in enumerate(_runner.attempt_seeds(args.repeat, args.seed), 1):
-            report.write(
-                "attempt_start",
-                attempt=i,
-                seed=seed,
-                arms={names[0]: argv_a, names[1]: argv_b},
-                time_scale=scale.factor,
-            )
-            run_dir = base / f"attempt-{i:03d}-seed-{seed}"
-            po = await run_pair(
-                exp,
-                exp_args,
-                argv_a=argv_a,
-                argv_b=argv_b,
-                names=names,  # type: ignore[arg-type]
-                scale=scale,
-                seed=seed,
-                run_dir=run_dir,
-                out=out,
-            )
-            print(render_pair(po), file=out, flush=True)
-            kept = _runner.finish_attempt_dir(
-                run_dir,
-                po.exit_code == EXIT_OK,
-                args.keep,
-                lambda m: print(m, file=out, flush=True),
-            )
-            po.a.run_dir = po.b.run_dir = None
-            if kept:
-                po.a.run_dir, po.b.run_dir = str(run_dir / names[0]), str(run_dir / names[1])
-            publish_pair(kept, po, replay_command("harness.pair", raw, seed), out)
-            report.write(
-                "attempt_end",
-                attempt=i,
-                seed=seed,
-                exit_code=po.exit_code,
-                steady=po.steady,
-                b_passed=po.b_passed,
-                failed={
-                    names[0]: [c.name for c in po.a.failed_checks()],
-                    names[1]: [c.name for c in po.b.failed_checks()],
-                },
-                summary=po.summary,
-                run_dir=kept,
-                replay=f"--seed {seed}",
-            )
-            outcomes.append(po)
-    finally:
-        report.close()
+    async def attempt(seed: int, run_dir: Path) -> PairOutcome:
+        po = await run_pair(
+            exp,
+            exp_args,
+            argv_a=argv_a,
+            argv_b=argv_b,
+            names=names,  # type: ignore[arg-type]
+            scale=scale,
+            seed=seed,
+            run_dir=run_dir,
+            out=out,
+        )
+        print(render_pair(po), file=out, flush=True)
+        return po
+
+    def attempt_end(po: PairOutcome, kept: str | None, seed: int) -> dict[str, Any]:
+        po.a.run_dir = po.b.run_dir = None
+        if kept:
+            po.a.run_dir, po.b.run_dir = f"{kept}/{names[0]}", f"{kept}/{names[1]}"
+        publish_pair(kept, po, replay_command("harness.pair", raw, seed), out)
+        return {
+            "exit_code": po.exit_code,
+            "steady": po.steady,
+            "b_passed": po.b_passed,
+            "failed": {
+                names[0]: [c.name for c in po.a.failed_checks()],
+                names[1]: [c.name for c in po.b.failed_checks()],
+            },
+            "summary": po.summary,
+        }
+
+    outcomes = await _runner.repeat_attempts(
+        args,
+        base,
+        report,
+        out,
+        {"arms": {names[0]: argv_a, names[1]: argv_b}, "time_scale": scale.factor},
+        attempt,
+        lambda po: po.exit_code == EXIT_OK,
+        attempt_end,
+    )
     codes = [o.exit_code for o in outcomes]
     code = EXIT_ENV if EXIT_ENV in codes else (EXIT_FAILED if EXIT_FAILED in codes else EXIT_OK)
-    if args.repeat > 1:
-        good = codes.count(EXIT_OK)
-        print(
-            f"pair {exp.NAME}: {good}/{len(codes)} attempts passed (report {report.path})",
-            file=out,
-            flush=True,
-        )
-    doc = {
-        "experiment": exp.NAME,
-        "names": list(names),
-        "passed": code == EXIT_OK,
-        "exit_code": code,
-        "report": str(report.path),
-        "attempts": [o.to_json() for o in outcomes],
-    }
-    _runner.write_result(doc, args)
-    return code
+    return _runner.conclude(
+        f"pair {exp.NAME}",
+        args,
+        base,
+        report,
+        out,
+        code,
+        codes.count(EXIT_OK),
+        {"experiment": exp.NAME, "names": list(names)},
+        [o.to_json() for o in outcomes],
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return trio.run(_runner.cancel_on_signals, amain, argv)
+    return _runner.run_cancellable(amain, argv)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,9 @@ import random
 import resource
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from faultnet.errors import EnvironmentProblem, UsageError, fail
 from harness.bench._report import format_report
@@ -41,18 +42,16 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     ap.add_argument("--quick", action="store_true", help="small sizes: under a minute")
-    ap.add_argument("--bytes", metavar="SIZE", help="bulk bytes per transfer (default 1G)")
-    ap.add_argument("--pings", type=int, metavar="N", help="timed round trips per arm")
-    ap.add_argument(
-        "--connections", type=int, metavar="N", help="connections to try to hold (default 5000)"
+    # The sizes a preset sets; an explicit flag overrides it.
+    sizes: tuple[tuple[str, Callable[[str], Any], str, str], ...] = (
+        ("--bytes", str, "SIZE", "bulk bytes per transfer (default 1G)"),
+        ("--pings", int, "N", "timed round trips per arm"),
+        ("--connections", int, "N", "connections to try to hold (default 5000)"),
+        ("--rounds", int, "N", "bulk/RTT rounds (default 3)"),
+        ("--freeze-window", float, "S", "how long nothing may arrive after freeze (default 0.5)"),
     )
-    ap.add_argument("--rounds", type=int, metavar="N", help="bulk/RTT rounds (default 3)")
-    ap.add_argument(
-        "--freeze-window",
-        type=float,
-        metavar="S",
-        help="how long nothing may arrive after freeze (default 0.5)",
-    )
+    for flag, kind, metavar, text in sizes:
+        ap.add_argument(flag, type=kind, metavar=metavar, help=text)
     ap.add_argument(
         "--verify",
         choices=("compare", "sha256"),
@@ -165,6 +164,9 @@ def params_from_args(args: argparse.Namespace) -> BenchParams:
         path = args.socat or shutil.which("socat") or "/usr/bin/socat"
         if os.path.isfile(path) and os.access(path, os.X_OK):
             socat = path
+        elif args.socat is not None:
+            # Asked for by name: a missing program is a mistake, not an arm to drop.
+            raise UsageError(f"--socat {args.socat}: not an executable file")
         else:
             reason = f"socat not found at {path}"
     return BenchParams(

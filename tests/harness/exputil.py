@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
 
 from harness._report import Result
+from harness._runner import Context
 
 #: The reference bot, fixed; add ``"--defect", NAME`` for a defect arm.
 BOT = [sys.executable, "-m", "harness.bot"]
@@ -32,3 +35,19 @@ async def run_experiment(
         ]
     )  # fmt: skip
     return code, Result.from_json(json.loads(out.read_text())["attempts"][0])
+
+
+def fake_experiment(run: Callable[[Context], Awaitable[None]], extra: str) -> ModuleType:
+    """An experiment module with no bot: *run* fills the result, so the runner's plumbing
+    can be seen end to end; it takes one flag, ``--extra`` (default *extra*)."""
+    mod = ModuleType("fake_exp")
+    mod.NAME = "fake"  # type: ignore[attr-defined]
+    mod.DESCRIPTION = "fake experiment"  # type: ignore[attr-defined]
+    mod.MAX_REAL_S = 30.0  # type: ignore[attr-defined]
+
+    def add_arguments(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--extra", default=extra)
+
+    mod.add_arguments = add_arguments  # type: ignore[attr-defined]
+    mod.run = run  # type: ignore[attr-defined]
+    return mod

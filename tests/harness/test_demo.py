@@ -83,3 +83,18 @@ def test_demo_verdict_goes_red_unless_the_pair_shows_the_defect() -> None:
         ok, reason = demo_verdict(pair.judge(a, b))
         assert not ok, why
         assert reason
+
+
+def test_an_unwritable_run_dir_fails_before_the_demo_runs(tmp_path: Path) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    proc = subprocess.run(
+        [sys.executable, "-m", "faultnet", "demo", "--run-dir", str(blocker / "runs")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"--run-dir {blocker / 'runs'}" in proc.stderr and "Traceback" not in proc.stderr
+    assert "environment up" not in proc.stdout

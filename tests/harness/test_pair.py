@@ -4,7 +4,6 @@ arm b passed everything with the control steady."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -16,6 +15,7 @@ import pytest
 from faultnet.eventlog import read_jsonl
 from harness import _runner, pair
 from harness._report import Check, ControlValue, Result
+from tests.harness.exputil import fake_experiment
 
 PY = sys.executable
 
@@ -81,13 +81,6 @@ def test_judge_reports_drift_and_which_arm_failed_which_check() -> None:
 def _fake_experiment() -> types.ModuleType:
     """No bot: the arm's argv decides the outcome (--defect fails the target, --drift
     moves the internal control), so the runner's plumbing can be seen end to end."""
-    mod = types.ModuleType("fake_pair_exp")
-    mod.NAME = "fake"
-    mod.DESCRIPTION = "fake"
-    mod.MAX_REAL_S = 30.0
-
-    def add_arguments(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--extra", default="unset")
 
     async def run(ctx: _runner.Context) -> None:
         argv = ctx.bot_argv
@@ -96,9 +89,7 @@ def _fake_experiment() -> types.ModuleType:
         ctx.result.check("the target", "--defect" not in argv, role="target")
         ctx.result.control("detect", 5.0 if "--drift" in argv else 1.0, "s", 0.5)
 
-    mod.add_arguments = add_arguments
-    mod.run = run
-    return mod
+    return fake_experiment(run, extra="unset")
 
 
 async def test_pair_runs_both_arms_fresh_with_one_seed(
@@ -150,3 +141,22 @@ async def test_pair_fails_when_b_fails_or_the_control_moves(
     )
     assert code == 1
     assert "internal control MOVED: detect" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag", ["--run-dir", "--report", "--out"])
+async def test_an_unwritable_output_fails_before_the_pair_runs(
+    tmp_path: Path,
+    flag: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(pair, "load_experiment", lambda name: _fake_experiment())
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    bad = blocker / "x"
+    argv = ["fake", "--a", f"{PY} -c pass --defect", "--b", f"{PY} -c pass"]
+    argv += ["--run-dir", str(tmp_path / "runs"), flag, str(bad)]
+    assert await pair.amain(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{flag} {bad}" in err, err
+    assert not list((tmp_path / "runs").glob("attempt-*")), "the pair ran before the check"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import pytest
 
 from harness.bench import human_size, make_block, matches_block, parse_size, watch_silence
 from tests import REPO
+from tests.conftest import run_module
 
 # Tiny sizes: each run is a few seconds, mostly process start-up.
 TINY = [
@@ -25,12 +25,7 @@ TINY = [
 
 
 def bench(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "harness.bench", *args],
-        capture_output=True,
-        text=True,
-        timeout=100,
-    )
+    return run_module("harness.bench", *args, timeout=100)
 
 
 def checks_by_name(doc: dict[str, Any]) -> dict[str, bool]:
@@ -78,12 +73,11 @@ def test_tiny_run_end_to_end_writes_valid_json(tmp_path: Path) -> None:
 
 def test_checks_go_red_when_the_proxy_leaks_or_corrupts(tmp_path: Path) -> None:
     # Sabotage: the proxy runner ignores freeze and loss, and the sender flips one byte
-    # of the faultnet arm's stream. socat points at a missing binary: its arm is skipped.
+    # of the faultnet arm's stream. The socat arm is skipped on request.
     out_path = tmp_path / "bench.json"
     out = bench(
         *TINY,
-        "--sabotage", "freeze,corrupt,loss", "--rtt-cpu", "none",
-        "--socat", str(tmp_path / "no-socat"),
+        "--sabotage", "freeze,corrupt,loss", "--rtt-cpu", "none", "--no-socat",
         "--json", str(out_path),
     )  # fmt: skip
     assert out.returncode == 1, out.stderr
@@ -95,8 +89,8 @@ def test_checks_go_red_when_the_proxy_leaks_or_corrupts(tmp_path: Path) -> None:
     assert doc["arms"]["faultnet"]["freeze"]["upstream_bytes_received"] > 0
     assert checks["loss: every transfer arrived intact at 0/1/5 % loss"] is True
     assert checks["loss: the sender retransmitted more at 5 % than at 0 %"] is False
-    assert "not found" in doc["arms"]["socat"]["skipped"]
-    assert "apt-get install socat" in out.stdout and "FAILED" in out.stdout
+    assert doc["arms"]["socat"]["skipped"] == "--no-socat"
+    assert "socat arm skipped: --no-socat" in out.stdout and "FAILED" in out.stdout
 
 
 def test_usage_errors_are_one_line_exit_2() -> None:
@@ -148,3 +142,12 @@ def test_silence_watch_counts_a_socket_that_got_bytes(leak: bool) -> None:
     finally:
         for s in (a, b, c, d):
             s.close()
+
+
+def test_a_socat_named_but_missing_is_a_usage_error() -> None:
+    """--socat PATH that is not there exits 2 in one line before anything runs (was: the
+    socat arm silently dropped); without --socat, a socat not on PATH is still skipped."""
+    out = bench(*TINY, "--socat", "/nonexistent/socat")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "--socat /nonexistent/socat: not an executable file" in out.stderr
+    assert "[bench]" not in out.stderr  # nothing started
