@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
+from typing import Any
 
 import pytest
 
@@ -32,3 +34,38 @@ def run_module(module: str, *args: str, timeout: float = 30) -> subprocess.Compl
     return subprocess.run(
         [sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout
     )
+
+
+def interrupt_module(
+    module: str,
+    *args: str,
+    when: str,
+    signals: Sequence[int],
+    merge_stderr: bool = False,
+    **popen: Any,
+) -> tuple[int, str, str]:
+    """Run ``python -m MODULE ARGS``; once a stdout line contains *when*, send it
+    *signals* back to back and wait for it (60 s at most; killed through its Popen if it
+    is still there). Returns (exit status, all of stdout, stderr; "" if *merge_stderr*)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+        text=True,
+        **popen,
+    )
+    seen: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # bounded by the test's timeout; the command itself ends
+            seen.append(line)
+            if when in line:
+                break
+        for signum in signals:
+            proc.send_signal(signum)
+        rest, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, "".join(seen) + rest, err or ""

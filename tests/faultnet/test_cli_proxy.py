@@ -12,6 +12,7 @@ import threading
 import pytest
 
 from faultnet import __version__
+from tests.conftest import interrupt_module
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -98,25 +99,10 @@ def test_udp_probe_prints_answered_silent_and_refused() -> None:
 def test_control_test_interrupted_exits_130_with_one_line(signals: int) -> None:
     """Ctrl-C during control-test cancels it cleanly (was: exit 1 and a KeyboardInterrupt
     traceback); a second Ctrl-C while it unwinds changes nothing."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "faultnet", "proxy", "control-test"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    code, out, err = interrupt_module(
+        "faultnet", "proxy", "control-test", when="ok ", signals=[signal.SIGINT] * signals
     )
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:  # the first scored step: the test is under way
-            if line.startswith("ok "):
-                break
-        for _ in range(signals):
-            proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130, err
+    assert code == 130, err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
     assert err.strip().splitlines() == ["interrupted by SIGINT; cleaned up"]
     assert "PASS" not in out and "FAIL" not in out  # no verdict for a run cut short

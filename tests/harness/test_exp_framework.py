@@ -33,6 +33,7 @@ from harness._runner import (
 from harness._scenario import FreezeRecord, freeze_held, freeze_links
 from harness._timescale import REAL, TimeScale, time_scale_from
 from tests import REPO
+from tests.conftest import interrupt_module
 from tests.harness.exputil import fake_experiment
 
 EXPERIMENTS = ("confirm_latency", "silent_loss", "chatty_vs_silent", "fd_flatness")
@@ -312,37 +313,23 @@ async def test_environment_problems_exit_2(tmp_path: Path, state_dir: Path) -> N
 
 def test_sigterm_mid_run_cleans_up_by_pid(tmp_path: Path) -> None:
     """A SIGTERM (a CI job's timeout) must not leave the private server or the bot behind:
-    the run is cancelled, its finally blocks stop both by PID, exit 128 + 15."""
+    the run is cancelled, its finally blocks stop both by PID, exit 128 + the signal."""
     runs = tmp_path / "runs"
     environ = dict(os.environ, BOT_BIN=f"{sys.executable} -m harness.bot")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "harness.exp_silent_loss", "--env", "auto"]
-        + ["--time-scale", "0.05", "--run-dir", str(runs)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+    # SIGTERM, and at once a second signal: the kernel may hand over either first; the
+    # other then lands while the run unwinds, and must change nothing (was: re-raised
+    # after the cleanup, a SIGTERM killed the process, exit -15).
+    code, rest, _ = interrupt_module(
+        "harness.exp_silent_loss",
+        *["--env", "auto", "--time-scale", "0.05", "--run-dir", str(runs)],
+        when="CONTROL A",
+        signals=[signal.SIGTERM, signal.SIGINT],
+        merge_stderr=True,
         env=environ,
         cwd=REPO,
     )
-    seen = []
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:  # bounded by the test timeout; the run itself ends
-            seen.append(line)
-            if "CONTROL A" in line:
-                break
-        proc.send_signal(signal.SIGTERM)
-        # A second signal at once: the kernel may hand over either first; the other then
-        # lands while the run unwinds, and must change nothing (was: re-raised after the
-        # cleanup, a SIGTERM killed the process, exit -15).
-        proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    first = {128 + 15: "SIGTERM", 128 + 2: "SIGINT"}.get(proc.returncode)
-    assert first is not None, "".join(seen) + rest
+    first = {128 + 15: "SIGTERM", 128 + 2: "SIGINT"}.get(code)
+    assert first is not None, rest
     assert f"interrupted by {first}" in rest and "Traceback" not in rest
     (attempt,) = [p for p in runs.iterdir() if p.is_dir()]
     st = env.read_state(attempt / "env")
