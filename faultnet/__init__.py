@@ -15,32 +15,56 @@ The public API, re-exported here:
   identity (:class:`ProcessIdentity`, :func:`signal_exact`).
 """
 
-from faultnet import controls as _controls
-from faultnet._version import __version__
-from faultnet.controls import *  # noqa: F403 - the controls, as controls.__all__ lists them
-from faultnet.eventlog import CorruptLogError, JsonlRead, JsonlWriter, read_jsonl
-from faultnet.modes import MODES, Mode
-from faultnet.probe import ProbeKind, ProbeResult, probe
-from faultnet.procs import ProcessIdentity, signal_exact
-from faultnet.proxy import AddressInUse, ConnectionInfo, Proxy, ProxyError, open_proxy
+import importlib
+from typing import Any
 
-__all__ = [
-    "MODES",
-    "AddressInUse",
-    "ConnectionInfo",
-    "CorruptLogError",
-    "JsonlRead",
-    "JsonlWriter",
-    "Mode",
-    "ProbeKind",
-    "ProbeResult",
-    "ProcessIdentity",
-    "Proxy",
-    "ProxyError",
-    "__version__",
-    "open_proxy",
-    "probe",
-    "read_jsonl",
-    "signal_exact",
-    *_controls.__all__,
-]
+from faultnet._version import __version__ as __version__
+
+# Everything public is imported on first use (PEP 562), so that importing faultnet, or
+# its pytest plugin, which pytest loads into every run where faultnet is installed,
+# does not import trio and the whole proxy (it cost 1.3 s per pytest run).
+#: Public name -> the module that defines it. The controls are faultnet.controls.__all__.
+_EXPORTS = {
+    "MODES": "faultnet.modes",
+    "Mode": "faultnet.modes",
+    "AddressInUse": "faultnet.proxy",
+    "ConnectionInfo": "faultnet.proxy",
+    "Proxy": "faultnet.proxy",
+    "ProxyError": "faultnet.proxy",
+    "open_proxy": "faultnet.proxy",
+    "CorruptLogError": "faultnet.eventlog",
+    "JsonlRead": "faultnet.eventlog",
+    "JsonlWriter": "faultnet.eventlog",
+    "read_jsonl": "faultnet.eventlog",
+    "ProbeKind": "faultnet.probe",
+    "ProbeResult": "faultnet.probe",
+    "probe": "faultnet.probe",
+    "ProcessIdentity": "faultnet.procs",
+    "signal_exact": "faultnet.procs",
+}
+
+
+def _controls() -> list[str]:
+    return list(importlib.import_module("faultnet.controls").__all__)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__all__":
+        value: Any = ["__version__", *sorted(_EXPORTS), *_controls()]
+    elif name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name == "ControlFailed" or name.startswith("assert_"):
+        if name not in _controls():
+            raise AttributeError(f"module 'faultnet' has no attribute {name!r}")
+        value = getattr(importlib.import_module("faultnet.controls"), name)
+    else:
+        try:  # a submodule, as `import faultnet; faultnet.proxy` found it before
+            value = importlib.import_module(f"faultnet.{name}")
+        except ModuleNotFoundError:
+            raise AttributeError(f"module 'faultnet' has no attribute {name!r}") from None
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__getattr__("__all__")})

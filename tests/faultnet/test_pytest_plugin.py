@@ -103,3 +103,14 @@ def test_teardown_closes_and_seed_replays(pytester: pytest.Pytester, tmp_path: P
     assert c["header"] == [f"faultnet seed: {c['session']} (replay with --faultnet-seed)"]
     # The proxy was closed at teardown: its port refuses now.
     trio.run(_refused, c["address"])
+
+
+def test_importing_the_plugin_stays_cheap() -> None:
+    # pytest loads the plugin into every run where faultnet is installed: it must not
+    # import trio or the proxy (it did through faultnet/__init__, 1.3 s a run).
+    import subprocess
+    import sys
+
+    code = "import sys, faultnet.pytest_plugin; print(sorted(m for m in sys.modules if m in ('trio', 'faultnet.proxy')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out
