@@ -55,6 +55,7 @@ def _op(
         op["parameters"] = parameters
     if body is not None:
         op["requestBody"] = _body(body)
+        responses = {**responses, "408": SLOW_BODY}
     op["responses"] = responses
     return op
 
@@ -92,6 +93,7 @@ TOXIC = _path_parameter("toxic", "latency_downstream")
 NOT_FOUND = _error("proxy not found (or toxic not found)")
 BAD = _error("bad request body, missing required field, invalid stream or toxic type")
 EMPTY = {"description": "done, no body"}
+SLOW_BODY = _error("the request body did not arrive within 10 s")
 
 
 def _toxic_attributes() -> dict[str, Any]:
@@ -470,7 +472,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                 {
                     "200": _json(_ref("FaultResult"), "what the mode did"),
                     "400": _error("invalid mode, stream or option"),
-                    "404": NOT_FOUND,
+                    "404": _error("proxy not found, or a connection named is not live"),
                     "409": _error("proxy is disabled"),
                     "500": _error("restore: the listen address was taken meanwhile"),
                 },
