@@ -236,7 +236,7 @@ MODES: dict[str, Mode] = {
             "refuse",
             "listener",
             undone_by="restore",
-            summary="ECONNREFUSED at once",
+            summary="ECONNREFUSED at once (one already queued, not yet accepted: ECONNRESET)",
             control="assert_refusing",
             new_connections="listener closed; restore re-listens on the same port",
         ),
