@@ -428,8 +428,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     p = client("fault", _fault, "apply a fault mode to a proxy (or undo: thaw, restore)")
     p.description = (
-        "To kill the route for old and new connections alike: `blackhole --include-new` "
-        "(or `freeze --include-new`), then `drop-syn`. A client that opens a new "
+        "To kill the route for old and new connections alike: `partition` (open "
+        "connections blackholed, new connects hang; `--peer HOST` for one client; "
+        "the same by hand: `blackhole --include-new`, then `drop-syn`). A client that "
+        "opens a new "
         "connection per request or on retry (curl, HTTP fetchers, redis-py's retry) is "
         "untouched by a plain freeze: freeze alone is the laptop-changed-networks case "
         "(old sockets dead, new ones fine). Applies a fault mode to a proxy, or undoes "

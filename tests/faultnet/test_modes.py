@@ -151,7 +151,7 @@ def test_readme_and_fault_help_lead_with_the_fault_that_kills_the_route() -> Non
     kill = readme.index("To kill the route for every client")
     assert kill < readme.index(markdown_table())
     said = readme[kill : readme.index(markdown_table())]
-    assert "include_new=True" in said and "drop_syn()" in said
+    assert "proxy.partition()" in said and "drop_syn()" in said
     assert "laptop-changed-networks" in said
     out = subprocess.run(
         [sys.executable, "-m", "faultnet", "fault", "--help"],
@@ -161,4 +161,7 @@ def test_readme_and_fault_help_lead_with_the_fault_that_kills_the_route() -> Non
     ).stdout
     description = out.split("\n\n")[1]
     assert description.startswith("To kill the route for old and new connections alike")
+    assert description.startswith(
+        "To kill the route for old and new connections alike: `partition`"
+    )
     assert "--include-new" in description and "drop-syn" in description
