@@ -45,6 +45,17 @@ async def used_link(factory: Factory, echo: Address) -> tuple[Proxy, trio.Socket
     return proxy, stream
 
 
+async def toxic_on_a_used_link(
+    factory: Factory, echo: Address, toxic: Toxic
+) -> tuple[float, trio.SocketStream]:
+    """:func:`used_link`, then *toxic* added: returns (the trio time it was added, the
+    connection), which was open and in use before the toxic existed."""
+    proxy, stream = await used_link(factory, echo)
+    t0 = trio.current_time()
+    proxy.add_toxic(toxic)
+    return t0, stream
+
+
 async def through(factory: Factory, nursery: trio.Nursery, payload: bytes, toxic: Toxic) -> Proxy:
     """A proxy with *toxic* in front of a server that sends *payload*, then closes."""
     proxy = await factory(await start_server(nursery, _source(payload)))
@@ -158,9 +169,7 @@ async def test_limit_data_forwards_exactly_n_bytes_then_fin(
 async def test_timeout_black_holes_then_closes_after_its_time(
     faultnet_proxy: Factory, echo: Address
 ) -> None:
-    proxy, stream = await used_link(faultnet_proxy, echo)
-    t0 = trio.current_time()
-    proxy.add_toxic(Timeout("t", "downstream", timeout=300))
+    t0, stream = await toxic_on_a_used_link(faultnet_proxy, echo, Timeout("t", timeout=300))
     await stream.send_all(b"into the void")
     assert await read_to_eof(stream) == b""  # nothing came back, then EOF
     elapsed = trio.current_time() - t0
@@ -185,10 +194,7 @@ async def test_timeout_zero_holds_the_fin_too(faultnet_proxy: Factory, echo: Add
 async def test_reset_peer_resets_an_existing_idle_connection(
     faultnet_proxy: Factory, echo: Address
 ) -> None:
-    # Opened and used before the toxic exists.
-    proxy, stream = await used_link(faultnet_proxy, echo)
-    t0 = trio.current_time()
-    proxy.add_toxic(ResetPeer("r", "downstream", timeout=100))
+    t0, stream = await toxic_on_a_used_link(faultnet_proxy, echo, ResetPeer("r", timeout=100))
     await assert_reset(stream, timeout=2)
     assert trio.current_time() - t0 >= 0.100
 
