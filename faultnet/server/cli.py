@@ -118,6 +118,8 @@ def _create(args: argparse.Namespace, c: ApiClient) -> Any:
     body = {"name": args.name, "upstream": args.upstream, "listen": args.listen}
     if args.disabled:
         body["enabled"] = False
+    if args.protocol != "tcp":
+        body["protocol"] = args.protocol
     p = c.request("POST", "/proxies", body)
     return p if args.json else f"created {p['name']}: {p['listen']} -> {p['upstream']}"
 
@@ -399,6 +401,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT (default 127.0.0.1:0)")
     p.add_argument("--upstream", required=True, help="HOST:PORT of the real server")
     p.add_argument("--disabled", action="store_true", help="create it without listening")
+    p.add_argument(
+        "--protocol",
+        choices=("tcp", "udp"),
+        default="tcp",
+        help="tcp (default) or udp: a UDP proxy, whose faults are the UDP modes",
+    )
     client("delete", _delete, "delete a proxy").add_argument("name")
     client("enable", _enable(True), "listen again (same address)").add_argument("name")
     client("disable", _enable(False), "close the listener and every connection").add_argument(

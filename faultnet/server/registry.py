@@ -37,6 +37,8 @@ from faultnet.seeds import derive_seed
 from faultnet.server.names import name_problem
 from faultnet.server.toxic_codec import ToxicError, check_update, toxic_from_json, toxic_to_json
 from faultnet.toxics import STREAMS, Toxic
+from faultnet.udp.modes import UDP_MODES
+from faultnet.udp.proxy import UdpProxy
 
 __all__ = [
     "ApiError",
@@ -153,15 +155,28 @@ def parse_address(value: Any, what: str, *, default: str | None = None) -> Addre
 # -- proxies -----------------------------------------------------------------------------
 
 
+#: What a proxy may proxy: TCP (Toxiproxy's kind, the default) or UDP (an extension).
+PROTOCOLS = ("tcp", "udp")
+
+
 class ManagedProxy:
     """One named proxy of the server (Toxiproxy's proxy object)."""
 
-    def __init__(self, registry: ProxyRegistry, name: str, listen: Address, upstream: str):
+    def __init__(
+        self,
+        registry: ProxyRegistry,
+        name: str,
+        listen: Address,
+        upstream: str,
+        protocol: str = "tcp",
+    ):
         self.registry = registry
         self.name = name
         self.listen = listen  # the bound address once started
         self.upstream = upstream
-        self.proxy: Proxy | None = None
+        #: "tcp" (Toxiproxy's only kind) or "udp" (a faultnet extension: a UdpProxy).
+        self.protocol = protocol
+        self.proxy: Proxy | UdpProxy | None = None
         self._toxics: list[Toxic] = []
         self._stopped: trio.Event | None = None
         self._writer: JsonlWriter | None = None
@@ -173,20 +188,23 @@ class ManagedProxy:
     @property
     def toxics(self) -> list[Toxic]:
         """In Toxiproxy's order: the upstream chain, then the downstream chain."""
-        source = self.proxy.toxics if self.proxy is not None else self._toxics
+        source = self.proxy.toxics if isinstance(self.proxy, Proxy) else self._toxics
         return [t for s in STREAMS for t in source if t.stream == s]
 
     def find_toxic(self, name: str) -> Toxic | None:
         return next((t for t in self.toxics if t.name == name), None)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc = {
             "name": self.name,
             "listen": format_address(self.listen),
             "upstream": self.upstream,
             "enabled": self.enabled,
             "toxics": [toxic_to_json(t) for t in self.toxics],
         }
+        if self.protocol != "tcp":
+            doc["protocol"] = self.protocol
+        return doc
 
     # -- lifecycle (callers hold the registry lock) --
 
@@ -199,15 +217,16 @@ class ManagedProxy:
         upstream = parse_address(self.upstream, "upstream")
         if self._writer is None:
             self._writer = reg.events.writer(proxy=self.name)
-        proxy = Proxy(
-            upstream,
-            self.listen,
-            name=self.name,
-            event_log=self._writer,
-            seed=derive_seed("faultnet", reg.seed, self.name),
-        )
-        for t in self._toxics:
-            proxy.add_toxic(t)
+        seed = derive_seed("faultnet", reg.seed, self.name)
+        proxy: Proxy | UdpProxy
+        if self.protocol == "udp":
+            proxy = UdpProxy(
+                upstream, self.listen, name=self.name, event_log=self._writer, seed=seed
+            )
+        else:
+            proxy = Proxy(upstream, self.listen, name=self.name, event_log=self._writer, seed=seed)
+            for t in self._toxics:
+                proxy.add_toxic(t)
         stopped = trio.Event()
         try:
             await reg._nursery.start(self._run, proxy, stopped)
@@ -238,7 +257,8 @@ class ManagedProxy:
             # A running proxy that fails is reported and disabled, never the server's end.
             self.registry.events.server.write("proxy_failed", name=self.name, error=repr(exc))
             if self.proxy is proxy:
-                self._toxics = list(proxy.toxics)
+                if isinstance(proxy, Proxy):
+                    self._toxics = list(proxy.toxics)
                 self.proxy = None
         finally:
             stopped.set()
@@ -248,7 +268,8 @@ class ManagedProxy:
         proxy, stopped = self.proxy, self._stopped
         if proxy is None or stopped is None:
             return
-        self._toxics = list(proxy.toxics)
+        if isinstance(proxy, Proxy):
+            self._toxics = list(proxy.toxics)
         self.proxy = self._stopped = None
         await proxy.aclose()
         await stopped.wait()
@@ -261,13 +282,17 @@ class ManagedProxy:
     # -- toxics --
 
     def add_toxic(self, toxic: Toxic) -> None:
-        if self.proxy is not None:
+        if self.protocol == "udp":
+            raise ApiError(
+                400, "toxics are for TCP proxies: a UDP proxy's impairments are fault modes"
+            )
+        if isinstance(self.proxy, Proxy):
             self.proxy.add_toxic(toxic)
         else:
             self._toxics.append(toxic)
 
     def update_toxic(self, toxic: Toxic, attributes: dict[str, Any], toxicity: float | None):
-        if self.proxy is not None:
+        if isinstance(self.proxy, Proxy):
             self.proxy.update_toxic(toxic.name, attributes, toxicity)
         else:
             if attributes:
@@ -276,7 +301,7 @@ class ManagedProxy:
                 toxic.toxicity = toxicity
 
     def remove_toxic(self, name: str) -> None:
-        if self.proxy is not None:
+        if isinstance(self.proxy, Proxy):
             self.proxy.remove_toxic(name)
         else:
             self._toxics = [t for t in self._toxics if t.name != name]
@@ -360,6 +385,13 @@ class ProxyRegistry:
             raise bad_body(f"{key} must be {what}, not {_json_type(value)}")
         return value
 
+    def _protocol(self, body: Mapping[str, Any], where: str = "") -> str:
+        """The ``protocol`` extension field: "tcp" (the default) or "udp"."""
+        protocol = self._field(body, "protocol", str) or "tcp"
+        if protocol not in PROTOCOLS:
+            raise bad_body(f"protocol must be tcp or udp, not {protocol!r}{where}")
+        return protocol
+
     def _proxy_fields(self, body: Any, where: str = "") -> tuple[str, str, str | None, bool | None]:
         if not isinstance(body, Mapping):
             raise bad_body(f"expected a JSON object{where}, not {_json_type(body)}")
@@ -380,19 +412,22 @@ class ProxyRegistry:
 
     async def create(self, body: Any) -> ManagedProxy:
         name, upstream, listen, enabled = self._proxy_fields(body)
+        protocol = self._protocol(body)
         async with self._lock:
             if name in self.proxies:
                 raise ApiError(409, "proxy already exists")
-            mp = self._new(name, listen, upstream)
+            mp = self._new(name, listen, upstream, protocol)
             if enabled is not False:
                 await mp.start()
             self.proxies[name] = mp
             self.events.server.write("proxy_created", name=name, **_brief(mp))
             return mp
 
-    def _new(self, name: str, listen: str | None, upstream: str) -> ManagedProxy:
+    def _new(
+        self, name: str, listen: str | None, upstream: str, protocol: str = "tcp"
+    ) -> ManagedProxy:
         parse_address(upstream, "upstream")  # a malformed upstream is a 400 now
-        return ManagedProxy(self, name, self._listen(listen), upstream)
+        return ManagedProxy(self, name, self._listen(listen), upstream, protocol)
 
     async def update(self, name: str, body: Any) -> ManagedProxy:
         async with self._lock:
@@ -402,6 +437,8 @@ class ProxyRegistry:
             upstream = self._field(body, "upstream", str)
             listen_s = self._field(body, "listen", str)
             enabled = self._field(body, "enabled", bool)
+            if self._protocol(body) != mp.protocol and body.get("protocol") is not None:
+                raise bad_body("protocol cannot change: delete the proxy and create it again")
             listen = self._listen(listen_s) if listen_s else mp.listen
             upstream = upstream or mp.upstream
             parse_address(upstream, "upstream")
@@ -438,20 +475,25 @@ class ProxyRegistry:
         entries = []
         for i, item in enumerate(body, 1):
             name, upstream, listen, enabled = self._proxy_fields(item, f" at proxy {i}")
+            protocol = self._protocol(item, f" at proxy {i}")
             parse_address(upstream, "upstream")
-            entries.append((name, upstream, self._listen(listen), enabled is not False))
+            entries.append((name, upstream, self._listen(listen), enabled is not False, protocol))
         done: list[ManagedProxy] = []
         async with self._lock:
-            for name, upstream, listen, enabled in entries:
+            for name, upstream, listen, enabled, protocol in entries:
                 existing = self.proxies.get(name)
                 if existing is not None:
-                    if _same_listen(existing.listen, listen) and existing.upstream == upstream:
+                    if (
+                        _same_listen(existing.listen, listen)
+                        and existing.upstream == upstream
+                        and existing.protocol == protocol
+                    ):
                         done.append(existing)
                         continue
                     await existing.stop()
                     existing.close_log()
                     del self.proxies[name]
-                mp = ManagedProxy(self, name, listen, upstream)
+                mp = ManagedProxy(self, name, listen, upstream, protocol)
                 try:
                     if enabled:
                         await mp.start()
@@ -470,9 +512,7 @@ class ProxyRegistry:
             for mp in list(self.proxies.values()):
                 await mp.start()
                 mp.remove_all_toxics()
-                if mp.proxy is not None:
-                    await mp.proxy.thaw()
-                    await self._restore(mp.proxy)
+                await self._undo_all(mp)
             self.events.server.write("reset", proxies=len(self.proxies))
 
     # -- toxics --
@@ -520,6 +560,8 @@ class ProxyRegistry:
         did. The mode's row says which of stream, include_new and connections it takes."""
         if not isinstance(body, Mapping):
             raise bad_body(f"expected a JSON object, not {_json_type(body)}")
+        if self.get(name).protocol == "udp":
+            return await self._apply_udp_fault(name, body)
         stream = body.get("stream")
         if stream is None:
             stream = "both"
@@ -583,13 +625,51 @@ class ProxyRegistry:
         result["state"] = self.fault_state(name)
         return result
 
+    async def _apply_udp_fault(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """One of :data:`faultnet.udp.modes.UDP_MODES` on a UDP proxy: ``mode``,
+        ``stream`` and the arguments its row lists, by name."""
+        m = UDP_MODES.get(str(body.get("mode")).replace("-", "_"))
+        if m is None:
+            raise ApiError(
+                400, f"invalid fault mode for a UDP proxy: {body.get('mode')!r}, one of "
+                f"{', '.join(UDP_MODES)}"
+            )  # fmt: skip
+        stream = body.get("stream") or "both"
+        unknown = sorted(set(body) - {"mode", "stream", *m.params})
+        if unknown:
+            raise bad_body(f"{m.name} on a UDP proxy takes no {unknown[0]!r}")
+        missing = [p for p in m.required if body.get(p) is None]
+        if missing:
+            raise bad_body(f"{m.name} needs {missing[0]}")
+        kwargs = {p: body[p] for p in m.params if body.get(p) is not None}
+        async with self._lock:
+            p = self.get(name).proxy
+            if p is None:
+                raise ApiError(409, "proxy is disabled")
+            try:
+                done = await getattr(p, m.name)(stream=stream, **kwargs)
+            except (TypeError, ValueError) as exc:
+                raise ApiError(400, str(exc)) from None
+        result: dict[str, Any] = {"proxy": name, "mode": m.name, "stream": stream, **kwargs}
+        if m.name == "thaw":
+            result["released"] = done
+        result["state"] = self.fault_state(name)
+        return result
+
     async def clear_faults(self, name: str) -> None:
         """Undo every mode: thaw both ways, then restore the listener."""
         async with self._lock:
             mp = self.get(name)
-            if mp.proxy is not None:
-                await mp.proxy.thaw()
-                await self._restore(mp.proxy)
+            await self._undo_all(mp)
+
+    async def _undo_all(self, mp: ManagedProxy) -> None:
+        """End every mode: thaw, then restore the listener (a UDP proxy: thaw, clear)."""
+        if isinstance(mp.proxy, UdpProxy):
+            await mp.proxy.thaw()
+            await mp.proxy.clear()
+        elif mp.proxy is not None:
+            await mp.proxy.thaw()
+            await self._restore(mp.proxy)
 
     @staticmethod
     async def _restore(proxy: Proxy) -> None:

@@ -104,6 +104,8 @@ class SessionInfo:
     held: dict[str, int] = field(default_factory=dict)
     age_s: float = 0.0
     idle_s: float = 0.0
+    #: open, or the gates of the proxy: frozen, blackholed (per direction: -upstream...)
+    state: str = "open"
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -211,7 +213,14 @@ class Session:
             local = format_address(self.upstream.getsockname())
         except OSError:
             local = "closed"
+        gates = self.proxy._gates
+        if gates["upstream"] == gates["downstream"]:
+            state = gates["upstream"]
+        else:
+            closed = [s for s in STREAMS if gates[s] != OPEN]
+            state = f"{gates[closed[0]]}-{closed[0]}"
         return SessionInfo(
+            state=state,
             id=self.id,
             peer=self.peer_text,
             local=local,
@@ -528,6 +537,9 @@ class UdpProxy:
 
     def sessions(self) -> list[SessionInfo]:
         return [s.info() for s in list(self._sessions.values())]
+
+    #: The server lists a UDP proxy's sessions where a TCP proxy's connections go.
+    connections = sessions
 
     @property
     def state(self) -> dict[str, Any]:

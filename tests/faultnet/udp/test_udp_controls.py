@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 
 from faultnet.udp.controltest import run_udp_control_test
+from faultnet.udp.modes import UDP_MODES
 from faultnet.udp.proxy import UdpProxy
 
-MODES = {"pass", "blackhole", "freeze", "loss", "latency", "duplicate", "reorder", "size_limit"}
+#: The negative control, and every UDP mode with a control (the table's).
+MODES = {"pass", *(m.name for m in UDP_MODES.values() if m.control)}
 
 
 async def test_every_udp_control_passes_on_its_mode_and_goes_red_on_every_breakage() -> None:

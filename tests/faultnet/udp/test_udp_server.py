@@ -1,0 +1,83 @@
+"""UDP proxies on the faultnet server: created with ``"protocol": "udp"``, faulted by the
+UDP mode table, listed, reset; TCP stays the default and Toxiproxy's shape unchanged."""
+
+from __future__ import annotations
+
+import pytest
+
+from faultnet.server import ApiError, open_registry
+from faultnet.testing import udp_echo_server
+from faultnet.udp import UdpProbeKind, udp_probe
+from faultnet.udp.modes import UDP_MODES, udp_markdown_table
+from faultnet.udp.proxy import UdpProxy
+from tests import REPO
+
+
+async def test_a_udp_proxy_is_created_faulted_listed_and_reset() -> None:
+    async with udp_echo_server() as (up, _), open_registry() as reg:
+        mp = await reg.create({"name": "dns", "upstream": f"{up[0]}:{up[1]}", "protocol": "udp"})
+        assert mp.to_json()["protocol"] == "udp" and isinstance(mp.proxy, UdpProxy)
+        addr = mp.proxy.address
+        assert (await udp_probe(addr, 1.0)).echoed
+        r = await reg.apply_fault("dns", {"mode": "blackhole", "stream": "downstream"})
+        assert r["state"]["gates"] == {"upstream": "open", "downstream": "blackholed"}
+        assert (await udp_probe(addr, 0.2)).kind is UdpProbeKind.SILENT
+        assert reg.fault_state("dns")["connections"] == {"blackholed-downstream": 2}
+        await reg.apply_fault("dns", {"mode": "thaw"})
+        r = await reg.apply_fault("dns", {"mode": "latency", "latency_ms": 50, "jitter_ms": 5})
+        assert r["latency_ms"] == 50
+        assert (await udp_probe(addr, 2.0)).elapsed_s >= 0.09
+        await reg.reset()
+        assert reg.fault_state("dns")["impairments"]["upstream"]["latency_ms"] == 0
+        assert [s.to_json()["peer"] for s in mp.proxy.connections()]
+        # TCP is the default and keeps Toxiproxy's shape (no protocol field).
+        tcp = await reg.create({"name": "web", "upstream": "127.0.0.1:9"})
+        assert "protocol" not in tcp.to_json()
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"mode": "drop_syn"}, "invalid fault mode for a UDP proxy"),
+        ({"mode": "loss"}, "loss needs percent"),
+        ({"mode": "loss", "percent": 150}, "percentage 0-100"),
+        ({"mode": "loss", "percent": 5, "peer": "127.0.0.1"}, "takes no 'peer'"),
+        ({"mode": "size_limit", "limit": 10, "action": "squash"}, "truncate, drop"),
+        ({"mode": "freeze", "stream": "sideways"}, "stream must be one of"),
+    ],
+)
+async def test_udp_fault_errors_are_400s_saying_why(body, message) -> None:
+    async with udp_echo_server() as (up, _), open_registry() as reg:
+        await reg.create({"name": "u", "upstream": f"{up[0]}:{up[1]}", "protocol": "udp"})
+        with pytest.raises(ApiError, match=message) as info:
+            await reg.apply_fault("u", body)
+        assert info.value.status == 400
+
+
+async def test_udp_proxies_take_no_toxics_and_a_protocol_is_checked() -> None:
+    async with open_registry() as reg:
+        with pytest.raises(ApiError, match="protocol must be tcp or udp"):
+            await reg.create({"name": "x", "upstream": "127.0.0.1:9", "protocol": "sctp"})
+        await reg.create({"name": "u", "upstream": "127.0.0.1:9", "protocol": "udp"})
+        with pytest.raises(ApiError, match="toxics are for TCP proxies"):
+            await reg.add_toxic("u", {"type": "latency", "attributes": {"latency": 5}})
+        with pytest.raises(ApiError, match="protocol cannot change"):
+            await reg.update("u", {"protocol": "tcp"})
+
+
+def test_every_udp_mode_is_a_proxy_method_taking_what_its_row_says() -> None:
+    import inspect
+
+    for m in UDP_MODES.values():
+        params = inspect.signature(getattr(UdpProxy, m.name)).parameters
+        assert "stream" in params, m.name
+        assert set(m.params) <= set(params), m.name
+        assert set(m.required) <= set(m.params), m.name
+        if m.undone_by is not None:
+            assert UDP_MODES[m.undone_by].undone_by is None
+
+
+def test_readme_udp_table_is_the_table() -> None:
+    assert udp_markdown_table() in (REPO / "README.md").read_text(), (
+        "README's UDP table is stale: paste faultnet.udp.modes.udp_markdown_table()"
+    )
