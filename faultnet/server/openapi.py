@@ -15,6 +15,7 @@ from typing import Any
 from faultnet.modes import MODES, STREAM_CHOICES, modes_that
 from faultnet.server.names import MAX_NAME_CHARS
 from faultnet.toxics import INT64_MIN, TOXICS
+from faultnet.udp.modes import UDP_MODES
 
 __all__ = ["openapi_document"]
 
@@ -186,6 +187,13 @@ def _schemas() -> dict[str, Any]:
                 },
                 "upstream": {"type": "string", "example": "127.0.0.1:6379"},
                 "enabled": {"type": "boolean", "default": True},
+                "protocol": {
+                    "type": "string",
+                    "enum": ["tcp", "udp"],
+                    "default": "tcp",
+                    "description": "faultnet extension: udp makes a UDP proxy (per-client "
+                    "sessions; its faults are the UDP modes, it takes no toxics)",
+                },
             },
         },
         "ProxyUpdate": {
@@ -204,8 +212,20 @@ def _schemas() -> dict[str, Any]:
             "properties": {
                 "mode": {
                     "type": "string",
-                    "enum": list(MODES),
-                    "description": "; ".join(f"{m.name}: {m.summary}" for m in MODES.values()),
+                    "enum": [*MODES, *(m for m in UDP_MODES if m not in MODES)],
+                    "description": "; ".join(f"{m.name}: {m.summary}" for m in MODES.values())
+                    + ". On a UDP proxy: "
+                    + "; ".join(f"{m.name}: {m.summary}" for m in UDP_MODES.values()),
+                },
+                **{
+                    param: {
+                        "type": "string" if param == "action" else "number",
+                        "description": "UDP proxies: "
+                        + ", ".join(m.name for m in UDP_MODES.values() if param in m.params),
+                    }
+                    for param in dict.fromkeys(
+                        p for m in UDP_MODES.values() for p in m.params if p != "percent"
+                    )
                 },
                 "stream": {
                     "type": "string",
