@@ -2,7 +2,8 @@
 the probe and the CLI.
 
 An IPv6 host is written in brackets (``[::1]:8474``) both ways: :func:`format_address`
-adds them and :func:`parse_address` requires them (``::1:8474`` is ambiguous).
+adds them and :func:`parse_address` requires them (``::1:8474`` is ambiguous). A bare host
+(what :func:`parse_address` returns) has no brackets; :func:`is_loopback` judges one.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ __all__ = [
     "Address",
     "AddressError",
     "format_address",
+    "is_loopback",
     "parse_address",
     "parse_peer",
     "peer_matches",
@@ -90,3 +92,16 @@ def peer_matches(peer: tuple[str, int | None], addr: Any) -> bool:
     except ValueError:
         return False
     return same_host and (port is None or port == addr[1])
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a bare *host* (no brackets, no port) is loopback: ``localhost`` in any case,
+    or an IP literal in 127.0.0.0/8 or ``::1``. Any other name is False without a lookup:
+    it may resolve anywhere. The one judge for every "loopback only" rule (the server's
+    API host, the chaos loopback rail, the enclave's listen host)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -24,10 +24,11 @@ rail                    what it refuses
 
 from __future__ import annotations
 
-import ipaddress
 import urllib.parse
 from collections.abc import Collection
 from pathlib import Path
+
+from faultnet.addresses import is_loopback
 
 __all__ = ["MARKER_NAME", "RAILS", "check_armed", "check_loopback", "check_named", "url_host"]
 
@@ -47,20 +48,11 @@ def check_armed(armed: bool, marker: Path | None) -> str | None:
     return "; ".join(missing) or None
 
 
-def _is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a name other than localhost: not resolved, not trusted
-
-
 def check_loopback(hosts: Collection[str], allow_non_loopback: bool) -> str | None:
     """Refuse a target any of whose *hosts* is not a loopback address."""
     if allow_non_loopback:
         return None
-    beyond = [h for h in hosts if not _is_loopback(h)]
+    beyond = [h for h in hosts if not is_loopback(h)]
     if beyond:
         return f"{', '.join(beyond)} is not loopback (--allow-non-loopback to allow)"
     return None

@@ -24,9 +24,10 @@ from pathlib import Path
 
 import trio
 
+from faultnet.addresses import is_loopback
 from harness.enclave._flood import FloodLimits
 from harness.enclave._registry import Registry, RegistryError
-from harness.enclave._server import EnclaveServer, ServerConfig, _is_loopback
+from harness.enclave._server import EnclaveServer, ServerConfig
 
 __all__ = ["main"]
 
@@ -191,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         flood=FloodLimits(args.flood_rate, args.flood_burst, args.excess_flood),
         **{name: getattr(args, name) for name in same},
     )
-    if not _is_loopback(args.host):
+    if not is_loopback(args.host):
         print(
             f"{PROG}: error: refusing to listen on non-loopback host {args.host!r}", file=sys.stderr
         )

@@ -40,7 +40,6 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
-import ipaddress
 import itertools
 import math
 import os
@@ -63,6 +62,7 @@ from drivers.irc import (
     format_line,
     parse_line,
 )
+from faultnet.addresses import is_loopback
 from harness.enclave._events import EventSink, make_record, stderr_sink
 from harness.enclave._flood import ExcessFlood, FloodBucket, FloodLimits
 from harness.enclave._registry import (
@@ -198,7 +198,7 @@ class EnclaveServer:
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Listen and serve until cancelled. ``task_status.started((host, port))``."""
         host = self.config.host
-        if not _is_loopback(host):
+        if not is_loopback(host):
             raise ValueError(f"refusing to listen on non-loopback host {host!r}")
         family = trio.socket.AF_INET6 if ":" in host else trio.socket.AF_INET
         sock = trio.socket.socket(family, trio.socket.SOCK_STREAM)
@@ -984,15 +984,6 @@ class EnclaveServer:
 def _target(c: Client) -> str:
     """The first parameter of a numeric or CAP reply: ``*`` until registered."""
     return c.nick if c.registered and c.nick else "*"
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _write_atomic(path: Path, text: str) -> None:
