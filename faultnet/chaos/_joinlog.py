@@ -95,12 +95,9 @@ class JoinLog:
             "detail": detail or {},
             "dry": self.dry,
         }
-        if rail is not None:
-            fields["rail"] = rail
-        if reason is not None:
-            fields["reason"] = reason
-        if result is not None:
-            fields["result"] = result
+        # A field that does not apply is left out, not written as null.
+        optional = {"rail": rail, "reason": reason, "result": result}
+        fields.update((k, v) for k, v in optional.items() if v is not None)
         record = self._writer.write(event, **fields)
         self.records.append(record)
         if self.on_record is not None:

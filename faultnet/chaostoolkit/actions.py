@@ -37,12 +37,9 @@ def _apply(
         body["stream"] = stream
     if include_new:
         body["include_new"] = True
-    if connections is not None:
-        body["connections"] = connections
-    if percent is not None:
-        body["percent"] = percent
-    if peer is not None:
-        body["peer"] = peer
+    # An argument not given is left out of the body (the server's default applies).
+    optional = {"connections": connections, "percent": percent, "peer": peer}
+    body.update((k, v) for k, v in optional.items() if v is not None)
     return api_request(
         "POST", _path(proxy, "/faults"), body, api_url_=api_url, configuration=configuration
     )
