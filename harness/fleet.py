@@ -72,6 +72,7 @@ import trio
 from faultnet.chaos import Draws, draw
 from faultnet.errors import CommandError, EnvironmentProblem, UsageError, fail
 from faultnet.eventlog import JsonlWriter, read_jsonl
+from harness._contract import claims_delivery
 from harness._report import EXIT_ENV, EXIT_OK
 from harness._runner import (
     BotHandle,
@@ -397,7 +398,7 @@ async def _workload(fleet: Fleet, spec: BotSpec, bot: BotHandle) -> None:
         while True:
             i += 1
             reply = await _post(fleet, spec, posts, fds, i, "roll_call")
-            if "UNCONFIRMED" not in reply and "Broadcast to" in reply:
+            if claims_delivery(reply):
                 break
             if time.monotonic() >= deadline:
                 break

@@ -1,7 +1,8 @@
 """``python -m harness.fleet_verify RUN_DIR``: judge a fleet soak from its records alone.
 
-It shares nothing with :mod:`harness.fleet` but the run directory: ``manifest.json``
-names every file, and every verdict comes from what the bots' own records and the
+It shares nothing with :mod:`harness.fleet` but the run directory (and the bot
+contract's reader, :mod:`harness._contract`, as every consumer of a bot's output does):
+``manifest.json`` names every file, and every verdict comes from what the bots' own records and the
 observer's transcript say, never from what a bot claimed. A post's reply is the claim
 under test; the observer's transcript is what happened.
 
@@ -40,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -48,12 +48,12 @@ from pathlib import Path
 from typing import Any
 
 from faultnet.eventlog import CorruptLogError, read_jsonl
+from harness._contract import claims_delivery, parse_botevents
 
 __all__ = ["Verdict", "main", "verify"]
 
 PROG = "python -m harness.fleet_verify"
 MANIFEST_FORMAT = "faultnet-fleet/1"
-_BOTEVENT = re.compile(r"^BOTEVENT (\{.*\})\s*$")
 DOWN_ACTIONS = ("freeze", "blackhole")
 #: The faults whose effect on the bot's live link the verifier can demand. Anything else
 #: a chaos plan file enables (drop_syn, refuse, toxics) is joined to what followed, and
@@ -97,11 +97,6 @@ class Verdict:
 # --------------------------------------------------------------------------- reading
 
 
-def claims_delivery(reply: str) -> bool:
-    """The bot contract's claim: "Broadcast to", and no UNCONFIRMED anywhere."""
-    return "UNCONFIRMED" not in reply and "Broadcast to" in reply
-
-
 def _records(path: Path) -> list[dict[str, Any]]:
     try:
         return read_jsonl(path).records
@@ -113,18 +108,9 @@ def _records(path: Path) -> list[dict[str, Any]]:
 
 def _botevents(path: Path) -> list[dict[str, Any]]:
     try:
-        text = path.read_text(errors="replace")
+        return parse_botevents(path.read_text(errors="replace"))
     except OSError as exc:
         raise Unusable(f"cannot read {path}: {exc}") from None
-    out = []
-    for line in text.splitlines():
-        m = _BOTEVENT.match(line.strip())
-        if m:
-            try:
-                out.append(json.loads(m.group(1)))
-            except ValueError:
-                continue
-    return out
 
 
 def _call_texts(directory: Path) -> set[str]:
