@@ -68,6 +68,16 @@ def hand_plan(
     )
 
 
+def process_plan(fault: str, *slots: tuple[float, str, float]) -> Plan:
+    """A plan of *fault* (``process:stop`` or ``process:kill``) slots, each ``(at, process
+    name, duration)`` with the catalogue's signal, naming exactly those processes."""
+    detail = {"signal": catalogue()[fault].signal}
+    return hand_plan(
+        [(at, fault, f"process:{name}", duration, dict(detail)) for at, name, duration in slots],
+        processes=tuple(name for _, name, _ in slots),
+    )
+
+
 def chaos_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "faultnet", "chaos", *args],

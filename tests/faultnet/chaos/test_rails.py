@@ -19,7 +19,7 @@ from faultnet.eventlog import read_jsonl
 from faultnet.procs import ProcessIdentity
 from faultnet.server import RunningServer
 from faultnet.testing import echo_server, wait_until
-from tests.faultnet.chaos.conftest import append_line, hand_plan, proc_state
+from tests.faultnet.chaos.conftest import append_line, hand_plan, proc_state, process_plan
 
 UNIT = 0.01
 FREEZE = (0.0, "freeze", "db@local", 2.0, {"stream": "both"})
@@ -76,19 +76,6 @@ async def test_an_unarmed_run_is_refused_and_touches_nothing(
         word = "--armed was not given" if missing == "flag" else "does not exist"
         assert word in records[2]["reason"]
         assert _applied(events) == []
-
-
-async def test_without_the_arming_rail_the_same_run_would_fault(
-    faultnet_proxy, tmp_path: Path, monkeypatch
-) -> None:
-    monkeypatch.setattr(rails, "check_armed", lambda armed, marker: None)
-    async with echo_server() as upstream:
-        events = tmp_path / "proxy.jsonl"
-        proxy = await faultnet_proxy(upstream, name="db", event_log=str(events))
-        plan = hand_plan([FREEZE], proxies=("db@local",))
-        runner, _ = await _run(plan, tmp_path, proxies={"db": proxy}, armed=False, marker=None)
-        assert not runner.result.refused
-        assert _applied(events) == ["freeze"]
 
 
 # -- loopback ------------------------------------------------------------------------------
@@ -187,15 +174,30 @@ async def test_a_proxy_the_plan_does_not_name_is_never_touched(
         assert _applied(events) == []
 
 
-async def test_without_the_unnamed_rail_a_slot_reaches_an_unnamed_proxy(
-    faultnet_proxy, tmp_path: Path, monkeypatch
+# -- unarmed and unnamed, each removed ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rail", "named", "armed"),
+    [
+        # unarmed: neither --armed nor the marker, and the same run faults.
+        ("check_armed", True, False),
+        # unnamed: armed, and a slot reaches a proxy the plan does not name.
+        ("check_named", False, True),
+    ],
+    ids=["unarmed", "unnamed"],
+)
+async def test_without_the_rail_the_freeze_it_refuses_is_applied(
+    faultnet_proxy, tmp_path: Path, monkeypatch, rail: str, named: bool, armed: bool
 ) -> None:
-    monkeypatch.setattr(rails, "check_named", lambda target, named: None)
+    monkeypatch.setattr(rails, rail, lambda *args: None)
     async with echo_server() as upstream:
-        events = tmp_path / "other.jsonl"
-        other = await faultnet_proxy(upstream, name="other", event_log=str(events))
-        plan = hand_plan([(0.0, "freeze", "other@local", 2.0, {"stream": "both"})])
-        await _run(plan, tmp_path, proxies={"other": other}, armed=True, marker=_marker(tmp_path))
+        events = tmp_path / "proxy.jsonl"
+        proxy = await faultnet_proxy(upstream, name="db", event_log=str(events))
+        plan = hand_plan([FREEZE], proxies=("db@local",) if named else ())
+        marker = _marker(tmp_path) if armed else None
+        runner, _ = await _run(plan, tmp_path, proxies={"db": proxy}, armed=armed, marker=marker)
+        assert not runner.result.refused
         assert _applied(events) == ["freeze"]
 
 
@@ -217,14 +219,11 @@ async def test_a_process_not_listed_or_no_longer_the_one_listed_is_not_signalled
     _listed_with_another_cmdline(pids, "a", a.pid)
     # b's PID with a start time that is not b's.
     append_line(pids, f"{b.pid}\tb\t{ProcessIdentity.of(b.pid).start_time + 1}")
-    stop = {"signal": "SIGSTOP"}
-    plan = hand_plan(
-        [
-            (0.0, "process:stop", "process:a", 2.0, stop),
-            (1.0, "process:stop", "process:b", 2.0, stop),
-            (2.0, "process:stop", "process:c", 2.0, stop),  # c is not listed at all
-        ],
-        processes=("a", "b", "c"),
+    plan = process_plan(
+        "process:stop",
+        (0.0, "a", 2.0),
+        (1.0, "b", 2.0),
+        (2.0, "c", 2.0),  # c is not listed at all
     )
     _, records = await _run(plan, tmp_path, allowlist=pids, armed=True, marker=_marker(tmp_path))
     skips = [(r["target"], r["rail"], r["reason"]) for r in records if r.get("rail")]
@@ -243,9 +242,7 @@ async def test_without_the_pid_rail_a_reused_pid_would_be_stopped(
     a = sleepers()
     pids = tmp_path / "pids"
     _listed_with_another_cmdline(pids, "a", a.pid)
-    plan = hand_plan(
-        [(0.0, "process:stop", "process:a", 1e6, {"signal": "SIGSTOP"})], processes=("a",)
-    )
+    plan = process_plan("process:stop", (0.0, "a", 1e6))
     log = JoinLog(tmp_path / "chaos.jsonl", seed=1, dry=False)
     runner = Runner(plan, log, allowlist=pids, armed=True, marker=_marker(tmp_path), time_unit=UNIT)
     async with trio.open_nursery() as nursery:

@@ -13,7 +13,7 @@ from faultnet.chaos import JoinLog, Runner, catalogue, load_config, make_plan, r
 from faultnet.controls import assert_accepting
 from faultnet.eventlog import read_jsonl
 from faultnet.testing import echo_server, read_exactly, wait_until
-from tests.faultnet.chaos.conftest import append_line, hand_plan, proc_state
+from tests.faultnet.chaos.conftest import append_line, hand_plan, proc_state, process_plan
 
 UNIT = 0.01  # seconds per unit: a plan of 100 units runs in about a second
 
@@ -214,14 +214,11 @@ async def test_a_once_per_run_fault_is_spent_when_it_fires_not_when_planned(
     pids = tmp_path / "pids"
     register_process(pids, "a", a.pid)
     register_process(pids, "b", b.pid)
-    kill = {"signal": "SIGKILL"}
-    plan = hand_plan(
-        [
-            (0.0, "process:kill", "process:ghost", 0.0, kill),  # not listed: a rail skips it
-            (1.0, "process:kill", "process:a", 0.0, kill),  # fires: the budget is spent
-            (2.0, "process:kill", "process:b", 0.0, kill),  # spent: a logged skip
-        ],
-        processes=("ghost", "a", "b"),
+    plan = process_plan(
+        "process:kill",
+        (0.0, "ghost", 0.0),  # not listed: a rail skips it
+        (1.0, "a", 0.0),  # fires: the budget is spent
+        (2.0, "b", 0.0),  # spent: a logged skip
     )
     log = JoinLog(tmp_path / "chaos.jsonl", seed=1, dry=False)
     result = await Runner(plan, log, allowlist=pids, time_unit=UNIT, **armed(tmp_path)).run()
@@ -253,14 +250,7 @@ async def test_sigstop_is_undone_by_sigcont_at_its_time_and_on_cancel(
     register_process(pids, "a", a.pid)
     # A two-column line, as a shell spawner writes it: pinned at first sight.
     append_line(pids, f"{b.pid}\tb")
-    stop = {"signal": "SIGSTOP"}
-    plan = hand_plan(
-        [
-            (0.0, "process:stop", "process:a", 20.0, stop),
-            (1.0, "process:stop", "process:b", 1e6, stop),
-        ],
-        processes=("a", "b"),
-    )
+    plan = process_plan("process:stop", (0.0, "a", 20.0), (1.0, "b", 1e6))
     log = JoinLog(tmp_path / "chaos.jsonl", seed=1, dry=False)
     runner = Runner(plan, log, allowlist=pids, time_unit=UNIT, **armed(tmp_path))
     async with trio.open_nursery() as nursery:
