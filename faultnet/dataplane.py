@@ -331,8 +331,20 @@ class DataPlane:
             for fd in link.fds:
                 self._fds[fd] = (link, *link._lanes_of(fd))
                 self._mask[fd] = 0
+            # What already arrived moves now, in this thread: a client that sent its
+            # request (or its FIN) while the upstream connect was under way is served
+            # without waiting for the thread's wake-up (2 recv()s returning EAGAIN else).
+            self._service(link.fds)
             self._rearm(link)
         return link
+
+    def settle(self) -> None:
+        """Move, in the calling thread, whatever is ready now (one epoll_wait that does
+        not wait). Faults call it before counting connections, so a connection whose
+        last FIN already sits in a socket is seen ended, as the trio pumps would have
+        seen it by then (the thread's wake-up can come later under load)."""
+        with self.lock:
+            self._service(fd for fd, _ in self._ep.poll(0, _MAX_EVENTS))
 
     # -- under the lock --
 
@@ -526,16 +538,21 @@ class DataPlane:
                 continue
             for fd, _ in events:
                 with lock:
-                    entry = self._fds.get(fd)
-                    if entry is None:
-                        continue
-                    try:
-                        self._handle(*entry)
-                    except Exception as exc:  # a bug: contained to its connection
-                        link = entry[0]
-                        if self._end(link):
-                            link.error = exc
-                            self._post(link, ERROR, None)
+                    self._service((fd,))
+
+    def _service(self, fds: Iterable[int]) -> None:
+        """Handle each ready fd (lock held)."""
+        for fd in fds:
+            entry = self._fds.get(fd)
+            if entry is None:
+                continue
+            try:
+                self._handle(*entry)
+            except Exception as exc:  # a bug: contained to its connection
+                link = entry[0]
+                if self._end(link):
+                    link.error = exc
+                    self._post(link, ERROR, None)
 
     def _handle(self, link: Link, reading: Lane, writing: Lane) -> None:
         if (

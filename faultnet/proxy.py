@@ -784,6 +784,8 @@ class Proxy:
         is *peer* (``HOST`` or ``HOST:PORT``; ValueError if it is not one)."""
         # A link the thread data plane has ended (both EOFs forwarded, or a reset) is not
         # live, though trio has not yet been told: faults count it out at once.
+        if self._plane is not None:
+            self._plane.settle()
         conns = [
             c
             for c in self._connections.values()
