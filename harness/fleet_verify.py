@@ -43,7 +43,7 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -67,12 +67,15 @@ class Unusable(Exception):
 
 @dataclass
 class Verdict:
+    """The judgement of one run; its JSON (``--json``, ``verdict.json``) is these fields,
+    in this order."""
+
     mode: str
-    checks: list[dict[str, Any]] = field(default_factory=list)
-    joins: list[dict[str, Any]] = field(default_factory=list)
-    summary: dict[str, Any] = field(default_factory=dict)
     ok: bool = False
     message: str = ""
+    summary: dict[str, Any] = field(default_factory=dict)
+    checks: list[dict[str, Any]] = field(default_factory=list)
+    joins: list[dict[str, Any]] = field(default_factory=list)
 
     def check(self, name: str, passed: bool, detail: str, evidence: Any = None) -> bool:
         self.checks.append(
@@ -84,14 +87,7 @@ class Verdict:
         return any(name_part in c["name"] and not c["passed"] for c in self.checks)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "mode": self.mode,
-            "ok": self.ok,
-            "message": self.message,
-            "summary": self.summary,
-            "checks": self.checks,
-            "joins": self.joins,
-        }
+        return asdict(self)
 
 
 # --------------------------------------------------------------------------- reading
