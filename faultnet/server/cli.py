@@ -26,12 +26,22 @@ from typing import Any
 
 from faultnet.modes import MODES, STREAM_CHOICES, ModeArgumentError, mode, modes_that
 from faultnet.server.client import DEFAULT_API, ApiClient, ApiFailure, ApiUnavailable
+from faultnet.udp.modes import UDP_MODES
 
 __all__ = ["register"]
 
 
+#: The UDP proxy's modes that are not TCP modes too, and their arguments besides percent.
+_UDP_ONLY = [m for m in UDP_MODES if m not in MODES]
+_UDP_PARAMS = list(dict.fromkeys(p for m in UDP_MODES.values() for p in m.params if p != "percent"))
+
+
 def _mode_name(text: str) -> str:
-    """A mode as the table spells it (``drop-syn`` and ``drop_syn`` are one mode)."""
+    """A mode as the table spells it (``drop-syn`` and ``drop_syn`` are one mode); a UDP
+    proxy's own modes (``latency``, ``size-limit`` ...) too."""
+    udp = text.replace("-", "_")
+    if udp in UDP_MODES and udp not in MODES:
+        return udp
     try:
         return mode(text).name
     except ModeArgumentError as exc:
@@ -209,6 +219,9 @@ def _fault(args: argparse.Namespace, c: ApiClient) -> Any:
         body["connections"] = args.connection
     if args.percent is not None:
         body["percent"] = args.percent
+    for param in _UDP_PARAMS:
+        if getattr(args, param) is not None:
+            body[param] = getattr(args, param)
     if args.peer is not None:
         body["peer"] = args.peer
     r = c.request("POST", f"/proxies/{c.quote(args.proxy)}/faults", body)
@@ -449,9 +462,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "mode",
         type=_mode_name,
-        choices=list(MODES),
+        choices=[*MODES, *_UDP_ONLY],
         metavar="MODE",
-        help=f"one of {', '.join(MODES)} (drop-syn is drop_syn)",
+        help=f"one of {', '.join(MODES)} (drop-syn is drop_syn); on a UDP proxy one of "
+        f"{', '.join(UDP_MODES)}",
     )
     p.add_argument(
         "--stream",
@@ -479,6 +493,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help=f"{_modes_that('takes_percent')}: the chance (0-100) each segment or SYN is "
         "dropped (default: the mode's own, see the API)",
     )
+    for param in _UDP_PARAMS:
+        p.add_argument(
+            f"--{param.replace('_', '-')}",
+            type={"action": str, "limit": int}.get(param, float),
+            help="UDP proxies: "
+            + ", ".join(m.name for m in UDP_MODES.values() if param in m.params),
+        )
     p.add_argument(
         "--peer",
         metavar="HOST[:PORT]",

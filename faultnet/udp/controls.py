@@ -185,7 +185,7 @@ async def assert_udp_lossy(
     address: Address,
     percent: float,
     count: int = 200,
-    window: float = 0.5,
+    window: float = 1.0,
 ) -> float:
     """Positive control for loss: of *count* datagrams sent, the fraction whose echo
     never came back is *percent* (round trip) within four binomial standard deviations,

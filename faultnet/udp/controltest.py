@@ -63,7 +63,7 @@ def _cases(
         ("blackhole", "real", p.blackhole, silent),
         ("blackhole", "breakage: a blackhole as a no-op", nothing, silent),
         ("blackhole", "breakage: datagrams only delayed",
-         lambda: p.latency(_MIN_MS / 2), silent),
+         lambda: p.latency(_MIN_MS / 5), silent),
         ("freeze", "real", p.freeze, held),
         ("freeze", "breakage: held datagrams dropped (a blackhole)", p.blackhole, held),
         ("freeze", "breakage: a freeze as a no-op", nothing, held),

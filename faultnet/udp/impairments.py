@@ -59,6 +59,10 @@ class Impairment:
     size_action: str = "truncate"
 
     def __post_init__(self) -> None:
+        for name in ("loss", "duplicate", "reorder", "latency_ms", "jitter_ms", "reorder_gap_ms"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{name} must be a number, not {value!r}")
         for name in ("loss", "duplicate", "reorder"):
             value = getattr(self, name)
             if not 0.0 <= value <= 100.0:
@@ -66,6 +70,10 @@ class Impairment:
         for name in ("latency_ms", "jitter_ms", "reorder_gap_ms"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must not be negative, not {getattr(self, name)}")
+        if self.size_limit is not None and (
+            isinstance(self.size_limit, bool) or not isinstance(self.size_limit, int)
+        ):
+            raise ValueError(f"size_limit must be a whole number of bytes, not {self.size_limit!r}")
         if self.size_limit is not None and self.size_limit < 0:
             raise ValueError(f"size_limit must not be negative, not {self.size_limit}")
         if self.size_action not in SIZE_ACTIONS:

@@ -25,7 +25,8 @@ from faultnet.cli import main
 from faultnet.controls import assert_accepting, assert_refusing, assert_syn_dropped
 from faultnet.eventlog import read_jsonl
 from faultnet.server import RunningServer
-from faultnet.testing import read_line, start_server
+from faultnet.testing import read_line, start_server, udp_echo_server
+from faultnet.udp import udp_probe
 
 
 class Cli:
@@ -122,6 +123,23 @@ async def test_client_commands(cli: Cli, upstream: str) -> None:
     assert (await cli.json("proxies"))["web"]["toxics"] == []
     assert (await cli.ok("delete", "web")).strip() == "deleted web"
     await assert_refusing(where)
+
+
+async def test_a_udp_proxy_from_the_command_line(cli: Cli) -> None:
+    async with udp_echo_server() as (up, _):
+        out = await cli.ok("create", "dns", "--protocol", "udp", "--upstream", f"{up[0]}:{up[1]}")
+        assert out.startswith("created dns: 127.0.0.1:")
+        listen = parse_address((await cli.json("proxies"))["dns"]["listen"])
+        assert (await cli.json("proxies"))["dns"]["protocol"] == "udp"
+        r = await cli.json("fault", "dns", "latency", "--latency-ms", "40", "--stream", "upstream")
+        assert r["latency_ms"] == 40 and r["state"]["impairments"]["upstream"]["latency_ms"] == 40
+        assert (await udp_probe(listen, 2.0)).elapsed_s >= 0.04
+        await cli.ok("fault", "dns", "size-limit", "--limit", "8")
+        assert len((await udp_probe(listen, 2.0)).reply) == 8
+        await cli.ok("fault", "dns", "clear")
+        assert (await udp_probe(listen, 2.0)).echoed
+        code, _, err = await cli("fault", "dns", "drop-syn")
+        assert code == 2 and "invalid fault mode for a UDP proxy" in err
 
 
 async def test_client_errors_and_exit_codes(cli: Cli, upstream: str) -> None:

@@ -73,6 +73,8 @@ def test_streams_and_sessions_draw_independently() -> None:
         ({"size_limit": -1}, "must not be negative"),
         ({"size_action": "squash"}, "truncate, drop"),
         ({"bogus": 1}, "unknown impairment attribute"),
+        ({"size_limit": 10.5}, "whole number of bytes"),
+        ({"loss": "5"}, "must be a number"),
     ],
 )
 def test_bad_values_are_refused_saying_why(changes, message) -> None:

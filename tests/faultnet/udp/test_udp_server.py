@@ -44,6 +44,7 @@ async def test_a_udp_proxy_is_created_faulted_listed_and_reset() -> None:
         ({"mode": "loss", "percent": 5, "peer": "127.0.0.1"}, "takes no 'peer'"),
         ({"mode": "size_limit", "limit": 10, "action": "squash"}, "truncate, drop"),
         ({"mode": "freeze", "stream": "sideways"}, "stream must be one of"),
+        ({"mode": "size_limit", "limit": 9.5}, "whole number of bytes"),
     ],
 )
 async def test_udp_fault_errors_are_400s_saying_why(body, message) -> None:
