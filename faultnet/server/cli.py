@@ -250,7 +250,8 @@ def _reset(args: argparse.Namespace, c: ApiClient) -> Any:
 def _server(args: argparse.Namespace) -> int:
     import trio
 
-    from faultnet.server.registry import ApiError, is_loopback
+    from faultnet.addresses import is_loopback
+    from faultnet.server.registry import ApiError
 
     if not 0 <= args.port <= 65535:
         _err(f"--port must be 0 to 65535, not {args.port}")

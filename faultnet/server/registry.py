@@ -20,7 +20,6 @@ replay the same toxicity and jitter decisions.
 from __future__ import annotations
 
 import collections
-import ipaddress
 import secrets
 from collections.abc import AsyncIterator, Collection, Mapping
 from contextlib import asynccontextmanager
@@ -29,7 +28,7 @@ from typing import Any
 import trio
 
 from faultnet import addresses
-from faultnet.addresses import AddressError, format_address, parse_peer
+from faultnet.addresses import AddressError, format_address, is_loopback, parse_peer
 from faultnet.eventlog import JsonlWriter
 from faultnet.modes import STREAM_CHOICES, ModeArgumentError, mode
 from faultnet.proxy import AddressInUse, Proxy, ProxyError
@@ -690,17 +689,6 @@ class ProxyRegistry:
 
 #: A wildcard listen host, and the loopback address it is put on by default.
 _LOOPBACK_FOR = {"0.0.0.0": "127.0.0.1", "::": "::1"}
-
-
-def is_loopback(host: str) -> bool:
-    """True for localhost and loopback addresses (127.0.0.0/8, ::1); False for any other
-    name, which may resolve anywhere."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _proxy_error(exc: ProxyError) -> ApiError:

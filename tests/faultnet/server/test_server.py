@@ -131,6 +131,21 @@ async def test_create_defaults_listen_and_can_start_disabled(
     await assert_accepting(parse_address(p["listen"]))
 
 
+async def test_listen_on_localhost_in_any_case(upstream: Address) -> None:
+    # A server's default rule (proxies on loopback, no listen_hosts list) is
+    # faultnet.addresses.is_loopback: LOCALHOST is loopback (the registry's own copy of
+    # the judge took only lower-case "localhost" and refused this with a 400).
+    async with open_server() as server, httpx.AsyncClient(base_url=server.url) as api:
+        p = await create(api, "upper", upstream, listen="LOCALHOST:0")
+        stream = await trio.open_tcp_stream(*parse_address(p["listen"]))  # the bound one
+        assert await roundtrip(stream) == b"ping"
+        await stream.aclose()
+        r = await api.post(
+            "/proxies", json={"name": "x", "upstream": "h:1", "listen": "LOCALHOST.:0"}
+        )
+        assert_error(r, 400, "listen address LOCALHOST.:0 not allowed")  # a name, not loopback
+
+
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
