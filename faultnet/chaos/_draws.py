@@ -3,15 +3,17 @@
 Not :mod:`random`: its generator is a process-local object whose state a second process
 (or a second implementation) cannot reproduce from the seed alone. A draw here is a pure
 function of two integers, so any tool in any language replays a plan from its seed, and
-every decision in the join log names the counter that made it.
+every decision in the join log names the counter that made it. The hash is
+:func:`faultnet.seeds.derive_bits`, the one faultnet derives every seed with.
 """
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 from collections.abc import Sequence
 from typing import TypeVar
+
+from faultnet.seeds import derive_bits
 
 __all__ = ["Draws", "choose_seed", "draw"]
 
@@ -23,8 +25,7 @@ SEED_BITS = 32
 
 def draw(seed: int, counter: int) -> float:
     """The draw numbered *counter* under *seed*: a float in [0, 1), 53 bits of the hash."""
-    digest = hashlib.sha256(f"{seed}:{counter}".encode()).digest()
-    return (int.from_bytes(digest[:8], "big") >> 11) / (1 << 53)
+    return derive_bits(seed, counter, bits=53) / (1 << 53)
 
 
 def choose_seed() -> int:
