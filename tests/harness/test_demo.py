@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,8 +17,10 @@ from harness.demo import TARGET, demo_verdict
 from tests import REPO
 
 
-def test_demo_shows_the_defect_in_under_two_minutes(tmp_path: Path) -> None:
-    t0 = time.monotonic()
+def test_demo_shows_the_defect_and_ends_with_its_report(tmp_path: Path) -> None:
+    # The subprocess timeout is the bound (a hung demo fails here); how long the demo
+    # takes is a figure for the README, not an assertion (it was `took < 120` after a
+    # 110 s timeout: a check that could not fail).
     proc = subprocess.run(
         [sys.executable, "-m", "faultnet", "demo", "--time-scale", "0.03", "--json"]
         + ["--run-dir", str(tmp_path / "demo")],
@@ -28,7 +29,6 @@ def test_demo_shows_the_defect_in_under_two_minutes(tmp_path: Path) -> None:
         cwd=REPO,
         timeout=110,
     )
-    took = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads(proc.stdout.strip().splitlines()[-1])
     assert doc["demo_ok"], doc["demo_reason"]
@@ -39,7 +39,6 @@ def test_demo_shows_the_defect_in_under_two_minutes(tmp_path: Path) -> None:
     assert proc.stderr.count("environment up") == 2
     assert proc.stderr.count("environment down: stopped server pid") == 2
     assert "DEMO OK" in proc.stderr
-    assert took < 120
     # It ends with the pair's report: arm a's silent losses above arm b's UNCONFIRMED.
     page = tmp_path / "demo" / "report.html"
     assert proc.stderr.rstrip().endswith(f"report: {page}") and page.is_file()
