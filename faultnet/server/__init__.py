@@ -18,6 +18,7 @@ faultnet's extensions, which Toxiproxy clients simply never call:
 * ``GET /proxies/{p}/connections``: live connections (peer, bytes each way, state).
 * ``GET /proxies/{p}/events`` and ``GET /events`` (``?since=SEQ&limit=N``): the event
   log, numbered; the last 10,000 records are kept in memory, ``--event-log`` keeps all.
+  ``dropped`` counts the records that file could not take (``last_error`` says why).
 
 Where faultnet differs from Toxiproxy, on purpose: an omitted listen host is 127.0.0.1
 (not every interface); toxicity is decided once per connection and kept; toxicity 0

@@ -269,14 +269,16 @@ def create_app(registry: ProxyRegistry, token: str | None = None) -> Starlette:
     def _events(request: Request, proxy: str | None) -> Response:
         since = _query_int(request, "since", 0, 0, 2**62)
         limit = _query_int(request, "limit", 1000, 1, 10_000)
-        events = registry.events.read(since=since, limit=limit, proxy=proxy)
-        return JSONResponse(
-            {
-                "events": events,
-                "last_seq": registry.events.last_seq,
-                "path": registry.events.path,
-            }
-        )
+        log = registry.events
+        body: dict[str, Any] = {
+            "events": log.read(since=since, limit=limit, proxy=proxy),
+            "last_seq": log.last_seq,
+            "path": log.path,
+            "dropped": log.dropped,
+        }
+        if log.last_error is not None:
+            body["last_error"] = log.last_error
+        return JSONResponse(body)
 
     @handler
     async def proxy_events(request: Request) -> Response:

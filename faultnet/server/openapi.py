@@ -338,7 +338,7 @@ def _schemas() -> dict[str, Any]:
         ),
         "Events": {
             "type": "object",
-            "required": ["events", "last_seq"],
+            "required": ["events", "last_seq", "dropped"],
             "properties": {
                 "events": {
                     "type": "array",
@@ -355,6 +355,17 @@ def _schemas() -> dict[str, Any]:
                 },
                 "last_seq": {"type": "integer"},
                 "path": {"type": "string", "nullable": True, "description": "the JSONL file"},
+                "dropped": {
+                    "type": "integer",
+                    "minimum": 0,
+                    "description": "records the JSONL file could not take (disk full, a "
+                    "file-size limit), the whole server's (proxies share the file); they "
+                    "are still in `events`",
+                },
+                "last_error": {
+                    "type": "string",
+                    "description": "why the last dropped record failed; absent while none has",
+                },
             },
         },
     }

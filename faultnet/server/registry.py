@@ -85,12 +85,20 @@ class EventLog:
     the same file (one ``write`` per record on O_APPEND: writers never interleave), and
     every record is also kept, numbered, in a ring of :data:`EVENT_RING_SIZE` for reading
     over HTTP.
+
+    A record the file refuses (disk full, a file-size limit) is still kept in the ring;
+    :attr:`dropped` counts those the file lost, over every writer of this log.
     """
 
     def __init__(self, path: str | None, ring_size: int = EVENT_RING_SIZE) -> None:
         self.path = path
         self._ring: collections.deque[dict[str, Any]] = collections.deque(maxlen=ring_size)
         self._seq = 0
+        #: Records the file could not take (every writer's: proxies share the file).
+        self.dropped = 0
+        #: Why the last of them failed, e.g. ``"[Errno 28] No space left on device"``;
+        #: None while none has.
+        self.last_error: str | None = None
         self.server = self.writer(component="server")
 
     def writer(self, **static: Any) -> JsonlWriter:
@@ -127,6 +135,11 @@ class _TeeWriter(JsonlWriter):
         record = super().write(event, **fields)
         self._log._keep(record)
         return record
+
+    def _drop(self, exc: OSError) -> None:
+        super()._drop(exc)
+        self._log.dropped += 1
+        self._log.last_error = self.last_error
 
 
 # -- addresses ---------------------------------------------------------------------------

@@ -17,8 +17,11 @@ import httpx
 import trio
 
 from faultnet import controls
+from faultnet._version import __version__
 from faultnet.eventlog import read_jsonl
 from faultnet.proxy import open_proxy
+from faultnet.server import open_server
+from faultnet.server.openapi import openapi_document
 from faultnet.testing import echo_server, read_exactly
 
 FSIZE_LIMIT = 4096  # bytes: the listening record fits, a dozen connections' records do not
@@ -45,6 +48,37 @@ async def test_a_proxy_logging_to_a_full_disk_keeps_forwarding_and_faulting() ->
                 assert await read_exactly(stream, 22) == b"faultnet frozen probe\n"
         await _echo_once(proxy.address)
         assert proxy.log.dropped > 5 and "No space left" in (proxy.log.last_error or "")
+
+
+def _assert_events_shape(body: dict) -> None:
+    """*body* is what the OpenAPI document says ``GET /events`` answers."""
+    schema = openapi_document(__version__)["components"]["schemas"]["Events"]
+    assert set(schema["required"]) <= set(body) <= set(schema["properties"]), body
+
+
+async def test_the_events_api_counts_what_a_full_disk_dropped(tmp_path) -> None:
+    async with (
+        echo_server() as up,
+        open_server(event_log="/dev/full") as server,
+        httpx.AsyncClient(base_url=server.url, timeout=10) as api,
+    ):
+        body = {"name": "db", "listen": "127.0.0.1:0", "upstream": f"{up[0]}:{up[1]}"}
+        assert (await api.post("/proxies", json=body)).status_code == 201
+        everything = (await api.get("/events")).json()
+        mine = (await api.get("/proxies/db/events")).json()
+    _assert_events_shape(everything)
+    _assert_events_shape(mine)
+    # Every record so far was refused by the file, and is still served from memory.
+    kinds = [e["event"] for e in everything["events"]]
+    assert "server_seed" in kinds and "proxy_created" in kinds
+    assert everything["dropped"] == len(kinds) and mine["dropped"] >= len(kinds)
+    assert "No space left" in everything["last_error"] and "No space left" in mine["last_error"]
+    # The control: a log that takes every record reports none dropped and no error.
+    async with open_server(event_log=str(tmp_path / "ok.jsonl")) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as api:
+            fine = (await api.get("/events")).json()
+    _assert_events_shape(fine)
+    assert fine["events"] and fine["dropped"] == 0 and "last_error" not in fine
 
 
 def _limit_file_size() -> None:  # runs in the child between fork and exec
@@ -86,6 +120,8 @@ async def test_the_server_survives_its_event_log_hitting_the_file_size_limit(tmp
             assert r.status_code == 204, r.text
             await _echo_once(addr)
             assert (await api.get("/proxies")).status_code == 200
+            events = (await api.get("/events")).json()
+            assert events["dropped"] > 20 and "File too large" in events["last_error"]
             assert proc.poll() is None  # still serving
     finally:
         proc.terminate()  # the exact process started above
