@@ -6,13 +6,14 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from faultnet.chaos import Plan, PlanConfig, Slot, catalogue
-from faultnet.procs import ProcessIdentity, signal_exact
+from faultnet.procs import ProcessIdentity, read_cmdline, signal_exact
 
 
 def proc_state(pid: int) -> str:
@@ -27,15 +28,25 @@ def append_line(path: Path, line: str) -> None:
         f.write(line + "\n")
 
 
+SLEEP = ["sleep", "120"]
+
+
 @pytest.fixture
 def sleepers() -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
     """Start real `sleep` processes; each is killed (by its own handle) at teardown."""
     started: list[subprocess.Popen[bytes]] = []
 
     def start() -> subprocess.Popen[bytes]:
-        p = subprocess.Popen(["sleep", "120"])
+        p = subprocess.Popen(SLEEP)
         started.append(p)
-        ProcessIdentity.of(p.pid)  # returns once the exec is done
+        # Popen returns before the kernel sets up the new image's arguments, so
+        # /proc/PID/cmdline can still read empty (ProcessIdentity.spawned; here 2 runs in 5
+        # of test_register_process_pins_start_time_and_command_line recorded []): wait,
+        # bounded, until the exec shows, so the tests read sleep's command line.
+        deadline = time.monotonic() + 10
+        while read_cmdline(p.pid) != SLEEP:
+            assert time.monotonic() < deadline, f"sleep (pid {p.pid}) never showed its argv"
+            time.sleep(0.001)
         return p
 
     yield start
