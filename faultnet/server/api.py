@@ -67,14 +67,25 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+class _BodyRefused(ApiError):
+    """An answer given without reading the request body to its end (413, 408).
+
+    The connection cannot carry another request after it (the rest of the body is still
+    on its way), so hypercorn closes it; the answer says ``Connection: close`` so that a
+    keep-alive client knows before sending its next request on it. Without the header a
+    client that reused the connection lost that request whenever the close reached it
+    late ("Server disconnected without sending a response").
+    """
+
+
 async def _json(request: Request) -> Any:
     """The request body as JSON (whatever its Content-Type, as Toxiproxy reads it).
 
     A body over :data:`MAX_BODY_BYTES` is a 413, without reading the rest of it; a body
     not complete within :data:`BODY_TIMEOUT_S` is a 408 (headers sent, body stalled: the
-    handler does not wait forever, and the connection is closed after the answer).
+    handler does not wait forever). Both close the connection (:class:`_BodyRefused`).
     """
-    too_large = ApiError(413, f"bad request body: larger than {MAX_BODY_BYTES} bytes")
+    too_large = _BodyRefused(413, f"bad request body: larger than {MAX_BODY_BYTES} bytes")
     length = request.headers.get("content-length", "")
     if length.isdigit() and int(length) > MAX_BODY_BYTES:
         raise too_large
@@ -85,7 +96,7 @@ async def _json(request: Request) -> Any:
             if len(raw) > MAX_BODY_BYTES:
                 raise too_large
     if late.cancelled_caught:
-        raise ApiError(408, f"bad request body: not received within {BODY_TIMEOUT_S} s")
+        raise _BodyRefused(408, f"bad request body: not received within {BODY_TIMEOUT_S} s")
     if not raw.strip():
         raise bad_body("EOF")  # what Toxiproxy's decoder says for an empty body
     try:
@@ -148,6 +159,10 @@ def create_app(registry: ProxyRegistry, token: str | None = None) -> Starlette:
         async def wrapped(request: Request) -> Response:
             try:
                 return await func(request)
+            except _BodyRefused as exc:
+                response = _error(exc.status, exc.message)
+                response.headers["connection"] = "close"
+                return response
             except ApiError as exc:
                 return _error(exc.status, exc.message)
             except ClientDisconnect:

@@ -56,7 +56,7 @@ def _op(
         op["parameters"] = parameters
     if body is not None:
         op["requestBody"] = _body(body)
-        responses = {**responses, "408": SLOW_BODY}
+        responses = {**responses, "408": SLOW_BODY, "413": LARGE_BODY}
     op["responses"] = responses
     return op
 
@@ -94,7 +94,10 @@ TOXIC = _path_parameter("toxic", "latency_downstream")
 NOT_FOUND = _error("proxy not found (or toxic not found)")
 BAD = _error("bad request body, missing required field, invalid stream or toxic type")
 EMPTY = {"description": "done, no body"}
-SLOW_BODY = _error("the request body did not arrive within 10 s")
+SLOW_BODY = _error("the request body did not arrive within 10 s; the answer says Connection: close")
+LARGE_BODY = _error(
+    "the request body is larger than 1 MiB (refused unread); the answer says Connection: close"
+)
 
 
 def _toxic_attributes() -> dict[str, Any]:
