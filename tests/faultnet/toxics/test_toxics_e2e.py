@@ -1,13 +1,17 @@
 """The toxics' effects measured through the real proxy, on real loopback sockets.
 
-Proxies come from the plugin's ``faultnet_proxy`` fixture. Timings are measured with
-trio's clock; tolerances allow for a noisy 2-core machine (lower bounds are strict: a
-toxic never makes things faster than it says).
+Proxies come from the plugin's ``faultnet_proxy`` fixture. A toxic's semantics is often
+a time, so lower bounds are strict (a toxic never fires early, never makes things faster
+than it says), and there is no upper bound on how late: speed is for benchmarks, and a
+loaded machine schedules the proxy late. "It happened" is an event instead (the bytes,
+the EOF) awaited with a generous ``fail_after``; exact times are tested on trio's mock
+clock in test_toxics.py. Where the claim is that a toxic's time was NOT added (a removed
+latency, data a slow_close must not hold), the bound is that time, made large against a
+loopback round trip.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -105,17 +109,19 @@ def pattern(n: int, salt: int = 0) -> bytes:
 # -- each toxic's effect ----------------------------------------------------------------
 
 
-async def test_latency_delays_each_way_within_tolerance(
+async def test_latency_delays_each_way_at_least_its_time(
     faultnet_proxy: Factory, echo: Address
 ) -> None:
     proxy = await faultnet_proxy(echo)
     proxy.add_toxic(Latency("down", "downstream", latency=100))
     stream = await connect(proxy)
+    # Each echo arrives (bounded by receive_exactly's 10 s), never before its latency.
+    # Not how soon after: the exact delay is test_toxics.py's, on the mock clock.
     times = [await rtt(stream) for _ in range(4)]
-    assert min(times) >= 0.100 and statistics.median(times) < 0.100 + 0.08, times
+    assert min(times) >= 0.100, times
     proxy.add_toxic(Latency("up", "upstream", latency=50))  # the two ways add up
     times = [await rtt(stream) for _ in range(3)]
-    assert min(times) >= 0.150 and statistics.median(times) < 0.150 + 0.08, times
+    assert min(times) >= 0.150, times
 
 
 async def test_latency_and_jitter_keep_bytes_exact(faultnet_proxy: Factory, echo: Address) -> None:
@@ -129,7 +135,7 @@ async def test_latency_and_jitter_keep_bytes_exact(faultnet_proxy: Factory, echo
         assert await receive_exactly(stream, len(data)) == data
 
 
-async def test_bandwidth_near_its_rate(faultnet_proxy: Factory, echo: Address) -> None:
+async def test_bandwidth_never_beats_its_rate(faultnet_proxy: Factory, echo: Address) -> None:
     rate_kb = 2000  # KB/s, KB = 1000 bytes
     proxy = await faultnet_proxy(echo)
     proxy.add_toxic(Bandwidth("bw", "downstream", rate=rate_kb))
@@ -138,9 +144,11 @@ async def test_bandwidth_near_its_rate(faultnet_proxy: Factory, echo: Address) -
     t0 = trio.current_time()
     async with trio.open_nursery() as nursery:
         nursery.start_soon(stream.send_all, data)
-        assert await receive_exactly(stream, len(data)) == data
+        # It all arrives (bounded: 10 s, 20 x the rate's time), never faster than the
+        # rate (within 5 %); how much slower it may be is not asserted.
+        assert await receive_exactly(stream, len(data), timeout=10) == data
     measured = len(data) / 1000 / (trio.current_time() - t0)
-    assert 0.65 * rate_kb <= measured <= 1.05 * rate_kb, f"{measured:.0f} KB/s"
+    assert measured <= 1.05 * rate_kb, f"{measured:.0f} KB/s"
 
 
 async def test_slicer_splits_and_keeps_bytes_exact(faultnet_proxy: Factory, echo: Address) -> None:
@@ -171,9 +179,14 @@ async def test_timeout_black_holes_then_closes_after_its_time(
 ) -> None:
     t0, stream = await toxic_on_a_used_link(faultnet_proxy, echo, Timeout("t", timeout=300))
     await stream.send_all(b"into the void")
-    assert await read_to_eof(stream) == b""  # nothing came back, then EOF
+    # The event: nothing comes back, then EOF, within read_to_eof's 10 s (33 x the
+    # timeout: a toxic that never closes fails here). Never before the timeout: the
+    # toxic's semantics is that time. How late it may come is not asserted (a loaded
+    # machine schedules the proxy late); the exact deadline is test_toxics.py's, on
+    # the mock clock.
+    assert await read_to_eof(stream, timeout=10) == b""
     elapsed = trio.current_time() - t0
-    assert 0.300 <= elapsed < 0.300 + 0.3, elapsed
+    assert elapsed >= 0.300, elapsed
 
 
 async def test_timeout_zero_holds_the_fin_too(faultnet_proxy: Factory, echo: Address) -> None:
@@ -202,13 +215,15 @@ async def test_reset_peer_resets_an_existing_idle_connection(
 async def test_slow_close_delays_the_fin_not_the_data(
     faultnet_proxy: Factory, nursery: trio.Nursery
 ) -> None:
-    proxy = await through(faultnet_proxy, nursery, b"last words", SlowClose("sc", delay=300))
+    proxy = await through(faultnet_proxy, nursery, b"last words", SlowClose("sc", delay=1000))
     t0 = trio.current_time()
     stream = await connect(proxy)
     assert await receive_exactly(stream, 10) == b"last words"
-    assert trio.current_time() - t0 < 0.2
+    # The data is not held: it arrives before the FIN's delay has passed. The bound is
+    # the toxic's own time, 1 s (100 x a loopback round trip), not a speed.
+    assert trio.current_time() - t0 < 1.0, "the data was held like the FIN"
     assert await read_to_eof(stream) == b""
-    assert trio.current_time() - t0 >= 0.300
+    assert trio.current_time() - t0 >= 1.0
 
 
 async def test_toxicity_zero_leaves_connections_untouched(
@@ -216,7 +231,7 @@ async def test_toxicity_zero_leaves_connections_untouched(
 ) -> None:
     proxy, old = await used_link(faultnet_proxy, echo)
     for toxic in (
-        Latency("lat", "downstream", 0.0, latency=500),
+        Latency("lat", "downstream", 0.0, latency=60_000),
         ResetPeer("rst", "upstream", 0.0, timeout=0),
         Timeout("to", "downstream", 0.0, timeout=1),
         LimitData("lim", "upstream", 0.0, bytes=0),
@@ -226,7 +241,8 @@ async def test_toxicity_zero_leaves_connections_untouched(
     await trio.sleep(0.2)  # the scenario: give the would-be reset and timeout their time
     for stream in (old, new):
         for _ in range(3):
-            assert await rtt(stream, pattern(1000)) < 0.4  # never the 500 ms latency
+            # The echo arrives within rtt's 10 s bound: never the minute of latency.
+            await rtt(stream, pattern(1000))
     assert [c.state for c in proxy.connections()] == ["open", "open"]
 
 
@@ -251,16 +267,18 @@ async def test_live_add_update_remove_while_data_flows(
             del i
         return out
 
-    before = await phase(5)
+    await phase(5)
     proxy.add_toxic(Latency("lat", "downstream", latency=100))
     during = await phase(3)
-    proxy.update_toxic("lat", {"latency": 200})
-    updated = await phase(2)
+    proxy.update_toxic("lat", {"latency": 1000})
+    updated = await phase(1)
     proxy.remove_toxic("lat")
     after = await phase(5)
-    assert statistics.median(before) < 0.05 and min(during) >= 0.1 and min(updated) >= 0.2
-    assert statistics.median(after) < 0.1, after
-    assert sent == received == 15 * 2000
+    assert min(during) >= 0.1 and min(updated) >= 1.0  # added, then updated, live
+    # Removed: no round trip takes the 1 s the toxic would still add (a bound set by the
+    # toxic's time, 100 x a loopback echo, not a speed).
+    assert max(after) < 1.0, after
+    assert sent == received == 14 * 2000
 
 
 async def test_bandwidth_added_and_removed_mid_transfer_keeps_bytes(
