@@ -40,6 +40,13 @@ outbox under the lock and, once per epoll batch, asks trio to deliver them with
 ``TrioToken.run_sync_soon``; delivery calls each link's ``on_event(kind, stream)`` in the
 trio thread. Byte counters and half-close state are plain attributes trio reads directly.
 
+**Not waiting for the thread.** :meth:`DataPlane.add` moves what already arrived on a new
+connection in the calling thread, and :meth:`DataPlane.settle` (which faults call before
+counting connections) handles, in the calling thread and under the lock, whatever epoll
+reports ready now. Under load the thread's wake-up can come milliseconds late; without
+these a probe closed just before a fault was still counted (10 of 30 runs of
+test_fault_modes_through_the_api; trio's pumps, which run in trio's own loop, 0 of 12).
+
 **Toxics.** A lane with a toxic chain is handed to trio (:meth:`Link.to_trio`): the
 thread still reads it (gate first, under the lock) into the lane's inbox, up to
 :data:`_INBOX_CAP` chunks, and trio's one task for that lane runs the chain and writes
