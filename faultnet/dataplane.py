@@ -457,24 +457,7 @@ class DataPlane:
         """Move what src has (gate open, nothing held, lock held)."""
         src = lane.src
         for _ in range(_FAIR_OPS):
-            if lane.to_trio:
-                try:
-                    n = src.recv_into(self._buf)
-                except BlockingIOError:
-                    return
-                except OSError as exc:
-                    raise _Failed(exc.errno) from None
-                lane.inbox.append(bytes(self._view[:n]))
-                if not lane.notified:
-                    lane.notified = True
-                    self._post(link, CHUNKS, lane.stream)
-                if not n:
-                    lane.eof_read = True
-                    return
-                if n < COPY_CHUNK or len(lane.inbox) >= _INBOX_CAP:
-                    return
-                continue
-            if lane.burst:
+            if lane.burst and not lane.to_trio:
                 if not self._splice_once(link, lane):
                     return
                 continue
@@ -484,8 +467,20 @@ class DataPlane:
                 return
             except OSError as exc:
                 raise _Failed(exc.errno) from None
-            if not self._took(link, lane, n):
+            if not (self._for_trio if lane.to_trio else self._took)(link, lane, n):
                 return
+
+    def _for_trio(self, link: Link, lane: Lane, n: int) -> bool:
+        """Queue the *n* bytes just read (0: the EOF) for trio's toxic chain. True if the
+        socket may have more to read now."""
+        lane.inbox.append(bytes(self._view[:n]))
+        if not lane.notified:
+            lane.notified = True
+            self._post(link, CHUNKS, lane.stream)
+        if not n:
+            lane.eof_read = True
+            return False
+        return n == COPY_CHUNK and len(lane.inbox) < _INBOX_CAP
 
     def _took(self, link: Link, lane: Lane, n: int) -> bool:
         """Pass on the *n* bytes just read into the buffer (0: the EOF). True if the
