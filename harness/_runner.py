@@ -647,11 +647,12 @@ async def run_attempt(
     run_dir: Path,
     arm: str = "",
     out: TextIO | None = None,
-    env_mode: str | None = None,
-    state: Path | None = None,
 ) -> Result:
     """Run *exp* once against one arm; never raises for a failure of the bot or the
-    environment (they become ``result.error``). Writes ``run_dir/result.json``."""
+    environment (they become ``result.error``). Writes ``run_dir/result.json``.
+
+    The environment is the one *args* names: ``args.env`` ("auto": a private one for
+    this attempt) or ``args.state`` (the directory env-up wrote)."""
     out = out if out is not None else sys.stdout
     _mkdir(run_dir)
     result = Result(
@@ -677,7 +678,7 @@ async def run_attempt(
         # Everything the experiment waits for is bounded on its own; this is the
         # backstop so no attempt can hang a CI job.
         with trio.fail_after(scale.bound(getattr(exp, "MAX_REAL_S", 600.0), floor=60) + 60):
-            async with environment(env_mode, state, run_dir, scale, say) as env:
+            async with environment(args.env, args.state, run_dir, scale, say) as env:
                 ctx = Context(args, scale, bot_argv, env, run_dir, seed, result, out, prefix)
                 ctx.log.write("attempt", experiment=exp.NAME, arm=arm, bot_argv=bot_argv)
                 await exp.run(ctx)
@@ -783,8 +784,6 @@ async def amain(exp: ModuleType, argv: Sequence[str] | None = None) -> int:
             seed=seed,
             run_dir=run_dir,
             out=out,
-            env_mode=args.env,
-            state=args.state,
         )
         print(render_result(res), file=out, flush=True)
         return res

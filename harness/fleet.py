@@ -742,8 +742,6 @@ async def amain(argv: Sequence[str] | None = None) -> int:
         seed=seed,
         run_dir=run_dir,
         out=out,
-        env_mode=args.env,
-        state=args.state,
     )
     print(
         f"fleet run ({args.mode}, seed {seed}): {'complete' if res.error is None else res.error}",

@@ -157,7 +157,10 @@ async def run_pair(
     run_dir: Path,
     out: TextIO,
 ) -> PairOutcome:
-    """Run *exp* against arm a, then arm b, each on a fresh environment, same seed."""
+    """Run *exp* against arm a, then arm b, each on a fresh environment, same seed.
+
+    *exp_args* must say ``--env auto`` (both callers parse it so): that is what gives
+    each arm its own environment."""
     results = []
     for argv, name in ((argv_a, names[0]), (argv_b, names[1])):
         res = await _runner.run_attempt(
@@ -169,7 +172,6 @@ async def run_pair(
             run_dir=run_dir / name,
             arm=name,
             out=out,
-            env_mode="auto",
         )
         results.append(res)
     return judge(results[0], results[1])
