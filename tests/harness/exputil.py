@@ -5,13 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from harness._report import Result
 from harness._runner import Context
+from tests import REPO
 
 #: The reference bot, fixed; add ``"--defect", NAME`` for a defect arm.
 BOT = [sys.executable, "-m", "harness.bot"]
@@ -35,6 +38,24 @@ async def run_experiment(
         ]
     )  # fmt: skip
     return code, Result.from_json(json.loads(out.read_text())["attempts"][0])
+
+
+def run_json_command(
+    args: list[str], *, code: int, timeout: float, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """Run ``python ARGS`` (a ``--json`` command) from the repo root, bounded by *timeout*;
+    assert it exited *code* (showing its stderr's tail if not) and return the process and
+    its last stdout line parsed as JSON (the document; progress goes to stderr)."""
+    proc = subprocess.run(
+        [sys.executable, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=timeout,
+    )
+    assert proc.returncode == code, proc.stderr[-4000:]
+    return proc, json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def fake_experiment(run: Callable[[Context], Awaitable[None]], extra: str) -> ModuleType:

@@ -15,22 +15,19 @@ from harness import pair
 from harness._report import Check, ControlValue, Result
 from harness.demo import TARGET, demo_verdict
 from tests import REPO
+from tests.harness.exputil import run_json_command
 
 
 def test_demo_shows_the_defect_and_ends_with_its_report(tmp_path: Path) -> None:
     # The subprocess timeout is the bound (a hung demo fails here); how long the demo
     # takes is a figure for the README, not an assertion (it was `took < 120` after a
     # 110 s timeout: a check that could not fail).
-    proc = subprocess.run(
-        [sys.executable, "-m", "faultnet", "demo", "--time-scale", "0.03", "--json"]
+    proc, doc = run_json_command(
+        ["-m", "faultnet", "demo", "--time-scale", "0.03", "--json"]
         + ["--run-dir", str(tmp_path / "demo")],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
+        code=0,
         timeout=110,
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    doc = json.loads(proc.stdout.strip().splitlines()[-1])
     assert doc["demo_ok"], doc["demo_reason"]
     a, b = Result.from_json(doc["a"]), Result.from_json(doc["b"])
     assert [c.name for c in a.failed_checks()] == [TARGET]

@@ -4,17 +4,13 @@ fixed bot passes everything, and the controls go red when the paths are not exer
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 from harness import exp_fd_flatness as exp
 from harness._report import Result, render_result
-from tests import REPO
-from tests.harness.exputil import BOT, SCALE, run_experiment
+from tests.harness.exputil import BOT, SCALE, run_experiment, run_json_command
 
 TARGET = "fd count flat across detection and reconnects"
 
@@ -26,17 +22,13 @@ async def run(tmp_path: Path, bot: list[str], *args: str) -> tuple[int, Result]:
 def test_leaking_bot_fails_the_target_as_a_real_command(tmp_path: Path) -> None:
     environ = dict(os.environ, BOT_BIN=shlex.join([*BOT, "--defect", "leak-fd-on-reconnect"]))
     environ.pop("APIARY_BIN", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.exp_fd_flatness", "--env", "auto", "--json"]
+    proc, doc = run_json_command(
+        ["-m", "harness.exp_fd_flatness", "--env", "auto", "--json"]
         + ["--time-scale", SCALE, "--run-dir", str(tmp_path / "runs")],
-        capture_output=True,
-        text=True,
-        env=environ,
-        cwd=REPO,
+        code=1,
         timeout=100,
+        env=environ,
     )
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    doc = json.loads(proc.stdout.strip().splitlines()[-1])
     res = Result.from_json(doc["attempts"][0])
     assert [c.name for c in res.failed_checks()] == [TARGET], render_result(res)
     counts = res.details["fd_counts"]
