@@ -14,17 +14,9 @@ Layout: ``impairments`` (pure) < ``lane`` (one direction's ordered, timed sendin
 internals (only its :class:`~faultnet.proxy.ProxyError`).
 """
 
-from faultnet.udp.controls import (
-    assert_udp_answering,
-    assert_udp_delayed,
-    assert_udp_duplicated,
-    assert_udp_held,
-    assert_udp_lossy,
-    assert_udp_oversize_dropped,
-    assert_udp_reordered,
-    assert_udp_silent,
-    assert_udp_truncated,
-)
+# The controls are the ones faultnet.udp.controls.__all__ lists: declared there, once.
+from faultnet.udp import controls as _controls
+from faultnet.udp.controls import *  # noqa: F403
 from faultnet.udp.impairments import Impairment
 from faultnet.udp.probe import UdpProbeKind, UdpProbeResult, udp_probe
 from faultnet.udp.proxy import SessionInfo, UdpCounts, UdpProxy, open_udp_proxy
@@ -36,15 +28,7 @@ __all__ = [
     "UdpProbeKind",
     "UdpProbeResult",
     "UdpProxy",
-    "assert_udp_answering",
-    "assert_udp_delayed",
-    "assert_udp_duplicated",
-    "assert_udp_held",
-    "assert_udp_lossy",
-    "assert_udp_oversize_dropped",
-    "assert_udp_reordered",
-    "assert_udp_silent",
-    "assert_udp_truncated",
+    *_controls.__all__,
     "open_udp_proxy",
     "udp_probe",
 ]
