@@ -41,7 +41,10 @@ def test_demo_shows_the_defect_and_ends_with_its_report(tmp_path: Path) -> None:
     assert proc.stderr.rstrip().endswith(f"report: {page}") and page.is_file()
     drawn = json.loads((tmp_path / "demo" / "report.json").read_text())
     counts = [run["outcome_counts"] for run in drawn["runs"]]
-    assert counts[0].get("silent_loss", 0) >= 1 and "unconfirmed" not in counts[0]
+    # Arm a may also report an UNCONFIRMED post truthfully: a post made once its link is
+    # known down and reconnecting ("not connected") is not a claim, even with no-confirm
+    # (seen under a load of ~10, where detection lands before the last outage post).
+    assert counts[0].get("silent_loss", 0) >= 1
     assert counts[1].get("unconfirmed", 0) >= 1 and "silent_loss" not in counts[1]
 
 
