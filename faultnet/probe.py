@@ -19,29 +19,27 @@ import socket
 import time
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import trio
 
 from faultnet.addresses import format_address
 
-__all__ = ["ProbeKind", "ProbeResult", "probe"]
+__all__ = ["Outcome", "ProbeKind", "ProbeResult", "probe"]
 
-
-class ProbeKind(StrEnum):
-    CONNECTED = "connected"
-    REFUSED = "refused"
-    HUNG = "hung"
-    RESET = "reset"
+K = TypeVar("K", bound=StrEnum)
 
 
 @dataclass(frozen=True)
-class ProbeResult:
-    kind: ProbeKind
+class Outcome(Generic[K]):
+    """What one probe saw, TCP's (:class:`ProbeResult`) or UDP's
+    (:class:`faultnet.udp.probe.UdpProbeResult`): its kind, the address, and the seconds
+    from the connect() call (TCP) or the send (UDP) to the outcome (the timeout, when
+    nothing came)."""
+
+    kind: K
     address: tuple[str, int]
-    #: Seconds from the connect() call to its outcome (the timeout, for ``hung``).
     elapsed_s: float
-    error: str | None = None
 
     def __str__(self) -> str:
         return (
@@ -53,6 +51,18 @@ class ProbeResult:
         d["kind"] = self.kind.value
         d["address"] = format_address(self.address)
         return d
+
+
+class ProbeKind(StrEnum):
+    CONNECTED = "connected"
+    REFUSED = "refused"
+    HUNG = "hung"
+    RESET = "reset"
+
+
+@dataclass(frozen=True)
+class ProbeResult(Outcome[ProbeKind]):
+    error: str | None = None
 
 
 async def probe(

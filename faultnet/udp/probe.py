@@ -28,6 +28,7 @@ from typing import Any
 import trio
 
 from faultnet.addresses import format_address
+from faultnet.probe import Outcome
 
 __all__ = ["UdpProbeKind", "UdpProbeResult", "udp_probe"]
 
@@ -39,11 +40,7 @@ class UdpProbeKind(StrEnum):
 
 
 @dataclass(frozen=True)
-class UdpProbeResult:
-    kind: UdpProbeKind
-    address: tuple[str, int]
-    #: Seconds from the send to the outcome (the timeout, for ``silent``).
-    elapsed_s: float
+class UdpProbeResult(Outcome[UdpProbeKind]):
     sent_bytes: int
     #: The first reply (``None`` unless answered).
     reply: bytes | None = None
@@ -51,9 +48,7 @@ class UdpProbeResult:
     echoed: bool = False
 
     def __str__(self) -> str:
-        text = (
-            f"{format_address(self.address)} {self.kind.value} after {self.elapsed_s * 1000:.1f} ms"
-        )
+        text = super().__str__()
         if self.reply is not None:
             text += f" ({len(self.reply)} bytes{', an echo' if self.echoed else ''})"
         return text
