@@ -21,10 +21,12 @@ from __future__ import annotations
 import errno
 import os
 import time
+from enum import StrEnum
+from typing import Any
 
 import trio
 
-from faultnet.probe import ProbeKind, ProbeResult, probe
+from faultnet.probe import Outcome, ProbeKind, ProbeResult, probe
 from faultnet.sockopts import set_keepalive, tcp_retransmits
 
 __all__ = [
@@ -58,6 +60,17 @@ class ControlFailed(AssertionError):
         self.elapsed_s = elapsed_s
 
 
+def require_kind(
+    control: str, result: Outcome[Any], want: StrEnum, expected: str, hint: str = ""
+) -> None:
+    """Raise :class:`ControlFailed` for *control* unless the probe *result* (TCP's or
+    UDP's) is of kind *want*: it says *expected*, the kind that came instead, its time,
+    and *hint*. Shared by the TCP and the UDP controls; not a control itself, so not in
+    ``__all__``."""
+    if result.kind is not want:
+        raise ControlFailed(control, expected, result.kind.value, result.elapsed_s, hint)
+
+
 _HINTS = {
     (ProbeKind.HUNG, ProbeKind.REFUSED): (
         "the port REFUSES: the listener is closed, which is not a dropped SYN "
@@ -78,14 +91,9 @@ async def _expect(
     name: str, address: tuple[str, int], want: ProbeKind, timeout: float
 ) -> ProbeResult:
     result = await probe(address, timeout)
-    if result.kind is not want:
-        raise ControlFailed(
-            name,
-            want.value,
-            result.kind.value,
-            result.elapsed_s,
-            _HINTS.get((want, result.kind), result.error or ""),
-        )
+    require_kind(
+        name, result, want, want.value, _HINTS.get((want, result.kind), result.error or "")
+    )
     return result
 
 
@@ -347,16 +355,15 @@ async def assert_partitioned(
     not refused), and bytes written to *stream* bring nothing back within *window*."""
     host = stream.socket.getsockname()[0]
     result = await probe(address, probe_timeout, source=host)
-    if result.kind is not ProbeKind.HUNG:
-        raise ControlFailed(
-            "assert_partitioned",
-            f"a new connect from {host} to hang",
-            result.kind.value,
-            result.elapsed_s,
-            f"{host} can still connect: its SYNs are not dropped"
-            if result.kind is ProbeKind.CONNECTED
-            else _HINTS.get((ProbeKind.HUNG, result.kind), ""),
-        )
+    require_kind(
+        "assert_partitioned",
+        result,
+        ProbeKind.HUNG,
+        f"a new connect from {host} to hang",
+        f"{host} can still connect: its SYNs are not dropped"
+        if result.kind is ProbeKind.CONNECTED
+        else _HINTS.get((ProbeKind.HUNG, result.kind), ""),
+    )
     try:
         await assert_frozen(stream, stream, window)
     except ControlFailed as exc:

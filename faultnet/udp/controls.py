@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
-from faultnet.controls import ControlFailed
+from faultnet.controls import ControlFailed, require_kind
 from faultnet.udp.probe import UdpProbeKind, UdpProbeResult, udp_probe
 
 __all__ = [
@@ -223,13 +223,9 @@ async def assert_udp_delayed(address: Address, min_ms: float, timeout: float = 2
     """Positive control for latency: one datagram's echo comes back intact, no sooner
     than *min_ms* milliseconds. Returns the round trip in seconds."""
     result = await udp_probe(address, timeout)
-    if result.kind is not UdpProbeKind.ANSWERED:
-        raise ControlFailed(
-            "assert_udp_delayed",
-            f"an echo after at least {min_ms:g} ms",
-            result.kind.value,
-            result.elapsed_s,
-        )
+    require_kind(
+        "assert_udp_delayed", result, UdpProbeKind.ANSWERED, f"an echo after at least {min_ms:g} ms"
+    )
     if result.elapsed_s * 1000.0 < min_ms:
         raise ControlFailed(
             "assert_udp_delayed",
