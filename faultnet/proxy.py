@@ -77,6 +77,15 @@ class AddressInUse(ProxyError):
     the request (the server answers it with Toxiproxy's 500)."""
 
 
+def listen_error(where: Address, exc: OSError) -> ProxyError:
+    """What a proxy (TCP or UDP) raises when it cannot bind its listen address *where*:
+    :class:`AddressInUse` for EADDRINUSE, else :class:`ProxyError` with the OS's reason."""
+    text = format_address(where)
+    if exc.errno == errno.EADDRINUSE:
+        return AddressInUse(f"listen address {text} is already in use")
+    return ProxyError(f"cannot listen on {text}: {exc.strerror}")
+
+
 @dataclass(frozen=True)
 class ConnectionInfo:
     id: int
@@ -658,10 +667,7 @@ class Proxy:
             await sock.bind(self.address or self.listen)
         except OSError as exc:
             sock.close()
-            where = format_address(self.address or self.listen)
-            if exc.errno == errno.EADDRINUSE:
-                raise AddressInUse(f"listen address {where} is already in use") from None
-            raise ProxyError(f"cannot listen on {where}: {exc.strerror}") from None
+            raise listen_error(self.address or self.listen, exc) from None
         sock.listen(self.backlog)
         self._listener = sock
         self._refilter_listener()

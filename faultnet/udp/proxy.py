@@ -26,7 +26,6 @@ at its close counts what happened to its datagrams.
 
 from __future__ import annotations
 
-import errno
 import random
 import socket
 import time
@@ -40,7 +39,7 @@ import trio
 
 from faultnet.addresses import format_address
 from faultnet.eventlog import JsonlWriter
-from faultnet.proxy import AddressInUse, ProxyError
+from faultnet.proxy import listen_error
 from faultnet.sockopts import raise_fd_limit
 from faultnet.udp.impairments import Impairment, fate
 from faultnet.udp.lane import Lane
@@ -314,10 +313,7 @@ class UdpProxy:
             sock.bind(self.listen)
         except OSError as exc:
             sock.close()
-            where = format_address(self.listen)
-            if exc.errno == errno.EADDRINUSE:
-                raise AddressInUse(f"listen address {where} is already in use") from None
-            raise ProxyError(f"cannot listen on {where}: {exc.strerror}") from None
+            raise listen_error(self.listen, exc) from None
         sock.setblocking(False)
         self._sock = sock
         self.address = sock.getsockname()[:2]
