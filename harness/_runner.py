@@ -775,19 +775,6 @@ async def amain(exp: ModuleType, argv: Sequence[str] | None = None) -> int:
     except (CommandError, ValueError) as exc:
         return fail(prog, exc)
 
-    async def attempt(seed: int, run_dir: Path) -> Result:
-        res = await run_attempt(
-            exp,
-            args,
-            bot_argv=bot_argv,
-            scale=scale,
-            seed=seed,
-            run_dir=run_dir,
-            out=out,
-        )
-        print(render_result(res), file=out, flush=True)
-        return res
-
     def attempt_end(res: Result, kept: str | None, seed: int) -> dict[str, Any]:
         res.run_dir = kept
         publish_run(kept, f"harness.exp_{exp.NAME}", argv, seed, out)
@@ -804,7 +791,8 @@ async def amain(exp: ModuleType, argv: Sequence[str] | None = None) -> int:
         report,
         out,
         {"bot_argv": bot_argv, "time_scale": scale.factor},
-        attempt,
+        functools.partial(run_attempt, exp, args, bot_argv=bot_argv, scale=scale, out=out),
+        render_result,
         lambda res: res.passed,
         attempt_end,
     )
@@ -878,14 +866,16 @@ async def repeat_attempts(
     report: JsonlWriter,
     out: TextIO,
     start: dict[str, Any],
-    attempt: Callable[[int, Path], Awaitable[T]],
+    attempt: Callable[..., Awaitable[T]],
+    render: Callable[[T], str],
     passed: Callable[[T], bool],
     end: Callable[[T, str | None, int], dict[str, Any]],
 ) -> list[T]:
     """Run ``--repeat`` attempts, one seed each (see :func:`attempt_seeds`), each in its
-    own directory under *base*; log ``attempt_start`` (with *start*) before each and
-    ``attempt_end`` (with what *end* makes of the outcome, its kept directory and its
-    seed) after.
+    own directory under *base*: ``await attempt(seed=SEED, run_dir=DIR)``. Log
+    ``attempt_start`` (with *start*) before each; after it, print what *render* makes of
+    its outcome to *out* and log ``attempt_end`` (with what *end* makes of the outcome,
+    its kept directory and its seed).
     The report is closed at the end, whatever happened."""
     outcomes: list[T] = []
     try:
@@ -894,7 +884,8 @@ async def repeat_attempts(
             # to replay every attempt it started.
             report.write("attempt_start", attempt=i, seed=seed, **start)
             run_dir = base / f"attempt-{i:03d}-seed-{seed}"
-            outcome = await attempt(seed, run_dir)
+            outcome = await attempt(seed=seed, run_dir=run_dir)
+            print(render(outcome), file=out, flush=True)
             kept = finish_attempt_dir(
                 run_dir, passed(outcome), args.keep, lambda m: print(m, file=out, flush=True)
             )

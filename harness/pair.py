@@ -19,6 +19,7 @@ a summary saying which arm failed which check; 2 for usage or environment.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import shlex
 import sys
@@ -243,21 +244,6 @@ async def amain(argv: Sequence[str] | None = None) -> int:
     except (CommandError, ValueError) as exc:
         return fail("harness.pair", exc)
 
-    async def attempt(seed: int, run_dir: Path) -> PairOutcome:
-        po = await run_pair(
-            exp,
-            exp_args,
-            argv_a=argv_a,
-            argv_b=argv_b,
-            names=names,  # type: ignore[arg-type]
-            scale=scale,
-            seed=seed,
-            run_dir=run_dir,
-            out=out,
-        )
-        print(render_pair(po), file=out, flush=True)
-        return po
-
     def attempt_end(po: PairOutcome, kept: str | None, seed: int) -> dict[str, Any]:
         po.a.run_dir = po.b.run_dir = None
         if kept:
@@ -280,7 +266,17 @@ async def amain(argv: Sequence[str] | None = None) -> int:
         report,
         out,
         {"arms": {names[0]: argv_a, names[1]: argv_b}, "time_scale": scale.factor},
-        attempt,
+        functools.partial(
+            run_pair,
+            exp,
+            exp_args,
+            argv_a=argv_a,
+            argv_b=argv_b,
+            names=names,
+            scale=scale,
+            out=out,
+        ),
+        render_pair,
         lambda po: po.exit_code == EXIT_OK,
         attempt_end,
     )
