@@ -13,6 +13,7 @@ from faultnet.proxy import ProxyError
 from faultnet.testing import udp_echo_server, wait_for_record, wait_until
 from faultnet.udp import UdpProbeKind, open_udp_proxy, udp_probe
 from faultnet.udp.impairments import draw
+from faultnet.udp.proxy import Session
 
 
 class Client:
@@ -313,3 +314,34 @@ async def test_the_probe_classifies_answered_refused_and_silent() -> None:
     assert (await udp_probe(addr, 0.2)).kind is UdpProbeKind.SILENT  # bound, never answers
     closed.close()
     assert (await udp_probe(addr, 1.0)).kind is UdpProbeKind.REFUSED
+
+
+async def test_a_session_that_fails_is_logged_and_closed_and_the_proxy_serves_on(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The breakage is injected (a real upstream read cannot be made to raise on demand):
+    # session 1's reader raises once; the containment must log it, close that session
+    # with how="error", and let the next datagram open a working session 2.
+    real = Session._read_upstream
+
+    async def fails_once(self: Session) -> None:
+        if self.id == 1:
+            raise RuntimeError("injected reader failure")
+        await real(self)
+
+    monkeypatch.setattr(Session, "_read_upstream", fails_once)
+    log = tmp_path / "udp.jsonl"
+    async with (
+        udp_echo_server() as (up, _),
+        open_udp_proxy(up, event_log=str(log)) as proxy,
+        Client(proxy.address) as c,
+    ):
+        await c.send(b"one")
+        error = await wait_for_record(log, event="session_error", session=1)
+        assert "injected reader failure" in error["error"]
+        close = await wait_for_record(log, event="session_close", session=1)
+        assert close["how"] == "error"
+        await wait_until(lambda: proxy.sessions() == [])
+        await c.send(b"two")
+        assert await c.expect(1) == [b"two"]
+        assert [s.id for s in proxy.sessions()] == [2]
