@@ -7,6 +7,7 @@ a real echo server.
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -25,6 +26,7 @@ from faultnet.controls import (
     assert_severed,
     assert_syn_dropped,
 )
+from faultnet.proxy import Proxy
 from faultnet.server import RunningServer, open_server
 from faultnet.testing import start_server, wait_until
 
@@ -738,3 +740,40 @@ async def test_a_client_that_leaves_mid_request_is_one_record_without_a_tracebac
     (record,) = [r for r in events.read() if r["event"] == "client_disconnected"]
     assert record["path"] == "/proxies" and "traceback" not in record
     assert not [r for r in events.read() if r["event"] == "api_error"]
+
+
+async def test_a_running_proxy_that_fails_is_recorded_and_disabled_not_the_server(
+    faultnet_server: RunningServer,
+    api: httpx.AsyncClient,
+    upstream: Address,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The breakage is injected (a real proxy cannot be made to fail on demand): proxy
+    # "db" fails once it is running. The registry must record proxy_failed, show it
+    # disabled with its toxics kept, and go on serving the API and other proxies.
+    fail = trio.Event()
+    real = Proxy.serve
+
+    async def serve(self: Proxy, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            task_status.started(await nursery.start(functools.partial(real, self)))
+            if self.name == "db":
+                await fail.wait()
+                raise RuntimeError("injected serve failure")
+
+    monkeypatch.setattr(Proxy, "serve", serve)
+    await create(api, "db", upstream)
+    r = await api.post("/proxies/db/toxics", json={"type": "latency", "attributes": {"latency": 5}})
+    assert r.status_code == 200, r.text
+    assert (await api.get("/proxies/db")).json()["enabled"] is True
+    fail.set()
+    await wait_until(lambda: not faultnet_server.registry.proxies["db"].enabled)
+    db = (await api.get("/proxies/db")).json()
+    assert db["enabled"] is False and [t["type"] for t in db["toxics"]] == ["latency"]
+    events = (await api.get("/events")).json()["events"]
+    (failed,) = [e for e in events if e["event"] == "proxy_failed"]
+    assert failed["name"] == "db" and "injected serve failure" in failed["error"]
+    other = await create(api, "other", upstream)
+    stream = await trio.open_tcp_stream(*parse_address(other["listen"]))
+    async with stream:
+        assert await roundtrip(stream) == b"ping"
