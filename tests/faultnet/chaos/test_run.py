@@ -13,6 +13,7 @@ from faultnet.chaos import JoinLog, Runner, catalogue, load_config, make_plan, r
 from faultnet.controls import assert_accepting
 from faultnet.eventlog import read_jsonl
 from faultnet.testing import echo_server, read_exactly, wait_until
+from faultnet.toxics import Latency
 from tests.faultnet.chaos.conftest import append_line, hand_plan, proc_state, process_plan
 
 UNIT = 0.01  # seconds per unit: a plan of 100 units runs in about a second
@@ -265,3 +266,30 @@ async def test_sigstop_is_undone_by_sigcont_at_its_time_and_on_cancel(
     assert proc_state(a.pid) != "T" and proc_state(b.pid) != "T"
     undone = [(r["target"], r["action"], r["reason"]) for r in log.records if r["event"] == "undo"]
     assert undone == [("process:a", "SIGCONT", "due"), ("process:b", "SIGCONT", "exit")]
+
+
+async def test_a_fault_that_cannot_be_applied_is_an_error_and_fails_the_run(
+    faultnet_proxy, tmp_path: Path
+) -> None:
+    # A real refusal: the proxy already holds a toxic of the name the plan uses. The run
+    # must record an error (exit 1), never an applied fault, and so never "undo" (remove)
+    # the toxic that was not its own.
+    async with echo_server() as upstream:
+        proxy = await faultnet_proxy(upstream, name="db")
+        theirs = Latency("chaos_1_1_latency", latency=10)
+        proxy.add_toxic(theirs)
+        latency = {
+            "stream": "upstream",
+            "type": "latency",
+            "attributes": {"latency": 10},
+            "name": "chaos_1_1_latency",
+        }
+        plan = hand_plan([(0.0, "toxic:latency", "db@local", 1.0, latency)], proxies=("db@local",))
+        log = JoinLog(tmp_path / "chaos.jsonl", seed=1, dry=False)
+        runner = Runner(plan, log, proxies={"db": proxy}, time_unit=UNIT, **armed(tmp_path))
+        result = await runner.run()
+        assert result.exit_code == 1
+        (error,) = [r for r in log.records if r["event"] == "error"]
+        assert error["target"] == "db@local" and "already exists" in error["reason"]
+        assert not [r for r in log.records if r["event"] in ("fault", "undo", "undo_failed")]
+        assert proxy.toxics == [theirs]
