@@ -216,6 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parent = Path(args.json).resolve().parent
             if not parent.is_dir():
                 raise UsageError(f"--json: no such directory: {parent}")
+            if Path(args.json).is_dir():
+                raise UsageError(f"--json {args.json}: is a directory")
         res = run_bench(params)
     # OSError: the load generator itself could not run (e.g. no descriptors).
     except (UsageError, EnvironmentProblem, OSError) as exc:

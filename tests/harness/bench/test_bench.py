@@ -106,6 +106,16 @@ def test_usage_errors_are_one_line_exit_2() -> None:
         assert len(out.stderr.strip().splitlines()) == 1
 
 
+def test_a_json_path_that_is_a_directory_is_refused_before_the_run(tmp_path: Path) -> None:
+    # Checked up front: found only at the end, it was an IsADirectoryError traceback
+    # after a whole benchmark had run.
+    out = bench("--json", str(tmp_path))
+    assert out.returncode == 2, out
+    assert "is a directory" in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert "[bench]" not in out.stdout + out.stderr  # nothing was measured
+
+
 def test_script_wrapper_help() -> None:
     out = subprocess.run(
         [str(REPO / "scripts" / "bench"), "--help"], capture_output=True, text=True, timeout=30
