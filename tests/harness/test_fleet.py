@@ -22,7 +22,7 @@ import pytest
 from faultnet.chaos import Draws, JoinLog
 from faultnet.eventlog import read_jsonl
 from harness._timescale import TimeScale
-from harness.fleet import LOSSY, POST_INTERVAL, plan_faults
+from harness.fleet import LOSSY, POST_INTERVAL, STORM_WAVES, plan_faults
 from harness.fleet_verify import episodes, verify
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,7 +85,9 @@ def test_a_storm_takes_every_link_down_at_once() -> None:
     labels = ["w01", "w02", "w03"]
     eps, _ = plan_faults(7, labels, "storm", TimeScale(0.03))
     waves = {e.wave for e in eps}
-    assert len(waves) >= 2
+    # Exactly STORM_WAVES waves, each one episode per link (">= 2" let a lost wave pass).
+    assert sorted(waves) == list(range(STORM_WAVES)) and STORM_WAVES >= 2
+    assert len(eps) == STORM_WAVES * len(labels)
     for wave in waves:
         in_wave = [e for e in eps if e.wave == wave]
         assert sorted(e.target for e in in_wave) == labels
