@@ -154,6 +154,9 @@ def run(command: Sequence[str], log: Path | None, agent: str) -> int:
     except PermissionError:
         code, tail = 126, f"{PROG}: {command[0]}: permission denied\n".encode()
         os.write(2, tail)
+    except OSError as exc:  # e.g. ENOEXEC, not a format this system runs: 126, as a shell
+        code, tail = 126, f"{PROG}: {command[0]}: {exc.strerror or exc}\n".encode()
+        os.write(2, tail)
     else:
         # pw stands in for the command: a SIGTERM or SIGHUP meant for it goes to the
         # command (by the PID just started); SIGINT from a terminal reaches the whole

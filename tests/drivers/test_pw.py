@@ -98,6 +98,18 @@ def test_not_found_usage_and_help(tmp_path: Path) -> None:
     assert r.returncode == 0 and "sort_by(-.secs)" in r.stdout
 
 
+def test_a_file_that_cannot_be_executed_is_126_and_recorded(tmp_path: Path) -> None:
+    # Executable but no format this system runs (ENOEXEC): a shell says 126; pw was an
+    # OSError traceback, exit 1, and no record.
+    garbage = tmp_path / "garbage"
+    garbage.write_bytes(b"\x7fELFnot-really")
+    garbage.chmod(0o755)
+    r = _pw(tmp_path, str(garbage))
+    assert r.returncode == 126, r.stderr
+    assert r.stderr == f"pw: {garbage}: Exec format error\n"
+    assert _records(tmp_path)[0]["exit"] == 126
+
+
 def test_without_a_log_dir_it_runs_and_records_nothing(tmp_path: Path) -> None:
     env = _env(tmp_path)
     del env["FAULTNET_CALL_LOG_DIR"]
