@@ -120,8 +120,12 @@ class Session:
         self.peer_text = format_address(peer)
         host, port = proxy.upstream
         self.upstream = socket.socket(_family(host), socket.SOCK_DGRAM)
-        self.upstream.setblocking(False)
-        self.upstream.connect((host, port))  # UDP connect: no packet, just the route
+        try:
+            self.upstream.setblocking(False)
+            self.upstream.connect((host, port))  # UDP connect: no packet, just the route
+        except OSError:
+            self.upstream.close()  # the caller logs session_failed; no socket outlives it
+            raise
         assert proxy._sock is not None
         listener = proxy._sock
         self.lanes = {
