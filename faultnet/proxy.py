@@ -22,11 +22,12 @@ Every connection and every fault is one record in the JSONL event log.
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import random
 import socket
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -64,6 +65,8 @@ Address = tuple[str, int]
 #: How often held FINs/RSTs are looked for on frozen connections (TCP_INFO polls).
 _HELD_CLOSE_POLL_S = 0.1
 _HELD_POLL_BATCH = 256
+#: Connections accepted per wake-up of the accept loop before other tasks get a turn.
+_ACCEPT_BATCH = 64
 #: The data planes a Proxy can forward with (see Proxy's docstring).
 DATAPLANES = ("trio", "thread")
 
@@ -138,7 +141,13 @@ class Connection:
         self.link: dataplane.Link | None = None
         self._toxic_lanes: dict[str, dataplane.ToxicLane] = {}
         self._wakes: dict[str, trio.Event] = {s: trio.Event() for s in STREAMS}
+        #: Set when the connection has ended and been logged (:meth:`_finish`).
         self._done = trio.Event()
+        #: On the thread data plane, no task runs per connection: the plane's events
+        #: (and the faults) end it. Only toxics' tasks need a nursery, in a task of
+        #: their own (:meth:`_ensure_host`).
+        self.in_plane = proxy._plane is not None
+        self._hosted = False
         # Gates exist from the accept, before the upstream connect completes, so a fault
         # called in between catches this connection too.
         self.gates = {s: Gate() for s in STREAMS}
@@ -190,7 +199,11 @@ class Connection:
         self.links[toxic.name] = link
         self._signal_chain_changed()
         # A splice pump parked on an idle socket moves to the copy path when its next
-        # bytes arrive, before it touches them (see Direction._splice).
+        # bytes arrive, before it touches them (see Direction._splice). In the thread
+        # plane the stream's bytes go to trio from now on; its chain runs in the host.
+        if self.link is not None:
+            self.link.to_trio(toxic.stream)
+            self._ensure_host()
         if self._nursery is not None:
             self._start_toxic(link)
             if self.link is not None:
@@ -313,12 +326,15 @@ class Connection:
             # Let the FIN or RST through, and the peer's answer: no blackhole or loss
             # filter outlives the connection it was for.
             detach_filter(sock)
-            trio.lowlevel.notify_closing(sock)
+            if not self.in_plane:  # a pump may be waiting on it
+                trio.lowlevel.notify_closing(sock)
             if how == "reset":
                 set_linger_reset(sock)
                 sock.close()
             else:
                 self.proxy._close_after_fin(sock)
+        if self.in_plane:
+            self._finish(how)  # no task of this connection's is left to do it
 
     def held_closes(self) -> None:
         """Log a FIN or RST that arrived on a frozen direction (held, not forwarded)."""
@@ -347,7 +363,7 @@ class Connection:
             state = "frozen-upstream"
         elif not down_open:
             state = "frozen-downstream"
-        elif not self.directions:
+        elif not self.directions or (self.link is not None and self.link.connecting):
             state = "connecting"
         elif (up and up.eof_forwarded) or (down and down.eof_forwarded):
             state = "half-closed"
@@ -371,6 +387,8 @@ class Connection:
     # -- lifecycle --
 
     async def run(self) -> None:
+        """On the trio pumps: connect upstream, pump both ways until both EOFs have
+        crossed (or a fault or a reset ends the connection: it cancels this scope)."""
         proxy = self.proxy
         how = "clean"
         try:
@@ -379,18 +397,10 @@ class Connection:
                     self.server = await proxy._connect_upstream()
                 except OSError as exc:
                     how = "upstream_failed"
-                    proxy.log.write(
-                        "upstream_failed",
-                        conn=self.id,
-                        upstream=format_address(proxy.upstream),
-                        reason=str(exc) or type(exc).__name__,
-                    )
+                    self._log_upstream_failed(str(exc) or type(exc).__name__)
                     return
                 if self.loss["downstream"]:
                     self.refilter()  # loss applied while the upstream connect was pending
-                if proxy._plane is not None:
-                    await self._run_in_plane(proxy._plane)
-                    return
                 self.directions = {
                     s: Direction(self, s, src, dst, self.gates[s], proxy._recv_buf)
                     for s, src, dst in (
@@ -409,59 +419,141 @@ class Connection:
                         nursery.start_soon(self._pump, d)
                 self._nursery = None
         finally:
-            how = self.closing or how
-            self._snapshot_drops()
-            if self.link is not None:
-                self.link.end()
-            for sock in (self.client, self.server):
-                if sock is not None and sock.fileno() >= 0:
-                    if how == "reset":
-                        set_linger_reset(sock)
+            self._finish(how)
+
+    def _finish(self, how: str) -> None:
+        """Close what is still open, forget the connection and log ``conn_close``; once
+        (later calls do nothing). *how* unless a fault already said how it ends."""
+        if self._done.is_set():
+            return
+        how = self.closing or how
+        self._snapshot_drops()
+        if self.link is not None:
+            self.link.end()
+        for sock in (self.client, self.server):
+            if sock is not None and sock.fileno() >= 0:
+                if how == "reset":
+                    set_linger_reset(sock)
+                if not self.in_plane:
                     trio.lowlevel.notify_closing(sock)
-                    sock.close()
-            info = self.info()
-            proxy._connections.pop(self.id, None)
-            proxy.log.write(
-                "conn_close",
-                conn=self.id,
-                how=how,
-                bytes_upstream=info.bytes_upstream,
-                bytes_downstream=info.bytes_downstream,
-                age_s=info.age_s,
-                dropped_upstream=info.dropped_upstream,
-                dropped_downstream=info.dropped_downstream,
-                retransmits=info.retransmits,
-            )
+                sock.close()
+        self._done.set()
+        info = self.info()
+        self.proxy._connections.pop(self.id, None)
+        self.proxy.log.write(
+            "conn_close",
+            conn=self.id,
+            how=how,
+            bytes_upstream=info.bytes_upstream,
+            bytes_downstream=info.bytes_downstream,
+            age_s=info.age_s,
+            dropped_upstream=info.dropped_upstream,
+            dropped_downstream=info.dropped_downstream,
+            retransmits=info.retransmits,
+        )
+
+    def _log_upstream_failed(self, reason: str) -> None:
+        self.proxy.log.write(
+            "upstream_failed",
+            conn=self.id,
+            upstream=format_address(self.proxy.upstream),
+            reason=reason,
+        )
 
     # -- the thread data plane --
 
-    async def _run_in_plane(self, plane: dataplane.DataPlane) -> None:
-        """Forward through the thread data plane until both EOFs have crossed (or a fault
-        or a reset ends the connection: it cancels this scope)."""
-        assert self.server is not None
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            for t in self.proxy.toxics:
-                self.attach_toxic(t)
-            for link in self.links.values():  # decided while connecting
-                if link is not None and link.toxic.name not in self._toxic_scopes:
-                    self._start_toxic(link)
-            if self.closing is not None:
-                return  # ended (sockets closed) before its first turn
-            # No checkpoint from reading the gates to add(): a freeze cannot fall between.
-            self.link = plane.add(
-                self.client,
-                self.server,
-                self._on_plane_event,
-                frozen=[s for s in STREAMS if not self.gates[s].is_open],
-                to_trio=[s for s in STREAMS if self.wants_copy(s)],
-            )
-            self.directions = self.link.lanes
-            for s in STREAMS:
-                if self.wants_copy(s):
-                    self._start_toxic_lane(s)
-            await self._done.wait()
-            nursery.cancel_scope.cancel()
+    def start_in_plane(self, plane: dataplane.DataPlane) -> None:
+        """On the thread data plane, right after the accept, in the trio thread: decide
+        the toxics, start the upstream connect and hand both sockets to *plane*, which
+        forwards once the connect completes. No task is started (but the host of any
+        toxic's tasks); the plane's events end the connection."""
+        for t in self.proxy.toxics:
+            self.attach_toxic(t)
+        target = self.proxy._upstream_target
+        if target is None:  # a host name: resolve it first, in a task
+            self._spawn(self._resolve_then_connect, plane)
+        else:
+            self._connect_in_plane(plane, *target)
+
+    async def _resolve_then_connect(self, plane: dataplane.DataPlane) -> None:
+        host, port = self.proxy.upstream
+        with self._scope:
+            try:
+                with trio.fail_after(self.proxy.connect_timeout):
+                    # The family trio's connect on the other plane would pick.
+                    found = await trio.socket.getaddrinfo(
+                        host, port, socket.AF_INET, socket.SOCK_STREAM
+                    )
+            except trio.TooSlowError:
+                return self._upstream_failed(errno.ETIMEDOUT)
+            except OSError as exc:
+                self._log_upstream_failed(str(exc) or type(exc).__name__)
+                return self._finish("upstream_failed")
+            family, _, _, _, sockaddr = found[0]
+            self._connect_in_plane(plane, family, sockaddr)
+
+    def _connect_in_plane(
+        self, plane: dataplane.DataPlane, family: int, sockaddr: tuple[Any, ...]
+    ) -> None:
+        if self.closing is not None:
+            return  # ended (and finished) while the name was resolved
+        try:
+            self.server = server = socket.socket(family, socket.SOCK_STREAM)
+            server.setblocking(False)
+            server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            err = server.connect_ex(sockaddr)
+        except OSError as exc:
+            err = exc.errno or errno.EBADF
+        if err not in (0, errno.EINPROGRESS):
+            return self._upstream_failed(err)
+        if self.loss["downstream"]:
+            self.refilter()
+        # No checkpoint from reading the gates to add(): a freeze cannot fall between.
+        self.link = plane.add(
+            self.client,
+            server,
+            self._on_plane_event,
+            frozen=[s for s in STREAMS if not self.gates[s].is_open],
+            to_trio=[s for s in STREAMS if self.wants_copy(s)],
+            connect_timeout=self.proxy.connect_timeout,
+        )
+        self.directions = self.link.lanes
+        if any(self.wants_copy(s) for s in STREAMS):
+            self._ensure_host()
+
+    def _upstream_failed(self, err: int) -> None:
+        if err == errno.ETIMEDOUT:
+            reason = f"no answer from upstream within {self.proxy.connect_timeout} s"
+        else:
+            reason = str(OSError(err, os.strerror(err)))
+        self._log_upstream_failed(reason)
+        self._finish("upstream_failed")
+
+    def _spawn(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Run *fn* in a task of the proxy's, a failure contained to this connection."""
+        try:
+            self.proxy._nursery.start_soon(self.proxy._contained, self, fn, *args)  # type: ignore[union-attr]
+        except (AttributeError, RuntimeError):  # the proxy is stopping: nothing to do
+            self._finish("closed")
+
+    def _ensure_host(self) -> None:
+        """Start the task whose nursery runs this connection's toxics (once)."""
+        if not self._hosted and not self._done.is_set():
+            self._hosted = True
+            self._spawn(self._host)
+
+    async def _host(self) -> None:
+        with self._scope:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                for link in self.links.values():
+                    if link is not None and link.toxic.name not in self._toxic_scopes:
+                        self._start_toxic(link)
+                for s in STREAMS:
+                    if self.wants_copy(s):
+                        self._start_toxic_lane(s)
+                await self._done.wait()
+                nursery.cancel_scope.cancel()
         self._nursery = None
 
     def _start_toxic_lane(self, stream: str) -> None:
@@ -482,8 +574,18 @@ class Connection:
 
     def _on_plane_event(self, kind: str, stream: str | None) -> None:
         # In the trio thread, delivered in batches by the plane.
+        try:
+            self._plane_event(kind, stream)
+        except Exception as exc:  # contained to this connection, as a task's would be
+            self.proxy.log.write("conn_error", conn=self.id, error=repr(exc))
+            self._end("reset")
+
+    def _plane_event(self, kind: str, stream: str | None) -> None:
         if kind == dataplane.DONE:
-            self._done.set()
+            self._finish("clean")
+        elif kind == dataplane.UPSTREAM_FAILED:
+            assert self.link is not None
+            self._upstream_failed(self.link.errno)
         elif kind == dataplane.ERROR:
             assert self.link is not None
             self.proxy.log.write("conn_error", conn=self.id, error=repr(self.link.error))
@@ -579,6 +681,9 @@ class Proxy:
         self.listen = (listen[0], int(listen[1]))
         self.seed = seed if seed is not None else random.SystemRandom().randrange(2**32)
         self.connect_timeout = connect_timeout
+        #: (family, sockaddr) to connect to when the upstream host is an IP address
+        #: (None: a name, resolved for each connection as trio's connect does).
+        self._upstream_target = _ip_target(*self.upstream)
         self.backlog = backlog
         self.log = (
             event_log if isinstance(event_log, JsonlWriter) else JsonlWriter(event_log, proxy=name)
@@ -596,7 +701,7 @@ class Proxy:
         self._plane: dataplane.DataPlane | None = None
         # The copy path's read buffer (a memoryview: slicing it copies nothing).
         self._recv_buf = memoryview(bytearray(CHUNK))
-        self._listener: trio.socket.SocketType | None = None
+        self._listener: socket.socket | None = None
         self._connections: dict[int, Connection] = {}
         self._next_id = 1
         self._nursery: trio.Nursery | None = None
@@ -648,6 +753,7 @@ class Proxy:
                 self._plane.stop()
                 self._plane = None
             if self._listener is not None:
+                trio.lowlevel.notify_closing(self._listener)
                 self._listener.close()
                 self._listener = None
             self._pipes.close()
@@ -669,9 +775,10 @@ class Proxy:
             sock.close()
             raise listen_error(self.address or self.listen, exc) from None
         sock.listen(self.backlog)
-        self._listener = sock
+        self._listener = socket.socket(fileno=sock.detach())
+        self._listener.setblocking(False)
         self._refilter_listener()
-        self.address = sock.getsockname()[:2]
+        self.address = self._listener.getsockname()[:2]
 
     def _start_accepting(self) -> None:
         assert self._nursery is not None and self._listener is not None
@@ -696,36 +803,56 @@ class Proxy:
         if self._accept_scope is None and self._listener is not None and self._nursery is not None:
             self._start_accepting()
 
-    async def _accept_loop(self, listener: trio.socket.SocketType, scope: trio.CancelScope) -> None:
+    async def _accept_loop(self, listener: socket.socket, scope: trio.CancelScope) -> None:
         # The listener is passed in, not read from self: refuse() may close it and
-        # restore() bind a new one before this task first runs.
-        assert self._nursery is not None
+        # restore() bind a new one before this task first runs. Accepts come in batches
+        # (one wake-up, up to _ACCEPT_BATCH accept() calls): trio's accept() costs a
+        # scheduler pass each.
         with scope:
-            while True:
-                try:
-                    tsock, addr = await listener.accept()
-                except OSError as exc:
-                    if listener.fileno() < 0 or exc.errno == errno.EBADF:
-                        return  # closed under us by refuse(): its scope is cancelled too
-                    # EMFILE/ENFILE/ENOBUFS: out of descriptors or memory. Log, back off
-                    # briefly, keep serving: one connection's trouble is not the proxy's.
-                    self.log.write("accept_error", error=exc.strerror or str(exc))
-                    await trio.sleep(0.05)
-                    continue
-                client = socket.socket(fileno=tsock.detach())
-                client.setblocking(False)
-                conn = Connection(self, self._next_id, client, format_address(addr))
-                self._next_id += 1
-                self._connections[conn.id] = conn
-                self.log.write("conn_open", conn=conn.id, peer=conn.peer)
-                self._nursery.start_soon(self._run_connection, conn)
+            while listener.fileno() >= 0:  # < 0: closed by refuse() before we ran
+                await trio.lowlevel.wait_readable(listener)
+                for _ in range(_ACCEPT_BATCH):
+                    try:
+                        client, addr = listener.accept()
+                    except BlockingIOError:
+                        break
+                    except OSError as exc:
+                        if listener.fileno() < 0 or exc.errno == errno.EBADF:
+                            return  # closed under us by refuse(): its scope is cancelled
+                        # EMFILE/ENFILE/ENOBUFS: out of descriptors or memory. Log, back
+                        # off briefly, keep serving: one connection's trouble is not the
+                        # proxy's.
+                        self.log.write("accept_error", error=exc.strerror or str(exc))
+                        await trio.sleep(0.05)
+                        break
+                    self._admit(client, addr)
 
-    async def _run_connection(self, conn: Connection) -> None:
-        # One connection's failure is logged and contained: it never takes the proxy down.
+    def _admit(self, client: socket.socket, addr: tuple[Any, ...]) -> None:
+        """A connection just accepted: list it, log it and start it on the data plane."""
+        assert self._nursery is not None
+        client.setblocking(False)
+        conn = Connection(self, self._next_id, client, format_address(addr))
+        self._next_id += 1
+        self._connections[conn.id] = conn
+        self.log.write("conn_open", conn=conn.id, peer=conn.peer)
+        if self._plane is None:
+            self._nursery.start_soon(self._contained, conn, conn.run)
+            return
         try:
-            await conn.run()
+            conn.start_in_plane(self._plane)
         except Exception as exc:
             self.log.write("conn_error", conn=conn.id, error=repr(exc))
+            conn._end("reset")
+
+    async def _contained(
+        self, conn: Connection, fn: Callable[..., Awaitable[None]], *args: Any
+    ) -> None:
+        # One connection's failure is logged and contained: it never takes the proxy down.
+        try:
+            await fn(*args)
+        except Exception as exc:
+            self.log.write("conn_error", conn=conn.id, error=repr(exc))
+            conn._end("reset")
 
     async def _connect_upstream(self) -> socket.socket:
         host, port = self.upstream
@@ -1020,9 +1147,7 @@ class Proxy:
         queued: list[str] = []
         if self._listener is not None:
             trio.lowlevel.notify_closing(self._listener)
-            listener = socket.socket(fileno=self._listener.detach())
-            self._listener = None
-            listener.setblocking(False)
+            listener, self._listener = self._listener, None
             try:
                 while True:
                     try:
@@ -1194,6 +1319,17 @@ class Proxy:
                         c.held_closes()
                 await trio.sleep(_HELD_CLOSE_POLL_S)
         self._poll_scope = None
+
+
+def _ip_target(host: str, port: int) -> tuple[int, tuple[Any, ...]] | None:
+    """(family, sockaddr) for an IP address *host*; None for a host name."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return (
+        (socket.AF_INET6, (host, port, 0, 0)) if ip.version == 6 else (socket.AF_INET, (host, port))
+    )
 
 
 @asynccontextmanager

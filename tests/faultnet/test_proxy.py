@@ -100,6 +100,18 @@ async def test_half_close_both_directions(splice: bool) -> None:
                 assert await first.receive_some(10) == b""
 
 
+async def test_an_upstream_named_by_host_name_is_resolved_and_reached() -> None:
+    """``localhost`` (from /etc/hosts: no DNS server is asked) resolves to 127.0.0.1,
+    as trio's connect would resolve it; the thread plane resolves it in a task."""
+    async with echo_server() as up, open_proxy(("localhost", up[1])) as proxy:
+        for _ in range(2):
+            s = await trio.open_tcp_stream(*proxy.address)
+            await s.send_all(b"named")
+            with trio.fail_after(5):
+                assert await read_exactly(s, 5) == b"named"
+            await s.aclose()
+
+
 async def test_upstream_refusing_or_hanging_closes_client_and_logs(tmp_path) -> None:
     log = tmp_path / "events.jsonl"
     # A port nobody listens on: bind, note the port, close.
