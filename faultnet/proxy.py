@@ -657,10 +657,12 @@ class Proxy:
     kernel pipes, without copying bytes into Python; a connection moves to the copy path
     the first time a toxic applies to it and stays there.
 
-    ``dataplane`` picks what moves the bytes: ``"trio"`` (a pump task per direction,
-    :mod:`faultnet.pump`) or ``"thread"`` (one OS thread with its own epoll for every
-    connection, :mod:`faultnet.dataplane`: no trio task switch per message). The default
-    is ``$FAULTNET_DATAPLANE``, else ``"trio"``. Fault semantics are the same.
+    ``dataplane`` picks what moves the bytes: ``"thread"`` (one OS thread with its own
+    epoll for every connection, :mod:`faultnet.dataplane`: no trio task per connection
+    and no trio task switch per message) or ``"trio"`` (a pump task per direction and a
+    task per connection, :mod:`faultnet.pump`). The default is ``$FAULTNET_DATAPLANE``,
+    else ``"thread"``. Fault semantics are the same; the test suite runs the proxy's
+    tests on both.
     """
 
     def __init__(
@@ -693,7 +695,7 @@ class Proxy:
         self.fd_limit = raise_fd_limit()
         self._splice = splice and hasattr(os, "splice")
         self._pipes = PipePool()
-        self.dataplane = dataplane or os.environ.get("FAULTNET_DATAPLANE") or "trio"
+        self.dataplane = dataplane or os.environ.get("FAULTNET_DATAPLANE") or "thread"
         if self.dataplane not in DATAPLANES:
             raise ValueError(
                 f"dataplane must be one of {', '.join(DATAPLANES)}, not {self.dataplane!r}"

@@ -1,10 +1,6 @@
-"""The proxy's whole test module, and the toxics' end-to-end tests, again on the thread
-data plane (faultnet.dataplane); plus what only the thread plane has: a bug in the
-forwarding thread is contained to its connection.
-
-The imported tests are collected here a second time, and this module's autouse fixture
-sets ``FAULTNET_DATAPLANE=thread`` for them, so every Proxy they make forwards on the
-thread (tests that ask for a plane by argument keep theirs).
+"""The thread data plane (faultnet.dataplane), the proxy's default: what only it has.
+The proxy's own tests (tests/faultnet/test_proxy.py) run on it as the default, and again
+on the trio pumps in tests/faultnet/test_proxy_trio_plane.py.
 """
 
 from __future__ import annotations
@@ -15,24 +11,30 @@ import trio
 from faultnet import dataplane
 from faultnet.eventlog import read_jsonl
 from faultnet.proxy import open_proxy
+from faultnet.pump import Direction
 from faultnet.testing import echo_server, read_exactly, wait_until
-from tests.faultnet.test_proxy import *  # noqa: F403
-from tests.faultnet.toxics.test_toxics_e2e import *  # noqa: F403
 
 
-@pytest.fixture(autouse=True)
-def _thread_plane(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("FAULTNET_DATAPLANE", "thread")
-
-
-async def test_the_env_picks_the_thread_plane() -> None:
-    async with echo_server() as up, open_proxy(up) as proxy:
-        assert proxy.dataplane == "thread"
-        s = await trio.open_tcp_stream(*proxy.address)
-        await s.send_all(b"x")
-        with trio.fail_after(5):
-            assert await read_exactly(s, 1) == b"x"
-        assert (await _only_link(proxy)).lanes["upstream"].bytes == 1
+async def test_the_thread_plane_is_the_default_and_the_env_picks_the_other(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("FAULTNET_DATAPLANE", raising=False)
+    for env, plane in ((None, "thread"), ("trio", "trio")):
+        if env is not None:
+            monkeypatch.setenv("FAULTNET_DATAPLANE", env)
+        async with echo_server() as up, open_proxy(up) as proxy:
+            assert proxy.dataplane == plane
+            s = await trio.open_tcp_stream(*proxy.address)
+            await s.send_all(b"x")
+            with trio.fail_after(5):
+                assert await read_exactly(s, 1) == b"x"
+            (conn,) = proxy._connections.values()
+            if plane == "thread":
+                assert conn.link is not None and conn.link.lanes["upstream"].bytes == 1
+            else:
+                assert conn.link is None
+                assert isinstance(conn.directions["upstream"], Direction)
+                assert conn.directions["upstream"].bytes == 1
 
 
 async def _only_link(proxy) -> dataplane.Link:
