@@ -751,6 +751,12 @@ class Proxy:
                 nursery.cancel_scope.cancel()
         finally:
             self._nursery = None
+            # What is still listed has no task to cancel (thread plane): accepted after
+            # aclose() looked, or serve() itself was cancelled. End it here, before the
+            # plane stops: nothing may outlive the proxy (a socket left open until the
+            # garbage collector found it, seen in the suite).
+            for conn in list(self._connections.values()):
+                conn._end("closed")
             if self._plane is not None:
                 self._plane.stop()
                 self._plane = None

@@ -112,6 +112,23 @@ async def test_an_upstream_named_by_host_name_is_resolved_and_reached() -> None:
             await s.aclose()
 
 
+async def test_cancelling_serve_closes_every_connection() -> None:
+    """No connection outlives its proxy, however serve() ends (on the thread plane no
+    task per connection is cancelled with it: serve ends them itself)."""
+    async with echo_server() as up:
+        proxy = Proxy(up)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(proxy.serve)
+            s = await trio.open_tcp_stream(*proxy.address)
+            await s.send_all(b"x")
+            with trio.fail_after(5):
+                assert await read_exactly(s, 1) == b"x"
+            nursery.cancel_scope.cancel()
+        with trio.fail_after(5):
+            assert await s.receive_some(10) == b""
+        assert proxy.connections() == []
+
+
 async def test_upstream_refusing_or_hanging_closes_client_and_logs(tmp_path) -> None:
     log = tmp_path / "events.jsonl"
     # A port nobody listens on: bind, note the port, close.

@@ -330,7 +330,9 @@ async def test_toxicity_decided_once_per_connection_and_kept(
         times: dict[int, float] = {}
 
         async def one(i: int) -> None:
-            times[i] = await rtt(streams[i])
+            # The faster of two round trips: one pause of the whole process (a garbage
+            # collection late in a long suite) made 4 unpicked connections look slow once.
+            times[i] = min([await rtt(streams[i]), await rtt(streams[i])])
 
         async with trio.open_nursery() as nursery:
             for i in range(len(streams)):
