@@ -337,7 +337,9 @@ class DataPlane:
         self._thread.start()
 
     def stop(self) -> None:
-        """End the thread (at its next wake-up, which this causes) and wait for it."""
+        """End the thread (at its next wake-up, which this causes) and wait for it.
+        Links still in the plane stay their owners' to end (no syscall is made for them
+        any more)."""
         self._stopping = True
         os.eventfd_write(self._wake, 1)
         if self._thread is not None:
@@ -428,7 +430,7 @@ class DataPlane:
             return False
         link.ended = True
         for fd in link.fds:
-            if self._mask.pop(fd, 0):
+            if self._mask.pop(fd, 0) and not self._ep.closed:  # closed: stop() was called
                 self._ep.unregister(fd)
             self._fds.pop(fd, None)
         for lane in link.lanes.values():
@@ -617,7 +619,7 @@ class DataPlane:
     # -- the thread --
 
     def _run(self) -> None:
-        ep, lock = self._ep, self.lock
+        ep, lock, service, wake = self._ep, self.lock, self._service_fd, self._wake
         timeout = -1.0
         while not self._stopping:
             try:
@@ -625,14 +627,14 @@ class DataPlane:
             except InterruptedError:
                 continue
             for fd, _ in events:
-                if fd == self._wake:
+                if fd == wake:
                     try:
                         os.eventfd_read(fd)
                     except BlockingIOError:
                         pass
                     continue
                 with lock:
-                    self._service((fd,))
+                    service(fd)
             if self._deadlines:
                 with lock:
                     timeout = self._expire()
@@ -642,19 +644,23 @@ class DataPlane:
     def _service(self, fds: Iterable[int]) -> None:
         """Handle each ready fd (lock held)."""
         for fd in fds:
-            entry = self._fds.get(fd)
-            if entry is None:
-                continue
-            try:
-                if entry[0].connecting:
-                    self._connected(entry[0])
-                    continue
+            self._service_fd(fd)
+
+    def _service_fd(self, fd: int) -> None:
+        """Handle one ready fd (lock held)."""
+        entry = self._fds.get(fd)
+        if entry is None:
+            return
+        try:
+            if entry[0].connecting:
+                self._connected(entry[0])
+            else:
                 self._handle(*entry)
-            except Exception as exc:  # a bug: contained to its connection
-                link = entry[0]
-                if self._end(link):
-                    link.error = exc
-                    self._post(link, ERROR, None)
+        except Exception as exc:  # a bug: contained to its connection
+            link = entry[0]
+            if self._end(link):
+                link.error = exc
+                self._post(link, ERROR, None)
 
     def _handle(self, link: Link, reading: Lane, writing: Lane) -> None:
         if (
