@@ -476,21 +476,26 @@ class Connection:
             self._connect_in_plane(plane, *target)
 
     async def _resolve_then_connect(self, plane: dataplane.DataPlane) -> None:
+        # Not in self._scope: that is the toxics' host's (a scope is entered once). A
+        # connection ended meanwhile is seen by _connect_in_plane, or here.
         host, port = self.proxy.upstream
-        with self._scope:
-            try:
-                with trio.fail_after(self.proxy.connect_timeout):
-                    # The family trio's connect on the other plane would pick.
-                    found = await trio.socket.getaddrinfo(
-                        host, port, socket.AF_INET, socket.SOCK_STREAM
-                    )
-            except trio.TooSlowError:
-                return self._upstream_failed(errno.ETIMEDOUT)
-            except OSError as exc:
+        try:
+            with trio.fail_after(self.proxy.connect_timeout):
+                # The family trio's connect on the other plane would pick.
+                found = await trio.socket.getaddrinfo(
+                    host, port, socket.AF_INET, socket.SOCK_STREAM
+                )
+        except trio.TooSlowError:
+            if self.closing is None:
+                self._upstream_failed(errno.ETIMEDOUT)
+            return
+        except OSError as exc:
+            if self.closing is None:
                 self._log_upstream_failed(str(exc) or type(exc).__name__)
-                return self._finish("upstream_failed")
-            family, _, _, _, sockaddr = found[0]
-            self._connect_in_plane(plane, family, sockaddr)
+                self._finish("upstream_failed")
+            return
+        family, _, _, _, sockaddr = found[0]
+        self._connect_in_plane(plane, family, sockaddr)
 
     def _connect_in_plane(
         self, plane: dataplane.DataPlane, family: int, sockaddr: tuple[Any, ...]

@@ -19,6 +19,7 @@ from faultnet.probe import ProbeKind, probe
 from faultnet.proxy import Proxy, ProxyError, open_proxy
 from faultnet.sockopts import attach_drop_all, detach_filter, set_keepalive
 from faultnet.testing import accept_server, echo_server, open_link, read_exactly, wait_until
+from faultnet.toxics import Latency, Slicer
 from faultnet.toxics.base import Toxic
 
 
@@ -102,9 +103,14 @@ async def test_half_close_both_directions(splice: bool) -> None:
 
 async def test_an_upstream_named_by_host_name_is_resolved_and_reached() -> None:
     """``localhost`` (from /etc/hosts: no DNS server is asked) resolves to 127.0.0.1,
-    as trio's connect would resolve it; the thread plane resolves it in a task."""
+    as trio's connect would resolve it; the thread plane resolves it in a task. With a
+    toxic too, and one added while connected (their tasks start after the name is
+    resolved: once, a connection reset here)."""
     async with echo_server() as up, open_proxy(("localhost", up[1])) as proxy:
-        for _ in range(2):
+        proxy.add_toxic(Latency("lat", "downstream", latency=1))
+        for i in range(2):
+            if i:
+                proxy.add_toxic(Slicer("slices", "upstream", average_size=2))
             s = await trio.open_tcp_stream(*proxy.address)
             await s.send_all(b"named")
             with trio.fail_after(5):
