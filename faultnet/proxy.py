@@ -536,9 +536,12 @@ class Connection:
 
     def _spawn(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Run *fn* in a task of the proxy's, a failure contained to this connection."""
+        nursery = self.proxy._nursery
         try:
-            self.proxy._nursery.start_soon(self.proxy._contained, self, fn, *args)  # type: ignore[union-attr]
-        except (AttributeError, RuntimeError):  # the proxy is stopping: nothing to do
+            if nursery is None:
+                raise RuntimeError("the proxy is not serving")
+            nursery.start_soon(self.proxy._contained, self, fn, *args)
+        except RuntimeError:  # the proxy is stopping: nothing is left to do
             self._finish("closed")
 
     def _ensure_host(self) -> None:
@@ -586,6 +589,8 @@ class Connection:
             self._end("reset")
 
     def _plane_event(self, kind: str, stream: str | None) -> None:
+        if self._done.is_set():
+            return  # ended meanwhile (a fault, or the proxy closing): nothing to act on
         if kind == dataplane.DONE:
             self._finish("clean")
         elif kind == dataplane.UPSTREAM_FAILED:
