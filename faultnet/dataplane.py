@@ -38,7 +38,8 @@ synchronously by thaw: :meth:`Link.thaw` registers its interest again before it 
 reset, the connection finished, chunks read for a toxic chain, held bytes drained) to an
 outbox under the lock and, once per epoll batch, asks trio to deliver them with
 ``TrioToken.run_sync_soon``; delivery calls each link's ``on_event(kind, stream)`` in the
-trio thread. Byte counters and half-close state are plain attributes trio reads directly.
+trio thread. Half-close state is plain attributes trio reads directly; the byte counters
+are read under the lock (:meth:`Link.counts`), so they cover every byte sent.
 
 **Not waiting for the thread.** :meth:`DataPlane.add` moves what already arrived on a new
 connection in the calling thread, and :meth:`DataPlane.settle` (which faults call before
@@ -122,8 +123,9 @@ class _Failed(Exception):
 class Lane:
     """One direction of one link: bytes from ``src`` to ``dst``.
 
-    Every field is written under the plane's lock; trio may read ``bytes`` and
-    ``eof_forwarded`` without it (single attribute reads).
+    Every field is written under the plane's lock; trio may read ``eof_forwarded``
+    without it (one attribute read). ``bytes`` lags the send that moved them until the
+    thread has the GIL again: read it with :meth:`Link.counts`.
     """
 
     __slots__ = (
@@ -238,6 +240,14 @@ class Link:
         it had already ended."""
         with self.plane.lock:
             return self.plane._end(self)
+
+    def counts(self) -> tuple[int, int]:
+        """Bytes forwarded (upstream, downstream), under the lock: every byte a peer
+        can have read is counted. (Read without it, a client that had its echo could
+        see the downstream count still 0: the thread had sent but not yet counted, its
+        GIL turn to come.)"""
+        with self.plane.lock:
+            return self.lanes["upstream"].bytes, self.lanes["downstream"].bytes
 
     def is_open(self, stream: str) -> bool:
         return self.lanes[stream].open

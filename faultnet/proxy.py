@@ -352,6 +352,10 @@ class Connection:
 
     def info(self) -> ConnectionInfo:
         up, down = self.directions.get("upstream"), self.directions.get("downstream")
+        if self.link is not None:
+            bytes_up, bytes_down = self.link.counts()
+        else:
+            bytes_up, bytes_down = (up.bytes if up else 0), (down.bytes if down else 0)
         up_open, down_open = self.gates["upstream"].is_open, self.gates["downstream"].is_open
         if self.closing:
             state = "closing"
@@ -374,8 +378,8 @@ class Connection:
             id=self.id,
             peer=self.peer,
             upstream=format_address(self.proxy.upstream),
-            bytes_upstream=up.bytes if up else 0,
-            bytes_downstream=down.bytes if down else 0,
+            bytes_upstream=bytes_up,
+            bytes_downstream=bytes_down,
             state=state,
             age_s=round(time.monotonic() - self.started, 3),
             dropped_upstream=dropped_up,
@@ -557,8 +561,11 @@ class Connection:
                 for link in self.links.values():
                     if link is not None and link.toxic.name not in self._toxic_scopes:
                         self._start_toxic(link)
+                # Every lane on the toxic path, not only those a toxic applies to now:
+                # one added and removed before this task ran left its lane sending
+                # bytes to trio that nobody took (a churning client hung, in the suite).
                 for s in STREAMS:
-                    if self.wants_copy(s):
+                    if self.link is not None and self.link.lanes[s].to_trio:
                         self._start_toxic_lane(s)
                 await self._done.wait()
                 nursery.cancel_scope.cancel()

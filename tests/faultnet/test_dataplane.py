@@ -13,6 +13,7 @@ from faultnet.eventlog import read_jsonl
 from faultnet.proxy import open_proxy
 from faultnet.pump import Direction
 from faultnet.testing import echo_server, read_exactly, wait_until
+from faultnet.toxics import Latency
 
 
 async def test_the_thread_plane_is_the_default_and_the_env_picks_the_other(
@@ -75,3 +76,19 @@ async def test_a_bug_in_the_forwarding_thread_ends_only_its_connection(
             assert await read_exactly(other, 16) == b"still forwarding"
     errors = [r for r in read_jsonl(log).records if r["event"] == "conn_error"]
     assert len(errors) == 1 and "a bug in the forwarding thread" in errors[0]["error"]
+
+
+async def test_a_toxic_added_and_removed_before_its_host_ran_leaves_the_link_forwarding() -> None:
+    """The lane the toxic moved to trio stays there; the host task, starting after the
+    toxic is gone, must still run it (it once started lanes only for toxics then in
+    force: the bytes sat in the inbox and the client hung)."""
+    async with echo_server() as up, open_proxy(up) as proxy:
+        s = await trio.open_tcp_stream(*proxy.address)
+        await s.send_all(b"a")
+        with trio.fail_after(5):
+            assert await read_exactly(s, 1) == b"a"
+        proxy.add_toxic(Latency("brief", "downstream", latency=0))
+        proxy.remove_toxic("brief")  # no checkpoint between: the host has not run yet
+        await s.send_all(b"b")
+        with trio.fail_after(5):
+            assert await read_exactly(s, 1) == b"b"

@@ -118,6 +118,20 @@ async def test_an_upstream_named_by_host_name_is_resolved_and_reached() -> None:
             await s.aclose()
 
 
+async def test_the_listing_counts_every_byte_a_peer_has_read() -> None:
+    """Once the client has its echo, the listing counts those bytes both ways (on the
+    thread plane the count once lagged the send: 0 downstream after a 1,000-byte echo,
+    in the suite)."""
+    async with echo_server() as up, open_proxy(up) as proxy:
+        s = await trio.open_tcp_stream(*proxy.address)
+        for i in range(1, 301):
+            await s.send_all(b"x" * 10)
+            with trio.fail_after(5):
+                await read_exactly(s, 10)
+            (info,) = proxy.connections()
+            assert (info.bytes_upstream, info.bytes_downstream) == (10 * i, 10 * i)
+
+
 async def test_cancelling_serve_closes_every_connection() -> None:
     """No connection outlives its proxy, however serve() ends (on the thread plane no
     task per connection is cancelled with it: serve ends them itself)."""
