@@ -55,7 +55,7 @@ with :meth:`Link.offer` (gate, then send, under the lock; what the socket does n
 is handed to the thread). No reader task and no channel per chunk.
 
 **Setting up.** :meth:`DataPlane.add` may take the upstream socket while its
-non-blocking connect is under way (``connecting=True``). On loopback the handshake is
+non-blocking connect is under way (``connect_timeout=``). On loopback the handshake is
 done before ``connect()`` returns, so ``add`` looks at the socket's TCP state and, when
 it is established (or the connect already failed), goes on at once in the calling
 thread; otherwise the link waits, reading nothing, for EPOLLOUT on the upstream socket
@@ -64,7 +64,7 @@ A failed or timed-out connect ends the link with an UPSTREAM_FAILED event. So no
 task exists per connection: trio accepts, starts the connect and hears back only when
 the link ends. (Measured under churn, connect + one round trip + close: the trio
 thread's CPU per connection 460-530 us with a task that awaited trio's connect, 290-330
-us without; connections/s 1.0-1.1x socat's -> 1.35-1.45x.)
+us without; scripts/bench churn, connections/s, 1.0-1.1x socat's -> 1.35-1.66x.)
 
 **Descriptors.** Only the trio side closes sockets, and only after :meth:`Link.end`
 (which unregisters them under the lock) or the ``done`` event; the thread forgets a
