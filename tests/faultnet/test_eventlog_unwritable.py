@@ -130,7 +130,11 @@ async def test_the_server_survives_its_event_log_hitting_the_file_size_limit(tmp
             await proc.wait()
     assert proc.returncode == 0, err
     assert err.count("faultnet: warning: cannot write event log") == 1, err
-    assert "short write" in err and "Traceback" not in err  # the record that crossed it
+    # The record that crossed the limit was cut short ("short write"), unless the one
+    # before it ended exactly at the limit: then it was refused whole with EFBIG (once
+    # in a whole-suite run; which record lands where depends on ports and timestamps).
+    assert "short write" in err or "[Errno 27] File too large" in err, err
+    assert "Traceback" not in err
     assert log.stat().st_size == FSIZE_LIMIT
     read = read_jsonl(log)  # readable: the record cut at the limit is the truncated tail
     assert read.records[0]["event"] == "server_seed"
