@@ -541,12 +541,13 @@ class Connection:
     def _spawn(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
         """Run *fn* in a task of the proxy's, a failure contained to this connection."""
         nursery = self.proxy._nursery
-        try:
-            if nursery is None:
-                raise RuntimeError("the proxy is not serving")
-            nursery.start_soon(self.proxy._contained, self, fn, *args)
-        except RuntimeError:  # the proxy is stopping: nothing is left to do
-            self._finish("closed")
+        if nursery is not None:
+            try:
+                nursery.start_soon(self.proxy._contained, self, fn, *args)
+                return
+            except RuntimeError:  # "closed to new arrivals": the proxy is stopping
+                pass
+        self._finish("closed")  # no task can run for it: nothing is left to do
 
     def _ensure_host(self) -> None:
         """Start the task whose nursery runs this connection's toxics (once)."""
