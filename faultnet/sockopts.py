@@ -23,6 +23,7 @@ __all__ = [
     "set_user_timeout",
     "socket_drops",
     "tcp_retransmits",
+    "tcp_retransmits_needed",
     "tcp_state",
 ]
 
@@ -92,14 +93,38 @@ def raise_fd_limit() -> int:
 
 #: ``SO_MEMINFO`` (55): nine u32 counters; index 8 (SK_MEMINFO_DROPS) is ``sk_drops``.
 _SO_MEMINFO = 55
-#: Offset of ``tcpi_total_retrans`` (u32) in ``struct tcp_info`` (linux/tcp.h).
+#: Offsets in ``struct tcp_info`` (linux/tcp.h): ``tcpi_total_retrans`` (u32), and
+#: ``tcpi_dsack_dups`` (u32, Linux 4.19 on), the retransmits the peer reported by D-SACK
+#: as ones it already had.
 _TCPI_TOTAL_RETRANS = 100
+_TCPI_DSACK_DUPS = 216
 
 
 def tcp_retransmits(sock: _Sock) -> int:
-    """The segments *sock* itself has retransmitted (``tcpi_total_retrans``)."""
+    """The segments *sock* itself has retransmitted (``tcpi_total_retrans``), the
+    spurious ones included (see tcp_retransmits_needed)."""
     info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCPI_TOTAL_RETRANS + 4)
     return int(struct.unpack_from("I", info, _TCPI_TOTAL_RETRANS)[0])
+
+
+def tcp_retransmits_needed(sock: _Sock) -> int:
+    """The segments *sock* retransmitted that its peer did not already have: every
+    retransmit less those the peer reported (D-SACK) as duplicates. This is the count
+    that says loss was in force. The rest are spurious: on loopback segments can reach
+    the receiver out of order (the same transfers counted reordering in
+    ``tcpi_reord_seen``), and a sender that takes the gap for a loss resends.
+
+    Measured through the proxy, 16 MiB transfers: with no loss at all, up to 66
+    retransmits in one transfer, all reported back as duplicates but for one segment (a
+    tail-loss probe) in 2 of 240 transfers; at 5 % loss, 7 to 21 retransmits, 0 or 1 of them
+    duplicates. So judge loss with a small margin. A kernel before 4.19 has no D-SACK
+    count: there this is every retransmit."""
+    size = _TCPI_DSACK_DUPS + 4
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, size)
+    total = int(struct.unpack_from("I", info, _TCPI_TOTAL_RETRANS)[0])
+    if len(info) < size:
+        return total
+    return max(0, total - int(struct.unpack_from("I", info, _TCPI_DSACK_DUPS)[0]))
 
 
 def socket_drops(sock: _Sock) -> int:

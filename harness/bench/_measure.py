@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from faultnet.sockopts import tcp_retransmits
+from faultnet.sockopts import tcp_retransmits, tcp_retransmits_needed
 from harness.bench._stream import (
     BATCH,
     BATCH_S,
@@ -42,7 +42,7 @@ def bulk_once(
 ) -> dict[str, Any]:
     """Send *total* bytes of the repeated block; return timing and the receiver's verdict
     (a transfer that fails is returned as not verified, with why), and the segments the
-    sender's own TCP retransmitted. *on_connected(sock)* runs once the connection is open,
+    sender's own TCP retransmitted: all of them, and those the receiver lacked. *on_connected(sock)* runs once the connection is open,
     before the first byte (the loss line applies its loss there)."""
     t0 = time.perf_counter()
     try:
@@ -85,6 +85,7 @@ def _bulk(
             reply += chunk
         elapsed = time.perf_counter() - t0
         retransmits = tcp_retransmits(s)
+        needed = tcp_retransmits_needed(s)
     finally:
         s.close()
     try:
@@ -107,6 +108,7 @@ def _bulk(
         "why": why,
         "receiver_s": report["recv_s"],
         "retransmits": retransmits,
+        "retransmits_needed": needed,
     }
 
 

@@ -80,6 +80,8 @@ def format_report(res: dict[str, Any]) -> str:
                  ("loss", f"p{pct}", "mbps"), _num(".0f"), None, None),
                 ("  sender retransmits per transfer", ("loss", f"p{pct}", "retransmits"),
                  _num(".0f"), None, None),
+                ("  of them needed (the proxy lacked the segment)",
+                 ("loss", f"p{pct}", "retransmits_needed"), _num(".0f"), None, None),
             )
         ],
         ("UDP datagrams/s (64 B echo round trips)", ("udp", "per_s"), _num(".0f"),

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from faultnet.controls import LOSS_MARGIN
 from faultnet.errors import EnvironmentProblem
 from faultnet.procs import fd_count
 from faultnet.sockopts import raise_fd_limit
@@ -352,7 +353,8 @@ def _reqresp_phase(ctx: _Run) -> None:
 
 def _loss_phase(ctx: _Run, proxy: Child, block: bytes) -> None:
     """Bulk through faultnet with each of LOSS_PERCENTS applied to the transfer's own
-    connection (each way) once it is open: throughput and the sender's retransmits."""
+    connection (each way) once it is open: throughput and the sender's retransmits, all
+    of them and those the proxy lacked (the needed ones, which the check judges)."""
     line: dict[str, Any] = {}
     for pct in LOSS_PERCENTS:
         rounds = []
@@ -376,10 +378,12 @@ def _loss_phase(ctx: _Run, proxy: Child, block: bytes) -> None:
             "rounds": rounds,
             "mbps": _median([r["mbps"] for r in ok]),
             "retransmits": _median([r["retransmits"] for r in ok]),
+            "retransmits_needed": _median([r["retransmits_needed"] for r in ok]),
         }
         _log(
             f"loss {pct}%: {line[f'p{pct}']['mbps'] or 0:7.0f} MB/s, "
-            f"{line[f'p{pct}']['retransmits'] or 0:.0f} retransmits per "
+            f"{line[f'p{pct}']['retransmits_needed'] or 0:.0f} retransmits needed "
+            f"({line[f'p{pct}']['retransmits'] or 0:.0f} in all) per "
             f"{ctx.p.loss_bytes >> 20} MiB"
         )
     ctx.arms["faultnet"]["loss"] = line
@@ -396,12 +400,18 @@ def _loss_phase(ctx: _Run, proxy: Child, block: bytes) -> None:
             "detail": bad[0] if bad else f"{ctx.p.loss_bytes} bytes x {ctx.p.rounds} per level",
         }
     )
-    base, top = line["p0"]["retransmits"], line[f"p{LOSS_PERCENTS[-1]}"]["retransmits"]
+    # Judged on the retransmits the proxy lacked, with the controls' margin: loopback
+    # reorders now and then, and the sender's spurious retransmits (up to 66 in a 16 MiB
+    # transfer with no loss at all) outnumbered 5 %'s real ones in 4 of 12 whole-suite
+    # runs when all were counted.
+    top_pct = LOSS_PERCENTS[-1]
+    base, top = line["p0"]["retransmits_needed"], line[f"p{top_pct}"]["retransmits_needed"]
     ctx.checks.append(
         {
-            "name": f"loss: the sender retransmitted more at {LOSS_PERCENTS[-1]} % than at 0 %",
-            "ok": base is not None and top is not None and top > base,
-            "detail": f"median retransmits {base} at 0 %, {top} at {LOSS_PERCENTS[-1]} %",
+            "name": f"loss: at {top_pct} % the sender resent over {LOSS_MARGIN} more segments"
+            " the proxy lacked than at 0 %",
+            "ok": base is not None and top is not None and top > base + LOSS_MARGIN,
+            "detail": f"median retransmits the proxy lacked: {base} at 0 %, {top} at {top_pct} %",
         }
     )
 

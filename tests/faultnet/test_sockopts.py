@@ -15,6 +15,8 @@ from faultnet.sockopts import (
     set_keepalive,
     set_linger_reset,
     set_user_timeout,
+    tcp_retransmits,
+    tcp_retransmits_needed,
     tcp_state,
 )
 from faultnet.testing import wait_until
@@ -86,6 +88,51 @@ async def test_tcp_state_follows_the_connection() -> None:
     finally:
         for s in (listener, client, server):
             s.close()
+
+
+async def test_a_retransmit_of_a_lost_segment_is_needed() -> None:
+    # The receiver's filter drops the segment: the sender resends what the peer lacked.
+    listener, client, server = _connected()
+    try:
+        attach_drop_all(server)
+        client.sendall(b"x" * 1000)
+        await wait_until(lambda: tcp_retransmits(client) >= 1, what="a retransmit")
+        detach_filter(server)
+        assert _recv_exactly(server, 1000) == b"x" * 1000
+        server.sendall(b"!")  # its ACK covers the data: no retransmit is outstanding
+        assert client.recv(1) == b"!"
+        assert tcp_retransmits_needed(client) == tcp_retransmits(client) >= 1
+    finally:
+        for s in (listener, client, server):
+            s.close()
+
+
+async def test_a_retransmit_the_peer_already_had_is_not_needed() -> None:
+    # The segment arrives but its ACK is dropped on the sender's side, so the sender
+    # resends what the peer has; once the filter is off, the peer's D-SACK says so.
+    listener, client, server = _connected()
+    try:
+        attach_drop_all(client)
+        client.sendall(b"x" * 1000)
+        assert _recv_exactly(server, 1000) == b"x" * 1000
+        await wait_until(lambda: tcp_retransmits(client) >= 1, what="a retransmit")
+        detach_filter(client)
+        await wait_until(
+            lambda: tcp_retransmits_needed(client) < tcp_retransmits(client),
+            what="a retransmit reported back as a duplicate",
+        )
+    finally:
+        for s in (listener, client, server):
+            s.close()
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    got = b""
+    while len(got) < n:
+        chunk = sock.recv(n - len(got))
+        assert chunk, "EOF"
+        got += chunk
+    return got
 
 
 def test_keepalive_and_user_timeout_are_set_as_asked() -> None:
