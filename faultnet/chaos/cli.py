@@ -116,12 +116,17 @@ def _run_command(args: argparse.Namespace) -> int:
     from faultnet.chaos._plan import make_plan
     from faultnet.chaos._rails import MARKER_NAME
     from faultnet.chaos._run import Runner, run_with_signals
+    from faultnet.errors import EnvironmentProblem
 
     seed, chosen = _seed(args)
     plan = make_plan(_config(args), seed, seed_chosen=chosen)
     log_path = Path(args.log)
     marker = Path(args.marker) if args.marker else log_path.parent / MARKER_NAME
-    log = JoinLog(log_path, seed=seed, dry=args.dry_run)
+    try:
+        log = JoinLog(log_path, seed=seed, dry=args.dry_run)
+    except OSError as exc:  # nothing is touched without the log of it
+        reason = exc.strerror or str(exc)
+        raise EnvironmentProblem(f"cannot open the join log {log_path}: {reason}") from None
     log.on_record = lambda r: print(_fmt_record(r, args.json), flush=True)
     runner = Runner(
         plan,

@@ -74,6 +74,12 @@ def test_help_and_usage_errors_are_one_line_exit_2(tmp_path: Path) -> None:
     assert "unknown fault 'melt'" in r.stderr
     r = chaos_cli("--time-unit", "0", "--target", "db")
     assert r.returncode == 2 and "--time-unit must be > 0" in r.stderr
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    r = chaos_cli("--dry-run", "--target", "db", "--log", str(not_a_dir / "log.jsonl"))
+    assert (r.returncode, r.stdout) == (2, ""), r
+    assert r.stderr.startswith(f"faultnet: error: cannot open the join log {not_a_dir}/log.jsonl")
+    assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr
 
 
 def test_no_seed_means_one_is_chosen_and_logged(tmp_path: Path) -> None:
