@@ -274,6 +274,16 @@ def _server(args: argparse.Namespace) -> int:
             flush=True,
         )
 
+    if args.event_log:
+        # Opened here first, so a path that cannot be a log is reported as that, not as
+        # the API's address failing (each proxy opens its own writer on it later).
+        from faultnet.eventlog import JsonlWriter
+
+        try:
+            JsonlWriter(args.event_log).close()
+        except OSError as exc:
+            _err(f"cannot open the event log {args.event_log}: {_reason(exc)}")
+            return 2
     populate = None
     if args.config:
         try:

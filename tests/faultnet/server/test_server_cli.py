@@ -245,6 +245,11 @@ def test_server_startup_errors_are_one_line_exit_2(tmp_path: Path) -> None:
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
     assert r.stderr.startswith(f"faultnet: error: cannot serve the API on 127.0.0.1:{port}: ")
     assert "in use" in r.stderr
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    r = _run("server", "--port", "0", "--event-log", str(not_a_dir / "events.jsonl"))
+    assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
+    assert r.stderr.startswith(f"faultnet: error: cannot open the event log {not_a_dir}/")
 
 
 # -- front doors: one line and the right exit code (issue 10 items 12, 13, 14) -----------
