@@ -16,11 +16,11 @@ from typing import Any
 import trio
 
 from faultnet.cliargs import positive_number
-from faultnet.errors import UsageError, fail
+from faultnet.errors import EnvironmentProblem, UsageError, fail
 
 from ._client import HANDSHAKE_VERSIONS, LATEST_HANDSHAKE_VERSION, MCPDriver, open_mcp
 from ._errors import MCPDriverError, RPCError
-from ._record import CALL_LOG_ENV
+from ._record import CALL_LOG_ENV, resolve_dir
 
 __all__ = ["build_parser", "main"]
 
@@ -202,6 +202,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         tool_args = parse_tool_args(args.arg)
     except UsageError as exc:
         return fail(PROG, exc)
+    directory = resolve_dir(args.call_log)
+    if directory is not None:
+        try:  # made before the server starts (open_mcp would raise the same OSError)
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+            problem = EnvironmentProblem(
+                f"cannot make the call log directory {directory}: {reason}"
+            )
+            return _fail(args, problem, 2, "call_log_error")
     try:
         return trio.run(_run, args, command, tool_args)
     except KeyboardInterrupt:

@@ -64,7 +64,7 @@ from ._inbox import (
     StdoutProblem,
 )
 from ._process import DEFAULT_CLOSE_TIMEOUTS, CloseReport, CloseTimeouts, ServerProcess, StderrLine
-from ._record import CallRecord
+from ._record import CallRecord, resolve_dir
 
 __all__ = [
     "HANDSHAKE_VERSIONS",
@@ -765,14 +765,19 @@ async def open_mcp(
 
     Raises :class:`StartError`, :class:`ProtocolVersionError`, :class:`CallTimeout`,
     :class:`ProcessExited`, :class:`RPCError` from the start and handshake (after
-    closing the process). Exceptions from the body propagate unchanged (not wrapped in
-    an exception group).
+    closing the process); :class:`OSError` if the call log's directory cannot be made
+    (before the server starts). Exceptions from the body propagate unchanged (not
+    wrapped in an exception group).
     """
     if not math.isfinite(timeout) or timeout <= 0:
         raise ValueError("timeout must be a positive number of seconds")
+    directory = resolve_dir(call_log_dir)
+    if directory is not None:
+        directory.mkdir(parents=True, exist_ok=True)
     failure: BaseException | None = None
     async with trio.open_nursery() as nursery:
         drv: MCPDriver | None = None
+        proc: ServerProcess | None = None
         try:
             proc = await ServerProcess.start(argv, env, cwd)
             drv = MCPDriver(
@@ -803,6 +808,10 @@ async def open_mcp(
                 drv.record.close()
                 with trio.CancelScope(shield=True):
                     await drv.process.release_pipes()
+            elif proc is not None:  # started, but no driver was made around it
+                with trio.CancelScope(shield=True):
+                    await proc.close(close_timeouts)
+                    await proc.release_pipes()
             nursery.cancel_scope.cancel()
     if failure is not None:
         raise failure

@@ -49,6 +49,15 @@ async def test_help_and_usage_errors() -> None:
     assert code == 2 and "KEY=VALUE" in one_line_error(err)
 
 
+async def test_a_call_log_that_cannot_be_made_is_one_line_exit_2(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    code, out, err = await run_cli("--json", "--call-log", str(not_a_dir / "c"), "--", *RAW)
+    assert code == 2
+    assert "cannot make the call log directory" in one_line_error(err)
+    assert json.loads(out)["error"] == "call_log_error"
+
+
 async def test_exit_codes_against_the_scripted_peer(tmp_path: Path) -> None:
     results: dict[str, tuple[int, str, str]] = {}
 

@@ -353,6 +353,50 @@ async def test_start_failures(tmp_path: Path) -> None:
     assert exited.value.returncode == 4
 
 
+def _children() -> set[int]:
+    """This process's children, running or not yet reaped (every thread's)."""
+    pids: set[int] = set()
+    for task in Path("/proc/self/task").iterdir():
+        pids.update(int(p) for p in (task / "children").read_text().split())
+    return pids
+
+
+async def test_a_call_log_directory_that_cannot_be_made_starts_nothing(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    started = tmp_path / "started"
+    # A server that says it ran, then waits for stdin's EOF (the close's first step).
+    code = f"open({str(started)!r}, 'w').close(); import sys; sys.stdin.read()"
+    before = _children()
+    with pytest.raises(NotADirectoryError):
+        async with open_mcp(
+            [sys.executable, "-c", code],
+            call_log_dir=not_a_dir / "calls",
+            close_timeouts=FAST_CLOSE,
+        ):
+            pass
+    assert _children() == before and not started.exists()
+
+
+async def test_a_driver_that_cannot_be_made_stops_its_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A call record that cannot be opened once the server runs (a full disk, a file the
+    # user may not write): root, which runs these tests, writes anywhere, so the record
+    # is replaced by one that raises what the kernel would.
+    import drivers.mcp._client
+
+    def refuse(*args: object) -> None:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(drivers.mcp._client, "CallRecord", refuse)
+    before = _children()
+    with pytest.raises(PermissionError):
+        async with open_mcp(RAW, call_log_dir=tmp_path, close_timeouts=FAST_CLOSE):
+            pass
+    assert _children() == before
+
+
 async def test_env_and_cwd_reach_the_server(tmp_path: Path) -> None:
     code = (
         "import os, sys; print(os.environ['FAULTNET_PROBE'], os.getcwd(), file=sys.stderr);"
