@@ -236,7 +236,12 @@ def _events(args: argparse.Namespace, c: ApiClient) -> Any:
     r = c.request("GET", f"{path}?since={args.since}&limit={args.limit}")
     if args.json:
         return r
-    return _lines(r["events"], json.dumps, "no events")
+    text = _lines(r["events"], json.dumps, "no events")
+    if r.get("dropped"):
+        # The server keeps every record; say when its file lacks some.
+        why = f" ({r['last_error']})" if r.get("last_error") else ""
+        text += f"\nevent log {r['path']}: {r['dropped']} records could not be written{why}"
+    return text
 
 
 def _reset(args: argparse.Namespace, c: ApiClient) -> Any:

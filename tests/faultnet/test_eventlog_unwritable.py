@@ -122,6 +122,13 @@ async def test_the_server_survives_its_event_log_hitting_the_file_size_limit(tmp
             assert (await api.get("/proxies")).status_code == 200
             events = (await api.get("/events")).json()
             assert events["dropped"] > 20 and "File too large" in events["last_error"]
+            text = await trio.run_process(
+                [sys.executable, "-m", "faultnet", "events", "--api", url, "--limit", "1"],
+                capture_stdout=True,
+            )
+            last = text.stdout.decode().splitlines()[-1]
+            assert last.startswith(f"event log {log}: ") and "could not be written" in last
+            assert "File too large" in last
             assert proc.poll() is None  # still serving
     finally:
         proc.terminate()  # the exact process started above
