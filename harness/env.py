@@ -335,17 +335,35 @@ def up(
 
     Returns once the server accepts connections and ``state.env`` is written. Raises
     EnvironmentProblem if a live environment already runs there or the server fails to start
-    within *timeout* seconds (the server is then stopped).
+    within *timeout* seconds (the server is then stopped, and a temp dir made here removed:
+    the error carries the tail of the server's log).
     """
-    if state_dir is None:
-        root = Path(tempfile.mkdtemp(prefix="enclave-env-"))
-        (root / MADE_BY_UP).touch()
-    else:
+    if state_dir is not None:
         root = Path(state_dir)
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise EnvironmentProblem(f"cannot create state directory {root}: {exc}") from None
+        return _up_in(root, ping_interval, ping_timeout, leader_nick, channel, host, timeout)
+    root = Path(tempfile.mkdtemp(prefix="enclave-env-"))
+    (root / MADE_BY_UP).touch()
+    try:
+        return _up_in(root, ping_interval, ping_timeout, leader_nick, channel, host, timeout)
+    except EnvironmentProblem:
+        # Each of these leaves no server behind (it never started, exited, or was stopped).
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+
+
+def _up_in(
+    root: Path,
+    ping_interval: float,
+    ping_timeout: float,
+    leader_nick: str,
+    channel: str,
+    host: str,
+    timeout: float,
+) -> EnvState:
     root = root.resolve()
     with _dir_lock(root):
         if (root / STATE_FILE).exists():

@@ -10,6 +10,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -324,6 +325,21 @@ def test_python_api_up_down(tmp_path: Path) -> None:
     assert rep2.outcome == "stopped" and rep2.ok
     assert not st.identity.is_alive()
     assert st.pid not in env._children  # reaped: no zombie left behind
+
+
+def test_an_up_that_fails_removes_the_temp_dir_it_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    # No time to start: the server is stopped, and the directory made for it goes too.
+    with pytest.raises(EnvironmentProblem, match="did not accept connections"):
+        env.up(timeout=0.0)
+    assert list(tmp_path.iterdir()) == []
+    # A directory the caller named is theirs: kept, with the server's log in it.
+    named = tmp_path / "named"
+    with pytest.raises(EnvironmentProblem, match="did not accept connections"):
+        env.up(named, timeout=0.0)
+    assert (named / env.LOG_FILE).exists()
 
 
 def test_cli_errors_are_one_line(tmp_path: Path) -> None:
