@@ -3,6 +3,8 @@ effect per direction, seeded replay, bounds, and the event log."""
 
 from __future__ import annotations
 
+import os
+import resource
 import socket
 
 import pytest
@@ -102,6 +104,37 @@ async def test_an_idle_session_expires_and_the_next_datagram_opens_a_new_one(tmp
         await c.send(b"two")
         await c.expect(1)
         assert [s.id for s in proxy.sessions()] == [2]
+
+
+async def test_a_session_that_cannot_get_a_socket_is_logged_and_the_proxy_goes_on(
+    tmp_path,
+) -> None:
+    log = tmp_path / "udp.jsonl"
+    async with (
+        udp_echo_server() as (up, _),
+        open_udp_proxy(up, event_log=str(log)) as proxy,
+        Client(proxy.address) as c,
+    ):
+        size = log.stat().st_size
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        lowest_free = os.open(os.devnull, os.O_RDONLY)  # a new fd takes the lowest free
+        os.close(lowest_free)
+        # A real EMFILE: the next descriptor's number is now at the limit.
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
+        try:
+            await c.send(b"no socket for me")
+            # The only record this datagram can write; nothing here may open a file.
+            await wait_until(lambda: log.stat().st_size > size, what="a record")
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        failed = read_jsonl(log).records[-1]
+        assert failed["event"] == "session_failed"
+        assert failed["peer"] == f"127.0.0.1:{c.sock.getsockname()[1]}"
+        assert failed["error"] == "Too many open files"
+        assert proxy.sessions() == []
+        await c.send(b"now there is")  # the same peer, a descriptor free: served
+        assert await c.expect(1) == [b"now there is"]
+        assert [s.id for s in proxy.sessions()] == [1]
 
 
 async def test_freeze_holds_one_direction_and_thaw_releases_in_order() -> None:
