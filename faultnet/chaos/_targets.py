@@ -19,7 +19,7 @@ from typing import Any
 
 import trio
 
-from faultnet.server.client import ApiClient, ApiFailure, ApiUnavailable
+from faultnet.server.client import ApiClient, ApiFailure, ApiUnavailable, fault_body
 from faultnet.toxics import TOXICS
 
 __all__ = ["LocalTarget", "ProxyTarget", "ServerTarget", "TargetAbsent", "TargetFailed"]
@@ -128,11 +128,7 @@ class ServerTarget(ProxyTarget):
         return [_host(p["listen"]), _host(p["upstream"])]
 
     async def apply_mode(self, mode: str, *, stream: str, include_new: bool) -> dict[str, Any]:
-        body: dict[str, Any] = {"mode": mode}
-        if stream != "both":
-            body["stream"] = stream
-        if include_new:
-            body["include_new"] = True
+        body = fault_body(mode, stream=stream, include_new=include_new)
         r = await self._call("POST", f"{self._path}/faults", body)
         return {"connections": r["connections"]} if "connections" in r else {}
 

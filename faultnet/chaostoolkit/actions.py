@@ -13,7 +13,7 @@ from typing import Any
 
 from faultnet.chaostoolkit import ActivityFailed, api_request
 from faultnet.modes import MODES, Mode
-from faultnet.server.client import ApiClient
+from faultnet.server.client import ApiClient, fault_body
 
 
 def _path(proxy: str, tail: str = "") -> str:
@@ -32,14 +32,14 @@ def _apply(
     api_url: str | None = None,
     configuration: dict | None = None,
 ) -> dict:
-    body: dict[str, Any] = {"mode": mode}
-    if stream != "both":
-        body["stream"] = stream
-    if include_new:
-        body["include_new"] = True
-    # An argument not given is left out of the body (the server's default applies).
-    optional = {"connections": connections, "percent": percent, "peer": peer}
-    body.update((k, v) for k, v in optional.items() if v is not None)
+    body = fault_body(
+        mode,
+        stream=stream,
+        include_new=include_new,
+        connections=connections,
+        percent=percent,
+        peer=peer,
+    )
     return api_request(
         "POST", _path(proxy, "/faults"), body, api_url_=api_url, configuration=configuration
     )

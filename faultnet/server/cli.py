@@ -25,7 +25,13 @@ from collections.abc import Callable
 from typing import Any
 
 from faultnet.modes import MODES, STREAM_CHOICES, ModeArgumentError, mode, modes_that
-from faultnet.server.client import DEFAULT_API, ApiClient, ApiFailure, ApiUnavailable
+from faultnet.server.client import (
+    DEFAULT_API,
+    ApiClient,
+    ApiFailure,
+    ApiUnavailable,
+    fault_body,
+)
 from faultnet.udp.modes import UDP_MODES
 
 __all__ = ["register"]
@@ -210,20 +216,15 @@ _connections = _listing(
 
 
 def _fault(args: argparse.Namespace, c: ApiClient) -> Any:
-    body: dict[str, Any] = {"mode": args.mode}
-    if args.stream != "both":
-        body["stream"] = args.stream
-    if args.include_new:
-        body["include_new"] = True
-    if args.connection:
-        body["connections"] = args.connection
-    if args.percent is not None:
-        body["percent"] = args.percent
-    for param in _UDP_PARAMS:
-        if getattr(args, param) is not None:
-            body[param] = getattr(args, param)
-    if args.peer is not None:
-        body["peer"] = args.peer
+    body = fault_body(
+        args.mode,
+        stream=args.stream,
+        include_new=args.include_new,
+        connections=args.connection,
+        percent=args.percent,
+        peer=args.peer,
+        **{param: getattr(args, param) for param in _UDP_PARAMS},
+    )
     r = c.request("POST", f"/proxies/{c.quote(args.proxy)}/faults", body)
     if args.json:
         return r

@@ -12,9 +12,31 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-__all__ = ["DEFAULT_API", "ApiClient", "ApiFailure", "ApiUnavailable", "BadApiUrl"]
+__all__ = [
+    "DEFAULT_API",
+    "ApiClient",
+    "ApiFailure",
+    "ApiUnavailable",
+    "BadApiUrl",
+    "fault_body",
+]
 
 DEFAULT_API = "http://127.0.0.1:8474"
+
+
+def fault_body(
+    mode: str, *, stream: str = "both", include_new: bool = False, **params: Any
+) -> dict[str, Any]:
+    """The body of ``POST /proxies/{name}/faults`` for *mode*. What is at the server's
+    default is left out: ``stream`` both, ``include_new`` false, and every other
+    parameter given as None (``connections``, ``percent``, ``peer``, a UDP mode's own)."""
+    body: dict[str, Any] = {"mode": mode}
+    if stream != "both":
+        body["stream"] = stream
+    if include_new:
+        body["include_new"] = True
+    body.update((k, v) for k, v in params.items() if v is not None)
+    return body
 
 
 class ApiUnavailable(Exception):
