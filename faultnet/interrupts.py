@@ -8,18 +8,23 @@ command: every ``finally`` and ``async with`` unwinds (proxies closed, processes
 by their recorded identity), and the command exits 128 + the signal number with one line
 on stderr. Signals that arrive while it unwinds (a second Ctrl-C) are swallowed: the
 cleanup is already under way and is bounded on its own.
+
+Synchronous code (no trio loop to cancel) gets the same from :func:`raising_on_signals`:
+the first such signal raises :class:`Interrupted` where the code is, so its ``finally``
+blocks unwind just the same.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import trio
 
-__all__ = ["INTERRUPT_SIGNALS", "cancel_on_signals"]
+__all__ = ["INTERRUPT_SIGNALS", "Interrupted", "cancel_on_signals", "raising_on_signals"]
 
 #: The signals that cancel a command instead of killing it.
 INTERRUPT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -59,9 +64,48 @@ async def cancel_on_signals(
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     if got is not None:
-        print(f"interrupted by {signal.Signals(got).name}; {cleaned}", file=sys.stderr)
-        return 128 + got
+        return Interrupted(got).report(cleaned)
     return code
+
+
+class Interrupted(BaseException):
+    """A signal of :data:`INTERRUPT_SIGNALS` arrived inside :func:`raising_on_signals`.
+
+    A BaseException, like KeyboardInterrupt, so ``except Exception`` does not stop it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal number, as a shell reports a process the signal ended."""
+        return 128 + self.signum
+
+    def report(self, cleaned: str = "cleaned up") -> int:
+        """Print ``interrupted by SIGNAME; CLEANED`` on stderr; return :attr:`exit_code`."""
+        print(f"interrupted by {self}; {cleaned}", file=sys.stderr)
+        return self.exit_code
+
+
+@contextlib.contextmanager
+def raising_on_signals() -> Iterator[None]:
+    """Inside this block (main thread), the first signal of :data:`INTERRUPT_SIGNALS`
+    raises :class:`Interrupted` wherever the code is, so every ``finally`` unwinds
+    (processes stopped by their recorded identity); later ones are swallowed while it
+    unwinds. The previous handlers are back once the block is left."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        for other in INTERRUPT_SIGNALS:
+            signal.signal(other, _swallow)
+        raise Interrupted(signum)
+
+    previous = {signum: signal.signal(signum, interrupt) for signum in INTERRUPT_SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _swallow(signum: int, frame: object) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from faultnet.errors import EnvironmentProblem, UsageError, fail
+from faultnet.interrupts import Interrupted, raising_on_signals
 from harness.bench._report import format_report
 from harness.bench._roles import _proxy_main, _udp_echo_main, _udp_proxy_main, _upstream_main
 from harness.bench._run import BenchParams, run_bench
@@ -218,11 +219,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 raise UsageError(f"--json: no such directory: {parent}")
             if Path(args.json).is_dir():
                 raise UsageError(f"--json {args.json}: is a directory")
-        res = run_bench(params)
+        with raising_on_signals():  # a default SIGTERM would leave socat and redis running
+            res = run_bench(params)
     # OSError: the load generator itself could not run (e.g. no descriptors).
     except (UsageError, EnvironmentProblem, OSError) as exc:
         return fail("bench", exc)
-    except KeyboardInterrupt:
+    except Interrupted as exc:
+        return exc.report("cleaned up (processes stopped by PID)")
+    except KeyboardInterrupt:  # before the handlers were in place
         return 130
     report = format_report(res)
     if args.json == "-":

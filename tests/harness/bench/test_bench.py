@@ -5,13 +5,17 @@ here: speed is what the benchmark measures, never what a test requires."""
 from __future__ import annotations
 
 import json
+import re
+import signal
 import socket
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from faultnet.procs import ProcessIdentity
 from harness.bench import human_size, make_block, matches_block, parse_size, watch_silence
 from tests import REPO
 from tests.conftest import run_module
@@ -166,3 +170,32 @@ def test_a_socat_named_but_missing_is_a_usage_error() -> None:
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert "--socat /nonexistent/socat: not an executable file" in out.stderr
     assert "[bench]" not in out.stderr  # nothing started
+
+
+def test_sigterm_stops_every_process_the_bench_started() -> None:
+    # Default sizes: the run is still in its first line when the signal comes.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harness.bench", "--rounds", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    seen: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # the first progress line names the children
+            seen.append(line)
+            if " pid " in line:
+                break
+        pids = [int(p) for p in re.findall(r" pid (\d+)", seen[-1])]
+        assert len(pids) >= 2, seen  # upstream and proxy (and socat, when installed)
+        children = [ProcessIdentity.of(pid) for pid in pids]
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, "".join(seen) + rest
+    assert "interrupted by SIGTERM; cleaned up" in rest and "Traceback" not in rest
+    assert [c for c in children if c.is_alive()] == []

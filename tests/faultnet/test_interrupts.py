@@ -1,0 +1,34 @@
+"""faultnet.interrupts for synchronous code: real signals sent to this very process."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from faultnet.interrupts import INTERRUPT_SIGNALS, Interrupted, raising_on_signals
+
+
+def test_a_signal_raises_where_the_code_is_and_every_finally_runs() -> None:
+    before = {s: signal.getsignal(s) for s in INTERRUPT_SIGNALS}
+    unwound: list[str] = []
+    with pytest.raises(Interrupted) as got, raising_on_signals():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            pytest.fail("not reached: the handler raises as kill returns")
+        finally:
+            unwound.append("inner")
+            os.kill(os.getpid(), signal.SIGHUP)  # a second one while unwinding: swallowed
+            unwound.append("after the second")
+    assert got.value.signum == signal.SIGTERM and got.value.exit_code == 143
+    assert str(got.value) == "SIGTERM"
+    assert unwound == ["inner", "after the second"]
+    assert {s: signal.getsignal(s) for s in INTERRUPT_SIGNALS} == before
+
+
+def test_report_says_which_signal_and_returns_its_exit_code(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert Interrupted(signal.SIGINT).report("stopped two processes") == 130
+    assert capsys.readouterr().err == "interrupted by SIGINT; stopped two processes\n"
