@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,7 @@ class Child:
 
     def __init__(self, argv: list[str], name: str, control: bool = True) -> None:
         self.name = name
+        self.argv = argv
         self._stderr = tempfile.TemporaryFile()
         try:
             self.proc = subprocess.Popen(
@@ -121,15 +123,14 @@ class Child:
         return f": {lines[-1]}" if lines else ""
 
     def stop(self, grace: float = 5.0) -> None:
-        """EOF on stdin (a clean exit), then SIGTERM, then SIGKILL: each by identity."""
+        """EOF on stdin (a clean exit), then SIGTERM, then SIGKILL: each by identity. A
+        child started without the control channel (socat, redis) starts at SIGTERM."""
         if self.proc.stdin is not None:
-            try:
+            with contextlib.suppress(OSError):
                 self.proc.stdin.close()
-            except OSError:
-                pass
-        try:
-            self.proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=grace)
+        if self.proc.poll() is None:
             stop_exact(self.ident, term_timeout=grace, kill_timeout=grace)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=grace)  # reap it
@@ -150,15 +151,58 @@ def _free_port() -> int:
     return port
 
 
-def _listening(port: int) -> bool:
-    """True if something listens on 127.0.0.1:*port* (read from /proc/net/tcp, so the
-    check opens no connection)."""
+def _listener_inodes(port: int) -> set[str]:
+    """Inodes of the sockets listening on 127.0.0.1:*port* (read from /proc/net/tcp, so
+    the check opens no connection)."""
     want = f"0100007F:{port:04X}"
     try:
         lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
     except OSError:
-        return False
-    return any(p[1] == want and p[3] == "0A" for p in (line.split() for line in lines))
+        return set()
+    return {p[9] for p in (line.split() for line in lines) if p[1] == want and p[3] == "0A"}
+
+
+def _holds(pid: int, inodes: set[str]) -> bool:
+    """True if process *pid* has a descriptor on one of the sockets *inodes*."""
+    wanted = {f"socket:[{inode}]" for inode in inodes}
+    with contextlib.suppress(OSError), os.scandir(f"/proc/{pid}/fd") as fds:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                if os.readlink(fd.path) in wanted:
+                    return True
+    return False
+
+
+#: Tries at a free port for a server of the bench's own (socat, redis-server): between
+#: finding the port free and the server binding it, another process may take it.
+LISTEN_TRIES = 3
+
+
+def start_listening(argv_for: Callable[[int], list[str]], name: str) -> tuple[Child, int]:
+    """Start ``argv_for(port)`` on a free loopback port and wait until that very process
+    listens on it; return it and the port. A port someone else took first is given up
+    for another (LISTEN_TRIES in all); EnvironmentProblem if the server never listens."""
+    why = ""
+    for _ in range(LISTEN_TRIES):
+        port = _free_port()
+        child = Child(argv_for(port), name, control=False)
+        deadline = time.monotonic() + CHILD_START_S
+        while True:
+            # One reading of the table for both questions: whether the port listens,
+            # and whether by our child (else someone else took the port).
+            listening = _listener_inodes(port)
+            if listening and _holds(child.pid, listening):
+                return child, port
+            exited = child.proc.poll() is not None
+            taken = bool(listening)
+            if exited or taken or time.monotonic() > deadline:
+                why = child._why()
+                child.stop()
+                if exited or taken:
+                    break  # most likely the port was taken: another one
+                raise EnvironmentProblem(f"{name} did not listen on port {port}{why}")
+            time.sleep(0.01)  # polling the kernel's table for a state with no event
+    raise EnvironmentProblem(f"{name} did not listen on a free port in {LISTEN_TRIES} tries{why}")
 
 
 class Socat:
@@ -166,24 +210,18 @@ class Socat:
     recorded while live so that any left at the end are stopped by identity too."""
 
     def __init__(self, path: str, upstream_port: int) -> None:
-        self.port = _free_port()
-        argv = [
-            path,
-            "-b",
-            str(SOCAT_BUFFER),
-            f"TCP-LISTEN:{self.port},bind={HOST},reuseaddr,fork",
-            f"TCP:{HOST}:{upstream_port}",
-        ]
-        self.argv = argv
-        self.child = Child(argv, "socat", control=False)
+        def argv(port: int) -> list[str]:
+            return [
+                path,
+                "-b",
+                str(SOCAT_BUFFER),
+                f"TCP-LISTEN:{port},bind={HOST},reuseaddr,fork",
+                f"TCP:{HOST}:{upstream_port}",
+            ]
+
+        self.child, self.port = start_listening(argv, "socat")
+        self.argv = self.child.argv
         self.kids: dict[int, ProcessIdentity] = {}
-        deadline = time.monotonic() + CHILD_START_S
-        while not _listening(self.port):
-            if self.child.proc.poll() is not None or time.monotonic() > deadline:
-                why = self.child._why()
-                self.child.stop()
-                raise EnvironmentProblem(f"socat did not start listening on port {self.port}{why}")
-            time.sleep(0.01)  # polling the kernel's table for a state with no event
 
     def note_children(self) -> None:
         for pid in proc_children(self.child.pid):

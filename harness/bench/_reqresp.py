@@ -23,7 +23,7 @@ from typing import Any
 
 from faultnet.errors import EnvironmentProblem
 from faultnet.procs import stop_exact
-from harness.bench._children import Child, Socat, _free_port, _listening, _self_argv
+from harness.bench._children import Child, Socat, _self_argv, start_listening
 from harness.bench._stream import (
     CHILD_START_S,
     HOST,
@@ -54,17 +54,11 @@ class RedisServer:
     """A redis-server of our own on a free loopback port, no persistence."""
 
     def __init__(self, path: str) -> None:
-        self.port = _free_port()
-        argv = [path, "--port", str(self.port), "--bind", HOST, "--save", "", "--appendonly", "no"]
-        argv += ["--protected-mode", "no", "--logfile", ""]
-        self.child = Child(argv, "redis-server", control=False)
-        deadline = time.monotonic() + CHILD_START_S
-        while not _listening(self.port):
-            if self.child.proc.poll() is not None or time.monotonic() > deadline:
-                why = self.child._why()
-                self.stop()
-                raise EnvironmentProblem(f"redis-server did not listen on {self.port}{why}")
-            time.sleep(0.01)  # polling the kernel's table for a state with no event
+        def argv(port: int) -> list[str]:
+            return [path, "--port", str(port), "--bind", HOST, "--save", "", "--appendonly",
+                    "no", "--protected-mode", "no", "--logfile", ""]  # fmt: skip
+
+        self.child, self.port = start_listening(argv, "redis-server")
 
     def stop(self) -> None:
         """SIGTERM (then SIGKILL) by recorded identity; reaped."""
