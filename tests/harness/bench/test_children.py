@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import shutil
 import socket
-from pathlib import Path
 
 import pytest
 
 import harness.bench._children as children
 from faultnet.errors import EnvironmentProblem
 from harness.bench._children import Socat, start_listening
-
-SOCAT = shutil.which("socat")
+from tests.conftest import require_program
 
 
 def _listener() -> socket.socket:
@@ -23,18 +21,17 @@ def _listener() -> socket.socket:
     return s
 
 
-@pytest.mark.skipif(SOCAT is None, reason="socat not installed (apt-get install socat)")
 def test_a_port_taken_before_socat_binds_it_is_given_up_for_another(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The race (a port found free, then taken before socat binds it) cannot be timed
     # from here; its outcome can: the first port handed out is one this test holds.
-    assert SOCAT is not None
+    socat_path = require_program(shutil.which("socat"), "socat")
     taken, upstream = _listener(), _listener()
     ports = iter([taken.getsockname()[1]])
     real = children._free_port
     monkeypatch.setattr(children, "_free_port", lambda: next(ports, None) or real())
-    socat = Socat(SOCAT, upstream.getsockname()[1])
+    socat = Socat(socat_path, upstream.getsockname()[1])
     try:
         assert socat.port != taken.getsockname()[1]
         assert children._holds(socat.child.pid, children._listener_inodes(socat.port))
@@ -47,9 +44,7 @@ def test_a_port_taken_before_socat_binds_it_is_given_up_for_another(
         upstream.close()
 
 
-def test_a_server_that_never_listens_is_an_environment_problem(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_a_server_that_never_listens_is_an_environment_problem() -> None:
     # A real process that exits at once, every try: three ports, then a clear error.
     with pytest.raises(EnvironmentProblem, match="did not listen on a free port in 3 tries"):
         start_listening(lambda port: ["/bin/false", str(port)], "a server")
