@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
@@ -27,6 +28,7 @@ from faultnet.eventlog import read_jsonl
 from faultnet.server import RunningServer
 from faultnet.testing import read_line, start_server, udp_echo_server
 from faultnet.udp import udp_probe
+from tests.faultnet.server.test_server import until_listed
 
 
 class Cli:
@@ -98,6 +100,8 @@ async def test_client_commands(cli: Cli, upstream: str) -> None:
     await assert_syn_dropped(where, timeout=0.3)
     await cli.ok("fault", "web", "restore")
     await assert_accepting(where)
+    async with httpx.AsyncClient(base_url=cli.url) as api:
+        await until_listed(api, "web", 1)  # the probe's connection gone: stream alone
     r = await cli.json("fault", "web", "loss", "--percent", "100", "--peer", "127.0.0.1")
     assert (r["connections"], r["percent"], r["peer"]) == (1, 100, "127.0.0.1")
     assert "loss={'upstream': 100.0, 'downstream': 100.0}" in await cli.ok("connections", "web")
