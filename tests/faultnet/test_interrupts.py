@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import time
+import weakref
 
 import pytest
 
@@ -32,3 +34,26 @@ def test_report_says_which_signal_and_returns_its_exit_code(
 ) -> None:
     assert Interrupted(signal.SIGINT).report("stopped two processes") == 130
     assert capsys.readouterr().err == "interrupted by SIGINT; stopped two processes\n"
+
+
+def test_an_interrupt_lost_in_a_weakref_callback_is_raised_again_outside_it() -> None:
+    # The signal's handler runs inside the callback, where Python can only print what
+    # it raises: the bench once ran to its end through a SIGTERM lost that way.
+    class Thing:
+        pass
+
+    def callback(ref: object) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        ran.append("callback")  # the handler has run by now, here, inside the callback
+
+    ran: list[str] = []
+    thing = Thing()
+    ref = weakref.ref(thing, callback)
+    with pytest.raises(Interrupted) as got, raising_on_signals():
+        del thing  # the callback runs now
+        ran.append("after the callback")
+        time.sleep(5)  # the interrupt comes again and ends the sleep
+        pytest.fail("not reached: the interrupt was lost for good")
+    assert got.value.signum == signal.SIGTERM
+    assert ran == ["after the callback"]  # the raise inside the callback cut it short
+    assert ref() is None
