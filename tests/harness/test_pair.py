@@ -84,7 +84,8 @@ def _fake_experiment() -> types.ModuleType:
 
     async def run(ctx: _runner.Context) -> None:
         argv = ctx.bot_argv
-        ctx.result.headline.update(seed=ctx.seed, extra=ctx.args.extra, port=ctx.env.port)
+        server = [ctx.env.pid, ctx.env.start_time]  # the environment's server, exactly
+        ctx.result.headline.update(seed=ctx.seed, extra=ctx.args.extra, server=server)
         ctx.result.check("a control", True, role="control")
         ctx.result.check("the target", "--defect" not in argv, role="target")
         ctx.result.control("detect", 5.0 if "--drift" in argv else 1.0, "s", 0.5)
@@ -111,7 +112,9 @@ async def test_pair_runs_both_arms_fresh_with_one_seed(
     for att, seed in zip(doc["attempts"], (5, 6), strict=True):
         ha, hb = att["a"]["headline"], att["b"]["headline"]
         assert ha["seed"] == hb["seed"] == seed  # the same workload in both arms
-        assert ha["port"] != hb["port"]  # each arm on its own fresh environment
+        # Each arm on its own fresh environment: another server process (the port may
+        # come round again: once both arms' servers drew the same one).
+        assert ha["server"] != hb["server"]
         assert ha["extra"] == "passed-through"
     recs = read_jsonl(tmp_path / "r" / "report.jsonl").records
     assert [(r["event"], r["seed"]) for r in recs] == [
