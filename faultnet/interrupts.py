@@ -112,7 +112,8 @@ def raising_on_signals() -> Iterator[None]:
             raise Interrupted(signum)
 
     def again(signum: int, frame: object) -> None:
-        raise Interrupted(got[0])
+        if got:  # else a SIGALRM of someone else's: nothing of ours to raise
+            raise Interrupted(got[0])
 
     def lost(unraisable: Any) -> None:
         if isinstance(unraisable.exc_value, Interrupted):
