@@ -543,7 +543,7 @@ def _remove_if_made(state_dir: Path, outcome: str, keep: bool) -> str:
     return f"; removed the temporary state directory {state_dir} (--keep keeps it)"
 
 
-def _tcp_listen_inodes(port: int) -> set[str]:
+def tcp_listen_inodes(port: int) -> set[str]:
     """Socket inodes of TCP sockets in LISTEN state on *port* (any local address)."""
     inodes: set[str] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
@@ -563,7 +563,7 @@ def _tcp_listen_inodes(port: int) -> set[str]:
 
 def listeners_on_port(port: int) -> list[int]:
     """PIDs holding a TCP socket that listens on *port* (those whose fds we can read)."""
-    wanted = {f"socket:[{inode}]" for inode in _tcp_listen_inodes(port)}
+    wanted = {f"socket:[{inode}]" for inode in tcp_listen_inodes(port)}
     if not wanted:
         return []
     pids: list[int] = []

@@ -20,6 +20,7 @@ from typing import Any
 from faultnet.errors import EnvironmentProblem
 from faultnet.procs import ProcessIdentity, signal_exact, stop_exact
 from harness.bench._stream import CHILD_START_S, CLK_TCK, COMMAND_S, HOST, SOCAT_BUFFER
+from harness.env import tcp_listen_inodes
 
 # ---------------------------------------------------------------------------------------
 # /proc readers
@@ -151,17 +152,6 @@ def _free_port() -> int:
     return port
 
 
-def _listener_inodes(port: int) -> set[str]:
-    """Inodes of the sockets listening on 127.0.0.1:*port* (read from /proc/net/tcp, so
-    the check opens no connection)."""
-    want = f"0100007F:{port:04X}"
-    try:
-        lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
-    except OSError:
-        return set()
-    return {p[9] for p in (line.split() for line in lines) if p[1] == want and p[3] == "0A"}
-
-
 def _holds(pid: int, inodes: set[str]) -> bool:
     """True if process *pid* has a descriptor on one of the sockets *inodes*."""
     wanted = {f"socket:[{inode}]" for inode in inodes}
@@ -190,7 +180,7 @@ def start_listening(argv_for: Callable[[int], list[str]], name: str) -> tuple[Ch
         while True:
             # One reading of the table for both questions: whether the port listens,
             # and whether by our child (else someone else took the port).
-            listening = _listener_inodes(port)
+            listening = tcp_listen_inodes(port)
             if listening and _holds(child.pid, listening):
                 return child, port
             exited = child.proc.poll() is not None

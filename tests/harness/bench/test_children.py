@@ -11,6 +11,7 @@ import pytest
 import harness.bench._children as children
 from faultnet.errors import EnvironmentProblem
 from harness.bench._children import Socat, start_listening
+from harness.env import tcp_listen_inodes
 from tests.conftest import require_program
 
 
@@ -34,7 +35,7 @@ def test_a_port_taken_before_socat_binds_it_is_given_up_for_another(
     socat = Socat(socat_path, upstream.getsockname()[1])
     try:
         assert socat.port != taken.getsockname()[1]
-        assert children._holds(socat.child.pid, children._listener_inodes(socat.port))
+        assert children._holds(socat.child.pid, tcp_listen_inodes(socat.port))
         with socket.create_connection(("127.0.0.1", socat.port), timeout=5):
             conn, _ = upstream.accept()  # socat reached the upstream: it is ours
             conn.close()
