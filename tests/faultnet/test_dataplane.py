@@ -44,25 +44,34 @@ async def _only_link(proxy) -> dataplane.Link:
     return conn.link
 
 
+@pytest.mark.parametrize("where", ["common case", "general path"])
 async def test_a_bug_in_the_forwarding_thread_ends_only_its_connection(
-    tmp_path, monkeypatch: pytest.MonkeyPatch
+    tmp_path, monkeypatch: pytest.MonkeyPatch, where: str
 ) -> None:
-    """The breakage: the thread's handler raises for one connection's bytes. That
-    connection ends (conn_error logged); the thread and other connections go on."""
+    """The breakage: the thread meets a bug on one connection's bytes, in the loop's
+    inlined common case (a lane whose byte counter is not a number) or in the general
+    path (_handle raises; the lane is frozen, so its bytes go there). That connection
+    ends (conn_error logged); the thread and other connections go on."""
     log = tmp_path / "events.jsonl"
     handle = dataplane.DataPlane._handle
     doomed: list[dataplane.Link] = []
 
-    def buggy(self, link, reading, writing):
-        if link in doomed:
+    def buggy(self, entry):
+        if entry[0] in doomed:
             raise RuntimeError("a bug in the forwarding thread")
-        return handle(self, link, reading, writing)
+        return handle(self, entry)
 
     monkeypatch.setattr(dataplane.DataPlane, "_handle", buggy)
     async with echo_server() as up, open_proxy(up, event_log=str(log)) as proxy:
         victim = await trio.open_tcp_stream(*proxy.address)
         await wait_until(lambda: any(c.link for c in proxy._connections.values()))
-        doomed.append(await _only_link(proxy))
+        link = await _only_link(proxy)
+        if where == "common case":
+            with link.plane.lock:
+                link.lanes["upstream"].bytes = None  # type: ignore[assignment]
+        else:
+            link.freeze(["upstream"])
+            doomed.append(link)
         await victim.send_all(b"boom")
         with trio.fail_after(5):
             try:  # ended: the proxy resets it
@@ -75,7 +84,9 @@ async def test_a_bug_in_the_forwarding_thread_ends_only_its_connection(
         with trio.fail_after(5):
             assert await read_exactly(other, 16) == b"still forwarding"
     errors = [r for r in read_jsonl(log).records if r["event"] == "conn_error"]
-    assert len(errors) == 1 and "a bug in the forwarding thread" in errors[0]["error"]
+    assert len(errors) == 1
+    why = "unsupported operand" if where == "common case" else "a bug in the forwarding thread"
+    assert why in errors[0]["error"], errors
 
 
 async def test_a_toxic_added_and_removed_before_its_host_ran_leaves_the_link_forwarding() -> None:

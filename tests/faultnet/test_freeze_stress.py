@@ -16,7 +16,8 @@ flat out), not synchronisation; the end of the run is waited for with a bound.
 
 Both data planes run it (trio's pumps, faultnet.pump; the forwarding thread,
 faultnet.dataplane). The check is proven to go red: the ``goes_red`` tests remove the
-look at the gate (trio's pumps, the thread) and see bytes cross a frozen link; removing
+look at the gate (trio's pumps; the thread's general path; every look the thread makes,
+its loop's inlined one included) and see bytes cross a frozen link; removing
 the thread plane's lock from freeze is a race, shown red by a manual check whose numbers
 are in its docstring.
 """
@@ -262,6 +263,22 @@ async def test_the_stress_check_goes_red_when_the_thread_skips_the_gate(
     monkeypatch.setattr(PlaneLane, "wants_read", _reads_through_the_gate)
     monkeypatch.setattr(PlaneLane, "wants_write", _writes_through_the_gate)
     report = await run_freeze_stress(seed=14, dataplane="thread", splice=splice)
+    assert report.crossed > 0, str(report)
+
+
+#: A gate that always reads open: every look at it in the thread plane (the loop's
+#: inlined common case, wants_read/wants_write, offer) passes; closing it does nothing.
+_GATE_ALWAYS_OPEN = property(lambda self: True, lambda self, value: None)
+
+
+async def test_the_stress_check_goes_red_when_the_thread_never_sees_a_closed_gate(
+    monkeypatch,
+) -> None:
+    """The thread's common case reads the gate inline, not through wants_read: with
+    every gate reading open, bytes cross frozen links (the patch above leaves that
+    inlined look alone; this one takes every look away)."""
+    monkeypatch.setattr(PlaneLane, "open", _GATE_ALWAYS_OPEN)
+    report = await run_freeze_stress(seed=14, dataplane="thread", splice=False)
     assert report.crossed > 0, str(report)
 
 
