@@ -5,6 +5,10 @@ on the trio pumps in tests/faultnet/test_proxy_trio_plane.py.
 
 from __future__ import annotations
 
+import os
+import threading
+import types
+
 import pytest
 import trio
 
@@ -103,3 +107,75 @@ async def test_a_toxic_added_and_removed_before_its_host_ran_leaves_the_link_for
         await s.send_all(b"b")
         with trio.fail_after(5):
             assert await read_exactly(s, 1) == b"b"
+
+
+async def _freeze_during_a_write(monkeypatch: pytest.MonkeyPatch) -> tuple[int, int, bool]:
+    """Freeze a lane while the thread is inside its write; return (the lane's counter
+    when freeze() returned, the counter at the end, whether freeze() returned while the
+    write was still held).
+
+    A real write cannot be paused, so the thread's os.write is a stand-in (faultnet.
+    dataplane's ``os`` only) that holds the lane's first write until it is let go; the
+    window it is held for (0.2 s) is the scenario: freeze() is called inside it."""
+    entered, let_go = threading.Event(), threading.Event()
+    target: list[int] = []
+    real_write = os.write
+
+    def held_write(fd: int, data) -> int:
+        if target and fd == target[0]:
+            target.clear()
+            entered.set()
+            let_go.wait(10)
+        return real_write(fd, data)
+
+    fake_os = types.SimpleNamespace(**{k: getattr(os, k) for k in dir(os) if k[:2] != "__"})
+    fake_os.write = held_write
+    monkeypatch.setattr(dataplane, "os", fake_os)  # before the thread binds it
+    async with echo_server() as up, open_proxy(up) as proxy:
+        client = await trio.open_tcp_stream(*proxy.address)
+        await wait_until(lambda: any(c.link for c in proxy._connections.values()))
+        link = await _only_link(proxy)
+        lane = link.lanes["upstream"]
+        target.append(lane.dst_fd)
+        await client.send_all(b"x")
+        assert await trio.to_thread.run_sync(entered.wait, 5), "the write never started"
+        returned = threading.Event()
+        at_return: list[int] = []
+
+        def freeze() -> None:
+            link.freeze(["upstream"])
+            at_return.append(lane.bytes)
+            returned.set()
+
+        freezer = threading.Thread(target=freeze)
+        freezer.start()
+        early = await trio.to_thread.run_sync(returned.wait, 0.2)
+        let_go.set()
+        await trio.to_thread.run_sync(freezer.join, 5)
+        assert at_return, "freeze() never returned"
+        return at_return[0], link.counts()[0], early
+
+
+async def test_freeze_waits_for_the_write_in_progress_on_its_lane(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The lock's guarantee, shown deterministically: freeze() called while the thread
+    is inside a lane's write returns only after that write is done and counted, so
+    the counter it leaves is final and nothing crosses after it returns."""
+    at_return, final, early = await _freeze_during_a_write(monkeypatch)
+    assert not early and at_return == final == 1
+
+
+async def test_the_write_check_goes_red_when_freeze_skips_the_lock(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The breakage: a freeze that closes the gate without the plane's lock returns at
+    once, and the byte the thread was writing crosses after it."""
+
+    def unlocked_freeze(self: dataplane.Link, streams) -> None:
+        for s in streams:
+            self.lanes[s].open = False
+
+    monkeypatch.setattr(dataplane.Link, "freeze", unlocked_freeze)
+    at_return, final, early = await _freeze_during_a_write(monkeypatch)
+    assert early and (at_return, final) == (0, 1)
