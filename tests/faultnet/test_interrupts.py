@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 import weakref
 
@@ -57,3 +58,14 @@ def test_an_interrupt_lost_in_a_weakref_callback_is_raised_again_outside_it() ->
     assert got.value.signum == signal.SIGTERM
     assert ran == ["after the callback"]  # the raise inside the callback cut it short
     assert ref() is None
+
+
+def test_a_sigalrm_with_no_lost_interrupt_raises_nothing_and_is_given_back() -> None:
+    # The block takes SIGALRM over to raise a lost interrupt again; a SIGALRM with none
+    # behind it ends nothing, and the handler and sys.unraisablehook are back after.
+    before = signal.getsignal(signal.SIGALRM), sys.unraisablehook
+    with raising_on_signals():
+        os.kill(os.getpid(), signal.SIGALRM)  # the handler runs as kill returns
+        reached = True
+    assert reached
+    assert (signal.getsignal(signal.SIGALRM), sys.unraisablehook) == before
