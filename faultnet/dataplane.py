@@ -67,6 +67,17 @@ the link ends. (Measured under churn, connect + one round trip + close: the trio
 thread's CPU per connection 460-530 us with a task that awaited trio's connect, 290-330
 us without; scripts/bench churn, connections/s, 1.0-1.1x socat's -> 1.35-1.66x.)
 
+**What a message costs (measured, issue 14).** Three syscalls a message (epoll_wait, readv,
+write; socat makes nine, six of them failing recvfrom). callgrind: ~16,600 user-space
+instructions per 64-byte round trip, ~12,000 of them inside the three calls' C wrappers,
+each paying ~1,000 for CPython to release and retake the GIL around its syscall; the
+loop's own Python ~4,600; socat ~3,400. On one CPU that comes out at socat's CPU per
+round trip, and an added RTT 0.96-1.24x socat's from run to run. Measured against it in
+the same runs: a thread per direction blocking in readv, 0.98-1.18x (this plane
+1.03-1.10x); this plane under CPython 3.13, 1.01-1.03x (under 3.11 0.99-1.00x). A
+scratch forwarding loop in C under the same kind of lock: 0.72-0.75x (this plane
+0.99-1.14x). What stands between this loop and a clear lead is the interpreter.
+
 **Descriptors.** Only the trio side closes sockets, and only after :meth:`Link.end`
 (which unregisters them under the lock) or the ``done`` event; the thread forgets a
 link's descriptors before either, so it never makes a syscall on a reused number.
