@@ -34,10 +34,11 @@ from typing import Any
 
 import trio
 
-from faultnet import bpf, dataplane
+from faultnet import bpf, planes
 from faultnet.addresses import format_address, parse_peer, peer_matches
 from faultnet.eventlog import JsonlWriter
 from faultnet.modes import STREAM_CHOICES, mode
+from faultnet.planes import thread as dataplane
 from faultnet.pump import (
     CHUNK,
     Direction,
@@ -67,8 +68,6 @@ _HELD_CLOSE_POLL_S = 0.1
 _HELD_POLL_BATCH = 256
 #: Connections accepted per wake-up of the accept loop before other tasks get a turn.
 _ACCEPT_BATCH = 64
-#: The data planes a Proxy can forward with (see Proxy's docstring).
-DATAPLANES = ("trio", "thread")
 
 
 class ProxyError(Exception):
@@ -138,7 +137,7 @@ class Connection:
         self.server: socket.socket | None = None
         self.directions: dict[str, Direction] | dict[str, dataplane.Lane] = {}
         #: This connection in the thread data plane (None on the trio pumps).
-        self.link: dataplane.Link | None = None
+        self.link: planes.Link | None = None
         self._toxic_lanes: dict[str, dataplane.ToxicLane] = {}
         self._wakes: dict[str, trio.Event] = {s: trio.Event() for s in STREAMS}
         #: Set when the connection has ended and been logged (:meth:`_finish`).
@@ -243,7 +242,7 @@ class Connection:
         for s in streams:
             self.gates[s].close()
         if self.link is not None:
-            self.link.freeze(streams)  # total on return: see faultnet.dataplane
+            self.link.freeze(streams)  # total on return: see faultnet.planes.thread
 
     def thaw(self, streams: Iterable[str]) -> None:
         streams = tuple(streams)
@@ -466,7 +465,7 @@ class Connection:
 
     # -- the thread data plane --
 
-    def start_in_plane(self, plane: dataplane.DataPlane) -> None:
+    def start_in_plane(self, plane: planes.Plane) -> None:
         """On the thread data plane, right after the accept, in the trio thread: decide
         the toxics, start the upstream connect and hand both sockets to *plane*, which
         forwards once the connect completes. No task is started (but the host of any
@@ -479,7 +478,7 @@ class Connection:
         else:
             self._connect_in_plane(plane, *target)
 
-    async def _resolve_then_connect(self, plane: dataplane.DataPlane) -> None:
+    async def _resolve_then_connect(self, plane: planes.Plane) -> None:
         # Not in self._scope: that is the toxics' host's (a scope is entered once). A
         # connection ended meanwhile is seen by _connect_in_plane, or here.
         host, port = self.proxy.upstream
@@ -502,7 +501,7 @@ class Connection:
         self._connect_in_plane(plane, family, sockaddr)
 
     def _connect_in_plane(
-        self, plane: dataplane.DataPlane, family: int, sockaddr: tuple[Any, ...]
+        self, plane: planes.Plane, family: int, sockaddr: tuple[Any, ...]
     ) -> None:
         if self.closing is not None:
             return  # ended (and finished) while the name was resolved
@@ -566,7 +565,7 @@ class Connection:
                 # one added and removed before this task ran left its lane sending
                 # bytes to trio that nobody took (a churning client hung, in the suite).
                 for s in STREAMS:
-                    if self.link is not None and self.link.lanes[s].to_trio:
+                    if self.link is not None and self.link.on_toxic_path(s):
                         self._start_toxic_lane(s)
                 await self._done.wait()
                 nursery.cancel_scope.cancel()
@@ -599,16 +598,16 @@ class Connection:
     def _plane_event(self, kind: str, stream: str | None) -> None:
         if self._done.is_set():
             return  # ended meanwhile (a fault, or the proxy closing): nothing to act on
-        if kind == dataplane.DONE:
+        if kind == planes.DONE:
             self._finish("clean")
-        elif kind == dataplane.UPSTREAM_FAILED:
+        elif kind == planes.UPSTREAM_FAILED:
             assert self.link is not None
             self._upstream_failed(self.link.errno)
-        elif kind == dataplane.ERROR:
+        elif kind == planes.ERROR:
             assert self.link is not None
             self.proxy.log.write("conn_error", conn=self.id, error=repr(self.link.error))
             self._end("reset")
-        elif kind == dataplane.RESET:
+        elif kind == planes.RESET:
             assert self.link is not None
             self.proxy.log.write(
                 "peer_reset",
@@ -676,7 +675,7 @@ class Proxy:
     the first time a toxic applies to it and stays there.
 
     ``dataplane`` picks what moves the bytes: ``"thread"`` (one OS thread with its own
-    epoll for every connection, :mod:`faultnet.dataplane`: no trio task per connection
+    epoll for every connection, :mod:`faultnet.planes.thread`: no trio task per connection
     and no trio task switch per message) or ``"trio"`` (a pump task per direction and a
     task per connection, :mod:`faultnet.pump`). The default is ``$FAULTNET_DATAPLANE``,
     else ``"thread"``. Fault semantics are the same; the test suite runs the proxy's
@@ -713,12 +712,13 @@ class Proxy:
         self.fd_limit = raise_fd_limit()
         self._splice = splice and hasattr(os, "splice")
         self._pipes = PipePool()
-        self.dataplane = dataplane or os.environ.get("FAULTNET_DATAPLANE") or "thread"
-        if self.dataplane not in DATAPLANES:
+        self.dataplane = dataplane or planes.default_plane()
+        if self.dataplane not in ("trio", *planes.available_planes()):
             raise ValueError(
-                f"dataplane must be one of {', '.join(DATAPLANES)}, not {self.dataplane!r}"
+                f"dataplane must be one of trio, {', '.join(planes.available_planes())},"
+                f" not {self.dataplane!r}"
             )
-        self._plane: dataplane.DataPlane | None = None
+        self._plane: planes.Plane | None = None
         # The copy path's read buffer (a memoryview: slicing it copies nothing).
         self._recv_buf = memoryview(bytearray(CHUNK))
         self._listener: socket.socket | None = None
@@ -757,8 +757,8 @@ class Proxy:
             upstream=format_address(self.upstream),
             seed=self.seed,
         )
-        if self.dataplane == "thread":
-            self._plane = dataplane.DataPlane(self._pipes, splice=self._splice)
+        if self.dataplane != "trio":
+            self._plane = planes.make_plane(self.dataplane, splice=self._splice)
             self._plane.start(trio.lowlevel.current_trio_token())
         try:
             async with trio.open_nursery() as nursery:

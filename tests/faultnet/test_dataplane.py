@@ -1,4 +1,4 @@
-"""The thread data plane (faultnet.dataplane), the proxy's default: what only it has.
+"""The thread data plane (faultnet.planes.thread), the proxy's default: what only it has.
 The proxy's own tests (tests/faultnet/test_proxy.py) run on it as the default, and again
 on the trio pumps in tests/faultnet/test_proxy_trio_plane.py.
 """
@@ -12,8 +12,8 @@ import types
 import pytest
 import trio
 
-from faultnet import dataplane
 from faultnet.eventlog import read_jsonl
+from faultnet.planes import thread as dataplane
 from faultnet.proxy import open_proxy
 from faultnet.pump import Direction
 from faultnet.testing import echo_server, read_exactly, wait_until
@@ -57,7 +57,7 @@ async def test_a_bug_in_the_forwarding_thread_ends_only_its_connection(
     path (_handle raises; the lane is frozen, so its bytes go there). That connection
     ends (conn_error logged); the thread and other connections go on."""
     log = tmp_path / "events.jsonl"
-    handle = dataplane.DataPlane._handle
+    handle = dataplane.Plane._handle
     doomed: list[dataplane.Link] = []
 
     def buggy(self, entry):
@@ -65,7 +65,7 @@ async def test_a_bug_in_the_forwarding_thread_ends_only_its_connection(
             raise RuntimeError("a bug in the forwarding thread")
         return handle(self, entry)
 
-    monkeypatch.setattr(dataplane.DataPlane, "_handle", buggy)
+    monkeypatch.setattr(dataplane.Plane, "_handle", buggy)
     async with echo_server() as up, open_proxy(up, event_log=str(log)) as proxy:
         victim = await trio.open_tcp_stream(*proxy.address)
         await wait_until(lambda: any(c.link for c in proxy._connections.values()))

@@ -15,7 +15,7 @@ The freezer's windows are the scenario (a frozen interval during which a sender 
 flat out), not synchronisation; the end of the run is waited for with a bound.
 
 Both data planes run it (trio's pumps, faultnet.pump; the forwarding thread,
-faultnet.dataplane). The check is proven to go red: the ``goes_red`` tests remove the
+faultnet.planes.thread). The check is proven to go red: the ``goes_red`` tests remove the
 look at the gate (trio's pumps; the thread's general path; every look the thread makes,
 its loop's inlined one included) and see bytes cross a frozen link. Removing the thread
 plane's lock from freeze is a race here (a manual check below); tests/faultnet/
@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 import pytest
 import trio
 
-from faultnet import dataplane
-from faultnet.dataplane import Lane as PlaneLane
-from faultnet.dataplane import Link
+from faultnet.planes import thread as dataplane
+from faultnet.planes.thread import Lane as PlaneLane
+from faultnet.planes.thread import Link
 from faultnet.proxy import open_proxy
 from faultnet.pump import Gate
 from faultnet.testing import accept_server

@@ -1,4 +1,6 @@
-"""The thread data plane: one OS thread forwards every connection's bytes.
+"""The thread data plane: one OS thread forwards every connection's bytes (pure Python).
+
+It implements :mod:`faultnet.planes`' interface; what follows is how.
 
 Theory of operation
 -------------------
@@ -42,8 +44,8 @@ outbox under the lock and, once per epoll batch, asks trio to deliver them with
 trio thread. Half-close state is plain attributes trio reads directly; the byte counters
 are read under the lock (:meth:`Link.counts`), so they cover every byte sent.
 
-**Not waiting for the thread.** :meth:`DataPlane.add` moves what already arrived on a new
-connection in the calling thread, and :meth:`DataPlane.settle` (which faults call before
+**Not waiting for the thread.** :meth:`Plane.add` moves what already arrived on a new
+connection in the calling thread, and :meth:`Plane.settle` (which faults call before
 counting connections) handles, in the calling thread and under the lock, whatever epoll
 reports ready now. Under load the thread's wake-up can come milliseconds late; without
 these a probe closed just before a fault was still counted (10 of 30 runs of
@@ -55,7 +57,7 @@ thread still reads it (gate first, under the lock) into the lane's inbox, up to
 with :meth:`Link.offer` (gate, then send, under the lock; what the socket does not take
 is handed to the thread). No reader task and no channel per chunk.
 
-**Setting up.** :meth:`DataPlane.add` may take the upstream socket while its
+**Setting up.** :meth:`Plane.add` may take the upstream socket while its
 non-blocking connect is under way (``connect_timeout=``). On loopback the handshake is
 done before ``connect()`` returns, so ``add`` looks at the socket's TCP state and, when
 it is established (or the connect already failed), goes on at once in the calling
@@ -98,10 +100,11 @@ from collections.abc import Callable, Iterable
 
 import trio
 
+from faultnet.planes import CHUNKS, DONE, DRAINED, ERROR, RESET, UPSTREAM_FAILED
 from faultnet.pump import Owner, PipePool
 from faultnet.sockopts import tcp_state
 
-__all__ = ["DataPlane", "Lane", "Link", "ToxicLane"]
+__all__ = ["AVAILABLE", "Lane", "Link", "Plane", "ToxicLane"]
 
 #: Bytes per copied read; a read that fills it starts a splice burst.
 COPY_CHUNK = 64 * 1024
@@ -116,13 +119,8 @@ _SPLICE_FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 _IN, _OUT = select.EPOLLIN, select.EPOLLOUT
 _MAX_EVENTS = 256
 
-#: Event kinds delivered to ``on_event``.
-RESET = "reset"  # a peer reset (or a syscall failed): errno in Link.errno; link ended
-DONE = "done"  # both ways forwarded their EOF; link ended, sockets not yet closed
-CHUNKS = "chunks"  # a toxic lane's inbox has chunks (take them with Link.take)
-DRAINED = "drained"  # a toxic lane's held bytes were written (offer may go on)
-ERROR = "error"  # the thread failed on this link (a bug): Link.error; link ended
-UPSTREAM_FAILED = "upstream_failed"  # the connect failed or timed out: Link.errno; ended
+#: The interface is faultnet.planes'; this plane always runs (pure Python).
+AVAILABLE = True
 
 #: tcpi_state of a socket whose connect is still waiting for the SYN-ACK.
 _TCP_SYN_SENT = 2
@@ -195,12 +193,12 @@ class Lane:
 
 class Link:
     """One connection in the plane: two lanes, ``upstream`` (client to server) and
-    ``downstream``. Made by :meth:`DataPlane.add`; every method acts under the lock and
+    ``downstream``. Made by :meth:`Plane.add`; every method acts under the lock and
     returns at once."""
 
     def __init__(
         self,
-        plane: DataPlane,
+        plane: Plane,
         client: socket.socket,
         server: socket.socket,
         on_event: Callable[[str, str | None], None],
@@ -269,6 +267,12 @@ class Link:
     def is_open(self, stream: str) -> bool:
         return self.lanes[stream].open
 
+    def eof_forwarded(self, stream: str) -> bool:
+        return self.lanes[stream].eof_forwarded
+
+    def on_toxic_path(self, stream: str) -> bool:
+        return self.lanes[stream].to_trio
+
     # -- the toxic path (trio thread) --
 
     def to_trio(self, stream: str) -> None:
@@ -327,16 +331,18 @@ class Link:
             return True
 
 
-class DataPlane:
+class Plane:
     """The forwarding thread, its epoll, and the lock every fault operation takes.
 
     ``start(token)`` from trio (events are delivered through *token*), ``stop()`` to
     end the thread; links still in the plane are left to their owners to end.
     """
 
-    def __init__(self, pipes: PipePool | None = None, splice: bool = True) -> None:
+    name = "thread"
+
+    def __init__(self, splice: bool = True) -> None:
         self.lock = threading.Lock()
-        self._pipes = pipes or PipePool()
+        self._pipes = PipePool()
         self._splice = splice and hasattr(os, "splice")
         self._ep = select.epoll()
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -375,6 +381,7 @@ class DataPlane:
             self._thread = None
         self._ep.close()
         os.close(self._wake)
+        self._pipes.close()
 
     def add(
         self,

@@ -1,0 +1,167 @@
+"""Data planes: what moves a connection's bytes, behind one small interface.
+
+The proxy core (:mod:`faultnet.proxy`) keeps each connection's fault state and drives
+a plane only through :class:`Plane` and :class:`Link` below; a plane knows nothing of
+fault modes, toxics or the event log. It moves bytes between two sockets, per direction
+(a *lane*: ``upstream`` is client to server, ``downstream`` server to client), behind a
+gate per lane, and tells the core what it must act on through ``on_event``.
+
+The contract every plane keeps (and every plane runs the same tests):
+
+* **Total on return.** When :meth:`Link.freeze` returns, no byte-moving syscall of those
+  lanes is in progress and none starts until :meth:`Link.thaw`; the counters are final.
+  :meth:`Link.end` takes the link out of the plane: after it returns the plane makes no
+  syscall on its descriptors (the caller closes them).
+* **Held, not lost.** Bytes read but not yet written while a lane is frozen (or its
+  ``dst`` full) are kept by the plane and written in order on thaw, then a pending EOF.
+* **Half-close.** An EOF read on a lane is forwarded as ``shutdown(SHUT_WR)`` on its
+  ``dst`` once what it holds is written; the other lane keeps going. When both EOFs have
+  been forwarded the link ends by itself with :data:`DONE`.
+* **Events** reach trio in the trio thread, in batches, as ``on_event(kind, stream)``:
+  the kinds below. After RESET, DONE, ERROR or UPSTREAM_FAILED the link has ended.
+* **The toxic path.** A lane handed over with :meth:`Link.to_trio` is still read by the
+  plane (gate first), but its chunks are queued for trio (:meth:`Link.take`, b"" is the
+  EOF, signalled by CHUNKS) and trio writes what its toxic chain lets out with
+  :meth:`Link.offer` / :meth:`Link.offer_eof` (gate first; DRAINED when held bytes went
+  out). The trio side of that path is the core's (:mod:`faultnet.proxy`), not a plane's.
+
+Planes are registered in :data:`PLANES` (name -> module exposing ``Plane`` and
+``AVAILABLE``), fastest first; :func:`default_plane` is the first available one unless
+``$FAULTNET_DATAPLANE`` names another.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+from collections.abc import Callable, Iterable
+from typing import Protocol
+
+__all__ = [
+    "CHUNKS",
+    "DONE",
+    "DRAINED",
+    "ERROR",
+    "PLANES",
+    "RESET",
+    "UPSTREAM_FAILED",
+    "Link",
+    "Plane",
+    "available_planes",
+    "default_plane",
+    "make_plane",
+]
+
+#: Event kinds delivered to ``on_event(kind, stream)``.
+RESET = "reset"  # a peer reset (or a syscall failed): errno in Link.errno; link ended
+DONE = "done"  # both ways forwarded their EOF; link ended, sockets not yet closed
+CHUNKS = "chunks"  # a toxic-path lane has chunks for trio (take them with Link.take)
+DRAINED = "drained"  # a toxic-path lane's held bytes were written (offer may go on)
+ERROR = "error"  # the plane failed on this link (a bug): Link.error; link ended
+UPSTREAM_FAILED = "upstream_failed"  # the connect failed or timed out: Link.errno; ended
+
+#: Plane name -> the module that implements it (``Plane``, ``AVAILABLE``), fastest first.
+PLANES: dict[str, str] = {
+    "thread": "faultnet.planes.thread",
+}
+
+OnEvent = Callable[[str, "str | None"], None]
+
+
+class Link(Protocol):
+    """One connection in a plane: two lanes. Every method returns at once."""
+
+    #: The upstream connect is still under way (nothing is forwarded yet).
+    connecting: bool
+    #: The link has left the plane (ended by an event or by :meth:`end`).
+    ended: bool
+    #: The errno behind RESET or UPSTREAM_FAILED.
+    errno: int
+    #: The exception behind ERROR.
+    error: Exception | None
+
+    def freeze(self, streams: Iterable[str]) -> None:
+        """Close the lanes' gates: total on return."""
+
+    def thaw(self, streams: Iterable[str]) -> None:
+        """Open the gates; held bytes, then a held EOF, go out before anything newer."""
+
+    def end(self) -> bool:
+        """Take the link out of the plane; False if it had already ended."""
+
+    def counts(self) -> tuple[int, int]:
+        """Bytes written (upstream, downstream): every byte a peer can have read."""
+
+    def eof_forwarded(self, stream: str) -> bool:
+        """Whether *stream*'s EOF has been passed on (a half-close)."""
+
+    def to_trio(self, stream: str) -> None:
+        """Put *stream* on the toxic path (for good)."""
+
+    def on_toxic_path(self, stream: str) -> bool:
+        """Whether *stream* is on the toxic path."""
+
+    def take(self, stream: str) -> list[bytes]:
+        """The chunks read for trio so far (b"" is the EOF)."""
+
+    def offer(self, stream: str, data: bytes | memoryview) -> bool:
+        """Write *data* (gate first); False while frozen or earlier bytes are held.
+        Raises ConnectionError if the link has ended or the write failed."""
+
+    def offer_eof(self, stream: str) -> bool:
+        """Forward the EOF after what is held; False while frozen."""
+
+
+class Plane(Protocol):
+    """What moves the bytes of every connection of one proxy."""
+
+    #: Its name in :data:`PLANES`.
+    name: str
+
+    def start(self, token: object) -> None:
+        """Start forwarding; events reach trio through *token* (a TrioToken)."""
+
+    def stop(self) -> None:
+        """Stop forwarding; links still in the plane are their owners' to end."""
+
+    def add(
+        self,
+        client: socket.socket,
+        server: socket.socket,
+        on_event: OnEvent,
+        frozen: Iterable[str] = (),
+        to_trio: Iterable[str] = (),
+        connect_timeout: float | None = None,
+    ) -> Link:
+        """Start forwarding between two non-blocking sockets (*frozen* lanes start with
+        their gate closed, *to_trio* lanes on the toxic path). With *connect_timeout*,
+        *server*'s connect is under way: forwarding starts once it completes, or the
+        link ends with UPSTREAM_FAILED."""
+
+    def settle(self) -> None:
+        """Move, in the calling thread, whatever is ready now (faults call it before
+        counting connections)."""
+
+
+def available_planes() -> list[str]:
+    """The planes that can run here (a compiled one only where it was built)."""
+    return [name for name, module in PLANES.items() if _module(module).AVAILABLE]
+
+
+def default_plane() -> str:
+    """``$FAULTNET_DATAPLANE`` if set, else the first available plane."""
+    return os.environ.get("FAULTNET_DATAPLANE") or available_planes()[0]
+
+
+def make_plane(name: str, *, splice: bool = True) -> Plane:
+    """A new, not yet started, plane *name*; ValueError naming the available ones."""
+    found = available_planes()
+    if name not in found:
+        raise ValueError(f"dataplane must be one of {', '.join(found)}, not {name!r}")
+    plane: Plane = _module(PLANES[name]).Plane(splice=splice)
+    return plane
+
+
+def _module(name: str):  # type: ignore[no-untyped-def]
+    return importlib.import_module(name)
