@@ -20,31 +20,50 @@ Adding a fault mode touches:
 5. the README table, regenerated from :func:`markdown_table` (the test says so when it
    is stale).
 
-This module imports nothing else from faultnet.
+This module imports nothing from faultnet but :mod:`faultnet.addresses` (to parse a peer).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
+
+from faultnet.addresses import parse_peer
 
 __all__ = [
     "MODES",
     "STREAM_CHOICES",
     "Mode",
+    "FaultRequest",
     "ModeArgumentError",
+    "ModeArgumentTypeError",
     "markdown_table",
     "mode",
     "modes_that",
+    "request",
 ]
 
 #: What ``stream=`` accepts where a mode takes it (Toxiproxy's stream names, plus both).
 STREAM_CHOICES = ("both", "upstream", "downstream")
+STREAMS = ("upstream", "downstream")
 
 
 class ModeArgumentError(ValueError):
     """A mode name, or an argument a mode does not take; the message says which."""
+
+
+class ModeArgumentTypeError(ModeArgumentError):
+    """An argument of the wrong type (the API answers "bad request body")."""
+
+
+def _type_name(value: object) -> str:
+    # JSON's names, since most requests come from JSON; Python's read the same.
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return {str: "string", list: "array", tuple: "array"}.get(type(value), "object")
 
 
 @dataclass(frozen=True)
@@ -95,8 +114,23 @@ class Mode:
         percent: float | None = None,
         peer: str | None = None,
     ) -> None:
-        """Raise :class:`ModeArgumentError` for an argument this mode does not take (or
-        a percent it needs and lacks). *peer*'s syntax is the proxy's to check."""
+        """Raise :class:`ModeArgumentError` for an argument this mode does not take, or
+        a bad value (the one validation: :func:`request` returns what it checked)."""
+        self.request(stream=stream, include_new=include_new, only=only, percent=percent, peer=peer)
+
+    def request(
+        self,
+        *,
+        stream: object = "both",
+        include_new: object = False,
+        only: object = None,
+        percent: object = None,
+        peer: object = None,
+    ) -> FaultRequest:
+        """Check every argument against this row, once, with one message for each
+        mistake, and return the request normalised: the streams it names, *only* as a
+        tuple of ids, the row's default percent where none is given, *peer* parsed.
+        Values may come from JSON (the API) or Python (the methods) alike."""
         if peer is not None:
             if not self.takes_peer:
                 raise ModeArgumentError(
@@ -104,18 +138,27 @@ class Mode:
                 )
             if include_new:
                 raise ModeArgumentError("peer and include_new cannot be combined")
+            if not isinstance(peer, str):
+                raise ModeArgumentTypeError(
+                    f"peer must be HOST or HOST:PORT, not {_type_name(peer)}"
+                )
         if stream not in STREAM_CHOICES:
             raise ModeArgumentError(
-                f"stream must be one of {', '.join(STREAM_CHOICES)}, not {stream!r}"
+                f"stream was invalid: it must be one of {', '.join(STREAM_CHOICES)}, not {stream!r}"
             )
         if stream != "both" and not self.takes_stream:
             raise ModeArgumentError(
                 f"stream applies to {_names('takes_stream')} only, not {self.name}"
             )
+        if not isinstance(include_new, bool):
+            raise ModeArgumentTypeError(
+                f"include_new must be true or false, not {_type_name(include_new)}"
+            )
         if include_new and not self.takes_include_new:
             raise ModeArgumentError(
                 f"include_new applies to {_names('takes_include_new')} only, not {self.name}"
             )
+        ids: tuple[int, ...] | None = None
         if only is not None:
             if not self.per_connection:
                 raise ModeArgumentError(
@@ -123,15 +166,59 @@ class Mode:
                 )
             if include_new:
                 raise ModeArgumentError("connections and include_new cannot be combined")
+            listed = not isinstance(only, str | bytes | Mapping) and isinstance(only, Iterable)
+            ids = tuple(only) if listed else ()  # type: ignore[call-overload]
+            if not listed or not all(type(i) is int for i in ids):  # bool is not an id
+                raise ModeArgumentTypeError(
+                    f"connections must be a list of connection ids, not {only!r}"
+                )
         if percent is not None and not self.takes_percent:
             raise ModeArgumentError(
                 f"percent applies to {_names('takes_percent')} only, not {self.name}"
             )
-        if self.takes_percent and percent is not None:
-            if isinstance(percent, bool) or not isinstance(percent, int | float):
-                raise ModeArgumentError(f"percent must be a number, not {percent!r}")
-            if not 0 <= percent <= 100:
-                raise ModeArgumentError(f"percent must be between 0 and 100, not {percent}")
+        if percent is None:
+            percent = self.default_percent
+        elif isinstance(percent, bool) or not isinstance(percent, int | float):
+            raise ModeArgumentError(f"percent must be a number, not {percent!r}")
+        elif not 0 <= percent <= 100:
+            raise ModeArgumentError(f"percent must be between 0 and 100, not {percent}")
+        # A bad peer raises parse_peer's AddressError (a ValueError too).
+        selector = parse_peer(peer) if peer is not None else None
+        return FaultRequest(
+            mode=self,
+            stream=stream,
+            streams=STREAMS if stream == "both" else (stream,),
+            include_new=include_new,
+            only=ids,
+            percent=percent,
+            peer=selector,
+            peer_text=peer,
+        )
+
+
+@dataclass(frozen=True)
+class FaultRequest:
+    """One fault request, checked against its mode's row (made by :func:`request`)."""
+
+    mode: Mode
+    #: As asked ("both", "upstream" or "downstream"), and the streams that names.
+    stream: str
+    streams: tuple[str, ...]
+    include_new: bool
+    #: Connection ids, or None for every open connection.
+    only: tuple[int, ...] | None
+    #: The percent (the row's default where none was given), or None.
+    percent: Any
+    #: The client selector (host, port or None), and as written.
+    peer: tuple[str, int | None] | None
+    peer_text: str | None
+
+
+def request(name: object, **arguments: Any) -> FaultRequest:
+    """The request to apply mode *name* with *arguments* (stream, include_new, only,
+    percent, peer), checked once: :class:`ModeArgumentError` says what is wrong, or
+    :class:`~faultnet.addresses.AddressError` for a peer that is not ``HOST[:PORT]``."""
+    return mode(name).request(**arguments)
 
 
 MODES: dict[str, Mode] = {

@@ -98,18 +98,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
-import trio
-
 from faultnet.planes import CHUNKS, DONE, DRAINED, ERROR, RESET, UPSTREAM_FAILED
-from faultnet.pump import Owner, PipePool
+from faultnet.planes._pipes import SPLICE_CHUNK, PipePool
 from faultnet.sockopts import tcp_state
 
-__all__ = ["AVAILABLE", "Lane", "Link", "Plane", "ToxicLane"]
+__all__ = ["AVAILABLE", "Lane", "Link", "Plane"]
 
 #: Bytes per copied read; a read that fills it starts a splice burst.
 COPY_CHUNK = 64 * 1024
-#: Bytes per splice (the pipe asks for as much; see faultnet.pump.SPLICE_CHUNK).
-SPLICE_CHUNK = 1024 * 1024
 #: Syscalls one socket may make per epoll wake-up before the others get a turn (level
 #: triggered: it is offered again at the next poll).
 _FAIR_OPS = 16
@@ -433,7 +429,7 @@ class Plane:
     def settle(self) -> None:
         """Move, in the calling thread, whatever is ready now (one epoll_wait that does
         not wait). Faults call it before counting connections, so a connection whose
-        last FIN already sits in a socket is seen ended, as the trio pumps would have
+        last FIN already sits in a socket is seen ended, as a trio task would have
         seen it by then (the thread's wake-up can come later under load)."""
         with self.lock:
             self._service([fd for fd, _ in self._ep.poll(0, _MAX_EVENTS)])
@@ -781,67 +777,3 @@ class Plane:
             self._scheduled = False
         for link, kind, stream in batch:
             link.on_event(kind, stream)
-
-
-# -- the toxic path, trio side -----------------------------------------------------------
-
-
-class ToxicLane:
-    """trio's side of one lane on the toxic path: runs each chunk the thread read through
-    the stream's toxic chain, in one task (:meth:`run`), and is the chain's sink: what
-    comes out is written with :meth:`Link.offer`. *owner* is the connection
-    (:class:`faultnet.pump.Owner`: its ``chain`` and ``chain_changed``); ``wake(stream)``
-    returns the trio.Event set at the next CHUNKS, DRAINED or thaw.
-    """
-
-    def __init__(
-        self, link: Link, stream: str, owner: Owner, wake: Callable[[str], trio.Event]
-    ) -> None:
-        self.link = link
-        self.stream = stream
-        self.owner = owner
-        self._wake = wake
-        self.eof_offered = False
-
-    async def run(self) -> None:
-        """Until the EOF has been offered through the chain (or the link ends)."""
-        try:
-            while True:
-                woken = self._wake(self.stream)  # taken before looking: no lost wake-up
-                chunks = self.link.take(self.stream)
-                if not chunks:
-                    await woken.wait()
-                    continue
-                t_read = trio.current_time()
-                for data in chunks:
-                    if not data:
-                        return await self._eof()
-                    await self.owner.chain(self.stream).send(data, t_read, self)
-        except ConnectionError:
-            return  # the link ended: its RESET event (or the fault that ended it) acts
-
-    async def _eof(self) -> None:
-        while True:
-            changed = self.owner.chain_changed  # taken before offering: no lost wake-up
-            await self.owner.chain(self.stream).send_eof(self)
-            if self.eof_offered or self.link.ended:
-                return
-            # A toxic held the EOF (timeout does): offer it again whenever the chain
-            # changes, so removing that toxic lets the FIN through.
-            await changed.wait()
-
-    # The chain's sink.
-    async def send_all(self, data: bytes | memoryview) -> None:
-        while True:
-            woken = self._wake(self.stream)
-            if self.link.offer(self.stream, data):
-                return
-            await woken.wait()
-
-    async def send_eof(self) -> None:
-        while True:
-            woken = self._wake(self.stream)
-            if self.link.offer_eof(self.stream):
-                self.eof_offered = True
-                return
-            await woken.wait()

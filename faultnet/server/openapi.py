@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from faultnet.modes import MODES, STREAM_CHOICES, modes_that
+from faultnet.proxy import CONNECTION_STATES
 from faultnet.server.names import MAX_NAME_CHARS
 from faultnet.toxics import INT64_MIN, TOXICS
 from faultnet.udp.modes import UDP_MODES
@@ -312,11 +313,7 @@ def _schemas() -> dict[str, Any]:
             upstream={"type": "string"},
             bytes_upstream={"type": "integer", "description": "client to server, bytes"},
             bytes_downstream={"type": "integer", "description": "server to client, bytes"},
-            state={
-                "type": "string",
-                "description": "open, half-closed, frozen, frozen-upstream, "
-                "frozen-downstream, blackholed or closing",
-            },
+            state={"type": "string", "enum": list(CONNECTION_STATES)},
             age_s={"type": "number", "description": "seconds since accepted"},
             dropped_upstream={
                 "type": "integer",

@@ -28,9 +28,9 @@ from typing import Any
 import trio
 
 from faultnet import addresses
-from faultnet.addresses import AddressError, format_address, is_loopback, parse_peer
+from faultnet.addresses import AddressError, format_address, is_loopback
 from faultnet.eventlog import JsonlWriter
-from faultnet.modes import STREAM_CHOICES, ModeArgumentError, mode
+from faultnet.modes import ModeArgumentError, ModeArgumentTypeError, request
 from faultnet.proxy import AddressInUse, Proxy, ProxyError
 from faultnet.seeds import derive_seed
 from faultnet.server.names import name_problem
@@ -53,6 +53,16 @@ __all__ = [
 EVENT_RING_SIZE = 10_000
 
 Address = tuple[str, int]
+
+
+#: A fault request's JSON keys -> the mode table's argument names.
+_FAULT_ARGUMENTS = {
+    "stream": "stream",
+    "include_new": "include_new",
+    "connections": "only",
+    "percent": "percent",
+    "peer": "peer",
+}
 
 
 class ApiError(Exception):
@@ -574,33 +584,19 @@ class ProxyRegistry:
             raise bad_body(f"expected a JSON object, not {_json_type(body)}")
         if self.get(name).protocol == "udp":
             return await self._apply_udp_fault(name, body)
-        stream = body.get("stream")
-        if stream is None:
-            stream = "both"
-        include_new = body.get("include_new")
-        if include_new is None:
-            include_new = False
-        only = body.get("connections")
-        percent = body.get("percent")
-        peer = body.get("peer")
         try:
-            m = mode(body.get("mode"))
-            if stream not in STREAM_CHOICES:
-                raise ApiError(
-                    400, "stream was invalid, can be either upstream, downstream or both"
-                )
-            if not isinstance(include_new, bool):
-                raise bad_body(f"include_new must be true or false, not {_json_type(include_new)}")
-            if only is not None and (
-                not isinstance(only, list)
-                or not all(isinstance(i, int) and not isinstance(i, bool) for i in only)
-            ):
-                raise bad_body(f"connections must be a list of connection ids, not {only!r}")
-            if peer is not None and not isinstance(peer, str):
-                raise bad_body(f"peer must be HOST or HOST:PORT, not {_json_type(peer)}")
-            m.check(stream=stream, include_new=include_new, only=only, percent=percent, peer=peer)
-            if peer is not None:
-                parse_peer(peer)
+            # The one validation of a fault request: the mode table's (JSON null is
+            # the argument's default).
+            req = request(
+                body.get("mode"),
+                **{
+                    arg: body[key]
+                    for key, arg in _FAULT_ARGUMENTS.items()
+                    if body.get(key) is not None
+                },
+            )
+        except ModeArgumentTypeError as exc:
+            raise bad_body(str(exc)) from None
         except (ModeArgumentError, AddressError) as exc:
             raise ApiError(400, str(exc)) from None
         async with self._lock:
@@ -608,30 +604,23 @@ class ProxyRegistry:
             p = mp.proxy
             if p is None:
                 raise ApiError(409, "proxy is disabled")
-            if only is not None:
+            if req.only is not None:
                 # Acting on nothing is not a success: every id named must be live.
                 live = {c.id for c in p.connections() if c.state != "closing"}
-                missing = [i for i in only if i not in live]
+                missing = [i for i in req.only if i not in live]
                 if missing:
                     raise ApiError(
                         404, f"connection not found: {', '.join(str(i) for i in missing)}"
                     )
             try:
-                affected = await p.apply(
-                    m.name,
-                    stream=stream,
-                    include_new=include_new,
-                    only=only,
-                    percent=percent,
-                    peer=peer,
-                )
+                affected = await p.apply_request(req)
             except ProxyError as exc:
                 raise _proxy_error(exc) from None
-        result: dict[str, Any] = {"proxy": name, "mode": m.name, "stream": stream}
-        if percent is not None:
-            result["percent"] = percent
-        if peer is not None:
-            result["peer"] = peer
+        result: dict[str, Any] = {"proxy": name, "mode": req.mode.name, "stream": req.stream}
+        if body.get("percent") is not None:
+            result["percent"] = req.percent
+        if req.peer_text is not None:
+            result["peer"] = req.peer_text
         if affected is not None:
             result["connections"] = affected
         result["state"] = self.fault_state(name)

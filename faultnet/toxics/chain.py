@@ -6,7 +6,7 @@
 each link is one toxic applied to one connection and stream, and is the
 :class:`~faultnet.toxics.base.ToxicContext` that toxic sees: its ``forward`` hands the
 bytes to the next link, the last one to the sink. The sink is whatever moves bytes for
-the stream (:class:`faultnet.pump.Direction`); this module knows only its two methods.
+the stream (:class:`faultnet.proxy._toxicpath.ToxicLane`); this module knows only its two methods.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ _STREAM_CHOICES = ("both", *STREAMS)
 MAX_DATAGRAM = 65507
 #: Datagrams a reader handles before it yields to other tasks when more keep coming.
 #: A checkpoint per datagram (a task switch each) held the proxy to ~7,400 echo round
-#: trips/s against ~47,000 direct; one per 16 is the copy path's fairness, as in pump.
+#: trips/s against ~47,000 direct; one per 16 is the copy path's fairness, as the thread plane's.
 _FAIRNESS = 16
 #: Gate states of one direction.
 OPEN, FROZEN, BLACKHOLED = "open", "frozen", "blackholed"

@@ -15,6 +15,7 @@ from typing import Any
 
 from faultnet.errors import EnvironmentProblem, UsageError, fail
 from faultnet.interrupts import Interrupted, raising_on_signals
+from faultnet.planes import PLANES
 from harness.bench._report import format_report
 from harness.bench._roles import _proxy_main, _udp_echo_main, _udp_proxy_main, _upstream_main
 from harness.bench._run import BenchParams, run_bench
@@ -99,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--dataplane",
-        choices=("trio", "thread"),
+        choices=tuple(PLANES),
         help="the faultnet proxy's data plane (default: the proxy's own default)",
     )
     ap.add_argument("--json", metavar="PATH", help="also write the result as JSON ('-': stdout)")

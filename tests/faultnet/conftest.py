@@ -1,4 +1,4 @@
-"""Fixtures shared by faultnet's tests: a real `faultnet server` process."""
+"""Fixtures shared by faultnet's tests: every data plane, a real `faultnet server` process."""
 
 from __future__ import annotations
 
@@ -11,6 +11,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from faultnet.planes import available_planes
+
+
+@pytest.fixture(params=available_planes())
+def each_plane(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test once on every data plane built here (faultnet.planes): every Proxy
+    it makes without naming a plane uses this one."""
+    monkeypatch.setenv("FAULTNET_DATAPLANE", request.param)
+    return str(request.param)
 
 
 @pytest.fixture

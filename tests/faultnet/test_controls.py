@@ -16,6 +16,9 @@ from faultnet.proxy import open_proxy
 from faultnet.sockopts import attach_drop_all
 from faultnet.testing import accept_server, echo_server, open_link, read_exactly
 
+#: Every test here runs on every data plane built here (tests/faultnet/conftest.py).
+pytestmark = pytest.mark.usefixtures("each_plane")
+
 
 def _closed_port() -> tuple[str, int]:
     s = socket.socket()

@@ -7,10 +7,15 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import faultnet.controltest as ct
 from faultnet.modes import MODES
 from faultnet.proxy import Proxy
 from tests.faultnet.udp.test_udp_controls import MODES as UDP_MODES
+
+#: Every test here runs on every data plane built here (tests/faultnet/conftest.py).
+pytestmark = pytest.mark.usefixtures("each_plane")
 
 
 def test_control_test_cli_passes_and_every_breakage_goes_red() -> None:
@@ -56,7 +61,7 @@ async def test_control_test_fails_when_a_real_mode_is_broken(monkeypatch) -> Non
         return None
 
     async def sever_resets(self: Proxy) -> int:
-        return self._end_all("reset")
+        return await self.reset()
 
     async def loss_never_attached(self: Proxy, percent: float, stream: str = "both", **_) -> int:
         return 0

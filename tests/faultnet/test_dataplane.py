@@ -14,32 +14,29 @@ import trio
 
 from faultnet.eventlog import read_jsonl
 from faultnet.planes import thread as dataplane
-from faultnet.proxy import open_proxy
-from faultnet.pump import Direction
+from faultnet.proxy import Proxy, open_proxy
 from faultnet.testing import echo_server, read_exactly, wait_until
 from faultnet.toxics import Latency
 
 
-async def test_the_thread_plane_is_the_default_and_the_env_picks_the_other(
-    monkeypatch: pytest.MonkeyPatch,
+async def test_the_env_picks_the_plane_and_the_listening_record_names_it(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.delenv("FAULTNET_DATAPLANE", raising=False)
-    for env, plane in ((None, "thread"), ("trio", "trio")):
-        if env is not None:
-            monkeypatch.setenv("FAULTNET_DATAPLANE", env)
-        async with echo_server() as up, open_proxy(up) as proxy:
-            assert proxy.dataplane == plane
-            s = await trio.open_tcp_stream(*proxy.address)
-            await s.send_all(b"x")
-            with trio.fail_after(5):
-                assert await read_exactly(s, 1) == b"x"
-            (conn,) = proxy._connections.values()
-            if plane == "thread":
-                assert conn.link is not None and conn.link.lanes["upstream"].bytes == 1
-            else:
-                assert conn.link is None
-                assert isinstance(conn.directions["upstream"], Direction)
-                assert conn.directions["upstream"].bytes == 1
+    log = tmp_path / "events.jsonl"
+    monkeypatch.setenv("FAULTNET_DATAPLANE", "thread")
+    async with echo_server() as up, open_proxy(up, event_log=str(log)) as proxy:
+        assert proxy.dataplane == "thread"
+        s = await trio.open_tcp_stream(*proxy.address)
+        await s.send_all(b"x")
+        with trio.fail_after(5):
+            assert await read_exactly(s, 1) == b"x"
+        (conn,) = proxy._connections.values()
+        assert conn.link is not None and conn.link.counts() == (1, 1)
+    (first, *_) = read_jsonl(log).records
+    assert first["event"] == "listening" and first["dataplane"] == "thread"
+    monkeypatch.setenv("FAULTNET_DATAPLANE", "melted")
+    with pytest.raises(ValueError, match="dataplane must be one of"):
+        Proxy(("127.0.0.1", 9))
 
 
 async def _only_link(proxy) -> dataplane.Link:

@@ -19,6 +19,9 @@ from faultnet.proxy import open_proxy
 from faultnet.sockopts import detach_filter
 from faultnet.testing import echo_server, read_exactly, wait_for_record, wait_until
 
+#: Every test here runs on every data plane built here (tests/faultnet/conftest.py).
+pytestmark = pytest.mark.usefixtures("each_plane")
+
 OTHER = "127.0.0.2"  # a second client host: all of 127.0.0.0/8 is loopback on Linux
 
 

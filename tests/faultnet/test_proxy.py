@@ -22,6 +22,9 @@ from faultnet.testing import accept_server, echo_server, open_link, read_exactly
 from faultnet.toxics import Latency, Slicer
 from faultnet.toxics.base import Toxic
 
+#: Every test here runs on every data plane built here (tests/faultnet/conftest.py).
+pytestmark = pytest.mark.usefixtures("each_plane")
+
 
 class PassThrough(Toxic):
     """A toxic that changes nothing: forces the copy path and the toxic chain."""
@@ -290,7 +293,7 @@ async def test_freeze_one_stream_leaves_the_other_flowing() -> None:
         await proxy.thaw("upstream")
         with trio.fail_after(5):
             assert await read_exactly(server, 22) == b"faultnet frozen probe\n"
-        with pytest.raises(ValueError, match="stream must be one of"):
+        with pytest.raises(ValueError, match="stream was invalid: it must be one of"):
             await proxy.freeze("sideways")
 
 

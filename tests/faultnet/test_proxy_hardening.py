@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 
+import pytest
 import trio
 
 from faultnet.addresses import format_address
@@ -12,6 +13,9 @@ from faultnet.eventlog import read_jsonl
 from faultnet.proxy import open_proxy
 from faultnet.testing import echo_server, read_exactly
 from faultnet.toxics import Latency
+
+#: Every test here runs on every data plane built here (tests/faultnet/conftest.py).
+pytestmark = pytest.mark.usefixtures("each_plane")
 
 
 async def _churn(address: tuple[str, int], stop: trio.Event) -> int:

@@ -23,6 +23,9 @@ from faultnet.testing import start_server
 from faultnet.toxics import Bandwidth, Latency, LimitData, ResetPeer, Slicer, SlowClose, Timeout
 from faultnet.toxics.base import Toxic
 
+#: Every test here runs on every data plane built here (tests/faultnet/conftest.py).
+pytestmark = pytest.mark.usefixtures("each_plane")
+
 Address = tuple[str, int]
 Factory = Callable[..., Awaitable[Proxy]]
 

@@ -1,0 +1,534 @@
+"""One proxied connection: its two sockets, its fault state, and the plane that moves
+its bytes.
+
+A :class:`Connection` holds the truth about its faults (a
+:class:`~faultnet.proxy._faultstate.FaultState`) and makes the plane and the sockets
+match it after every transition (:meth:`Connection.enter`): gates closed on the plane
+first (total on return), then each socket's filter, then gates opened. It drives the
+plane only through :mod:`faultnet.planes`' interface and never asks which plane it is.
+
+Its life: accepted (listed, its state taken from the faults on new connections), the
+upstream connect started and both sockets handed to the plane (:meth:`start`), then the
+plane's events end it (both EOFs forwarded, a peer reset, a failed connect), or a fault
+or the proxy does (:meth:`end`). Toxics run in a task of its own, only when it has any.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+import trio
+
+from faultnet import bpf, planes
+from faultnet.addresses import format_address
+from faultnet.eventlog import JsonlWriter
+from faultnet.proxy._faultstate import LABELS, FaultState
+from faultnet.proxy._toxicpath import ToxicLane
+from faultnet.seeds import derive_seed
+from faultnet.sockopts import (
+    detach_filter,
+    set_linger_reset,
+    socket_drops,
+    tcp_retransmits,
+    tcp_state,
+)
+from faultnet.toxics.base import STREAMS, Toxic
+from faultnet.toxics.chain import ChainLink, ToxicChain
+
+__all__ = ["CONNECTION_STATES", "Connection", "ConnectionInfo", "Host"]
+
+#: Every ``state`` a listed connection can be in: its life's, and its fault state's labels.
+CONNECTION_STATES = (
+    "open",
+    "connecting",
+    "half-closed",
+    *(label for label in dict.fromkeys(LABELS.values()) if label != "open"),
+    "closing",
+)
+
+
+class Host(Protocol):
+    """What a connection asks of the proxy that accepted it (:class:`faultnet.Proxy`)."""
+
+    log: JsonlWriter
+    toxics: list[Toxic]
+    seed: int
+    upstream: tuple[str, int]
+    connect_timeout: float
+    #: (family, sockaddr) of an upstream given as an IP address, None for a host name.
+    _upstream_target: tuple[int, tuple[Any, ...]] | None
+    _connections: dict[int, Connection]
+    #: Where the proxy's own tasks run (None once it is stopping).
+    _nursery: trio.Nursery | None
+
+    async def _contained(
+        self, conn: Connection, fn: Callable[..., Awaitable[None]], *args: Any
+    ) -> None:
+        """Run *fn*; a failure ends only *conn*."""
+
+    def _close_after_fin(self, sock: socket.socket) -> None:
+        """Close *sock* with a clean FIN, in a task of the proxy's own."""
+
+
+#: tcpi_state of a socket whose peer's FIN (CLOSE_WAIT) or RST (CLOSE) has arrived.
+_HELD_KINDS = {8: "fin", 7: "rst"}
+
+
+@dataclass(frozen=True)
+class ConnectionInfo:
+    id: int
+    peer: str
+    upstream: str
+    bytes_upstream: int
+    bytes_downstream: int
+    #: One of :data:`CONNECTION_STATES`: open, connecting, half-closed, closing, or the
+    #: fault state's label (frozen, frozen-upstream, blackholed, ...).
+    state: str
+    age_s: float
+    #: Segments dropped on their way into the proxy's client-side socket (the ``loss``
+    #: and blackhole filters): each data segment among them the client retransmitted.
+    dropped_upstream: int = 0
+    #: The same on the proxy's upstream socket: segments the server had to retransmit.
+    dropped_downstream: int = 0
+    #: Segments the proxy's own two sockets retransmitted (``tcpi_total_retrans``), e.g.
+    #: after a loss filter dropped the peer's ACKs.
+    retransmits: int = 0
+    #: The ``loss`` in force here, percent per stream (absent when none).
+    loss: dict[str, float] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Connection:
+    """One client connection and its upstream connection. Created by the proxy."""
+
+    def __init__(
+        self,
+        proxy: Host,
+        conn_id: int,
+        client: socket.socket,
+        peer: str,
+        faults: FaultState,
+        inherited: bpf.Program | None = None,
+    ) -> None:
+        """*inherited*: the listener's filter when *client* was accepted. An accepted
+        socket inherits its listener's filter (a partition's or syn_loss's, whose rules
+        would go on dropping this connection's segments), so the first refilter replaces
+        it with what this connection's own state asks for."""
+        self.proxy = proxy
+        self.id = conn_id
+        self.client = client
+        self.peer = peer
+        try:
+            self.peer_addr: tuple[str, int] = client.getpeername()[:2]
+        except OSError:  # already reset by the client: no peer selector will match it
+            self.peer_addr = ("", 0)
+        self.server: socket.socket | None = None
+        #: This connection in the plane (None until the upstream connect is started).
+        self.link: planes.Link | None = None
+        #: The faults in force; changed only by :meth:`enter`.
+        self.faults = FaultState()
+        #: The filter on each socket now (what :meth:`_refilter` last attached).
+        self._filters: dict[str, bpf.Program | None] = {"client": inherited, "server": None}
+        #: How it is being ended (severed, reset, closed ...), once a fault or the proxy
+        #: has started ending it.
+        self.closing: str | None = None
+        self.started = time.monotonic()
+        self._final_drops: tuple[int, int, int] | None = None
+        #: Set when the connection has ended and been logged (:meth:`_finish`).
+        self._done = trio.Event()
+        self._held_logged: set[str] = set()
+        # -- toxics --
+        #: Toxic name -> its link on this connection, or None where toxicity said no.
+        self.links: dict[str, ChainLink | None] = {}
+        #: Set (and replaced) whenever a toxic is attached or detached here.
+        self.chain_changed = trio.Event()
+        self._toxic_lanes: dict[str, ToxicLane] = {}
+        self._toxic_scopes: dict[str, trio.CancelScope] = {}
+        self._wakes: dict[str, trio.Event] = {s: trio.Event() for s in STREAMS}
+        self._scope = trio.CancelScope()
+        self._nursery: trio.Nursery | None = None
+        self._hosted = False
+        self.enter(faults)
+
+    def log_event(self, event: str, **fields: Any) -> None:
+        self.proxy.log.write(event, conn=self.id, **fields)
+
+    # -- faults --
+
+    def enter(self, faults: FaultState) -> None:
+        """Make *faults* the state in force: total when it returns. Gates that close are
+        closed on the plane before any filter changes; gates that open are opened last,
+        once the filters no longer drop what they will forward."""
+        before, self.faults = self.faults, faults
+        closing = faults.closed() - before.closed()
+        opening = before.closed() - faults.closed()
+        if closing and self.link is not None:
+            self.link.freeze(sorted(closing))  # total on return: see faultnet.planes
+        self._refilter()
+        if opening and self.link is not None:
+            self.link.thaw(sorted(opening))
+            for s in opening:
+                self._wake(s)
+
+    def apply(self, mode: str, streams: tuple[str, ...], fraction: float = 0.0) -> None:
+        """Apply the transition *mode* to *streams* (see faultnet.proxy._faultstate)."""
+        self.enter(self.faults.apply(mode, streams, fraction))
+
+    def _refilter(self) -> None:
+        """Put on each socket the filter the fault state asks for (once the upstream
+        socket exists: :meth:`_connect` calls again)."""
+        for side, program in self.faults.filters().items():
+            sock = self.client if side == "client" else self.server
+            if sock is None or sock.fileno() < 0 or program == self._filters[side]:
+                continue
+            if program is None:
+                detach_filter(sock)
+            else:
+                bpf.attach(sock, program)
+            self._filters[side] = program
+
+    def held_closes(self) -> None:
+        """Log a FIN or RST that arrived on a frozen stream (held, not forwarded)."""
+        for stream in self.faults.closed():
+            sock = self.client if stream == "upstream" else self.server
+            if stream in self._held_logged or sock is None or sock.fileno() < 0:
+                continue
+            try:
+                kind = _HELD_KINDS.get(tcp_state(sock))
+            except OSError:
+                continue
+            if kind is not None:
+                self._held_logged.add(stream)
+                self.log_event(f"held_{kind}", stream=stream)
+
+    def drops(self) -> tuple[int, int, int]:
+        """(dropped into the client-side socket, into the upstream socket, the proxy's own
+        retransmits), read from the kernel; once the sockets are closed, as they were
+        just before."""
+        if self._final_drops is not None:
+            return self._final_drops
+        counts = []
+        for sock in (self.client, self.server):
+            try:
+                counts.append((socket_drops(sock), tcp_retransmits(sock)))
+            except (OSError, AttributeError):  # closed, or not connected yet (None)
+                counts.append((0, 0))
+        return counts[0][0], counts[1][0], counts[0][1] + counts[1][1]
+
+    def counts(self) -> tuple[int, int]:
+        """Bytes forwarded (upstream, downstream)."""
+        return self.link.counts() if self.link is not None else (0, 0)
+
+    @property
+    def live(self) -> bool:
+        """Not being ended, and not ended by the plane (though trio may not know yet)."""
+        return self.closing is None and (self.link is None or not self.link.ended)
+
+    async def sever(self) -> None:
+        """Clean FIN both ways, even with unread bytes; ends the connection."""
+        self.end("severed")
+
+    async def reset(self) -> None:
+        """RST both ways; ends the connection."""
+        self.end("reset")
+
+    def end(self, how: str) -> None:
+        """End the connection: FIN both ways (after the peer reads what is queued), or
+        an RST for *how* ``"reset"``. Once; later calls do nothing."""
+        if self.closing is not None:
+            return
+        self.closing = how
+        self._scope.cancel()
+        self._final_drops = self.drops()
+        if self.link is not None:
+            self.link.end()  # the plane forgets the sockets before they are closed
+        for sock in (self.client, self.server):
+            if sock is None or sock.fileno() < 0:
+                continue
+            # Let the FIN or RST through, and the peer's answer: no blackhole or loss
+            # filter outlives the connection it was for.
+            detach_filter(sock)
+            if how == "reset":
+                set_linger_reset(sock)
+                sock.close()
+            else:
+                self.proxy._close_after_fin(sock)
+        self._finish(how)
+
+    def info(self) -> ConnectionInfo:
+        bytes_up, bytes_down = self.counts()
+        if self.closing:
+            state = "closing"
+        elif self.faults.label != "open":
+            state = self.faults.label
+        elif self.link is None or self.link.connecting:
+            state = "connecting"
+        elif any(self.link.eof_forwarded(s) for s in STREAMS):
+            state = "half-closed"
+        else:
+            state = "open"
+        dropped_up, dropped_down, retransmits = self.drops()
+        return ConnectionInfo(
+            id=self.id,
+            peer=self.peer,
+            upstream=format_address(self.proxy.upstream),
+            bytes_upstream=bytes_up,
+            bytes_downstream=bytes_down,
+            state=state,
+            age_s=round(time.monotonic() - self.started, 3),
+            dropped_upstream=dropped_up,
+            dropped_downstream=dropped_down,
+            retransmits=retransmits,
+            loss=self.faults.loss_percent(),
+        )
+
+    # -- toxics --
+
+    def wants_copy(self, stream: str) -> bool:
+        """True once any toxic applies to *stream* here (the plane hands it to trio)."""
+        return any(link is not None and link.stream == stream for link in self.links.values())
+
+    def chain(self, stream: str) -> ToxicChain:
+        """The toxics that apply to *stream* here, in the order they were added."""
+        return ToxicChain(
+            [
+                link
+                for t in self.proxy.toxics
+                if (link := self.links.get(t.name)) is not None and link.stream == stream
+            ]
+        )
+
+    def attach_toxic(self, toxic: Toxic) -> None:
+        if toxic.name in self.links:  # already decided for this connection: kept
+            return
+        # Decided once per connection and kept; toxicity 0 never applies
+        # (random() < 0 is never true), 1 always does.
+        rng = random.Random(derive_seed(self.proxy.seed, self.id, toxic.name))
+        if not rng.random() < toxic.toxicity:
+            self.links[toxic.name] = None
+            return
+        link = ChainLink(toxic, self.id, toxic.stream, rng, self.sever, self.reset)
+        self.links[toxic.name] = link
+        self._signal_chain_changed()
+        # From now on the stream's bytes go to trio; its chain runs in the host task.
+        if self.link is not None:
+            self.link.to_trio(toxic.stream)
+            self._ensure_host()
+        if self._nursery is not None:
+            self._start_toxic(link)
+            if self.link is not None:
+                self._start_toxic_lane(toxic.stream)
+
+    def detach_toxic(self, name: str) -> None:
+        if self.links.pop(name, None) is not None:
+            self._signal_chain_changed()
+        scope = self._toxic_scopes.pop(name, None)
+        if scope is not None:
+            scope.cancel()
+
+    def _signal_chain_changed(self) -> None:
+        self.chain_changed.set()
+        self.chain_changed = trio.Event()
+
+    def _start_toxic(self, link: ChainLink) -> None:
+        assert self._nursery is not None
+        scope = trio.CancelScope()
+        try:
+            self._nursery.start_soon(self._run_toxic, link.toxic, link, scope)
+        except RuntimeError:
+            # "Nursery is closed to new arrivals": the connection is being torn down
+            # (still listed for a moment). No byte will cross it again.
+            return
+        self._toxic_scopes[link.toxic.name] = scope
+
+    async def _run_toxic(self, toxic: Toxic, link: ChainLink, scope: trio.CancelScope) -> None:
+        with scope:
+            await toxic.run(link)
+
+    def _ensure_host(self) -> None:
+        """Start the task whose nursery runs this connection's toxics (once)."""
+        if not self._hosted and not self._done.is_set():
+            self._hosted = True
+            self._spawn(self._host)
+
+    async def _host(self) -> None:
+        with self._scope:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                for link in self.links.values():
+                    if link is not None and link.toxic.name not in self._toxic_scopes:
+                        self._start_toxic(link)
+                # Every lane on the toxic path, not only those a toxic applies to now:
+                # one added and removed before this task ran left its lane sending
+                # bytes to trio that nobody took (a churning client hung, in the suite).
+                for s in STREAMS:
+                    if self.link is not None and self.link.on_toxic_path(s):
+                        self._start_toxic_lane(s)
+                await self._done.wait()
+                nursery.cancel_scope.cancel()
+        self._nursery = None
+
+    def _start_toxic_lane(self, stream: str) -> None:
+        assert self.link is not None and self._nursery is not None
+        if stream in self._toxic_lanes:
+            return
+        self.link.to_trio(stream)
+        lane = ToxicLane(self.link, stream, self, self._wake_event)
+        self._toxic_lanes[stream] = lane
+        self._nursery.start_soon(lane.run)
+
+    def _wake_event(self, stream: str) -> trio.Event:
+        return self._wakes[stream]
+
+    def _wake(self, stream: str) -> None:
+        self._wakes[stream].set()
+        self._wakes[stream] = trio.Event()
+
+    # -- life --
+
+    def start(self, plane: planes.Plane) -> None:
+        """Right after the accept, in the trio thread: decide the toxics, start the
+        upstream connect and hand both sockets to *plane*, which forwards once the
+        connect completes. No task is started (but the host of any toxic's tasks); the
+        plane's events end the connection."""
+        for t in self.proxy.toxics:
+            self.attach_toxic(t)
+        target = self.proxy._upstream_target
+        if target is None:  # a host name: resolve it first, in a task
+            self._spawn(self._resolve_then_connect, plane)
+        else:
+            self._connect(plane, *target)
+
+    async def _resolve_then_connect(self, plane: planes.Plane) -> None:
+        # Not in self._scope: that is the toxics' host's (a scope is entered once). A
+        # connection ended meanwhile is seen by _connect, or here.
+        host, port = self.proxy.upstream
+        try:
+            with trio.fail_after(self.proxy.connect_timeout):
+                found = await trio.socket.getaddrinfo(
+                    host, port, socket.AF_INET, socket.SOCK_STREAM
+                )
+        except trio.TooSlowError:
+            if self.closing is None:
+                self._upstream_failed(errno.ETIMEDOUT)
+            return
+        except OSError as exc:
+            if self.closing is None:
+                self._log_upstream_failed(str(exc) or type(exc).__name__)
+                self._finish("upstream_failed")
+            return
+        family, _, _, _, sockaddr = found[0]
+        self._connect(plane, family, sockaddr)
+
+    def _connect(self, plane: planes.Plane, family: int, sockaddr: tuple[Any, ...]) -> None:
+        if self.closing is not None:
+            return  # ended (and finished) while the name was resolved
+        try:
+            self.server = server = socket.socket(family, socket.SOCK_STREAM)
+            server.setblocking(False)
+            server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            err = server.connect_ex(sockaddr)
+        except OSError as exc:
+            err = exc.errno or errno.EBADF
+        if err not in (0, errno.EINPROGRESS):
+            return self._upstream_failed(err)
+        self._refilter()  # the upstream socket's filter (loss applied while connecting)
+        # No checkpoint from reading the state to add(): a fault cannot fall between.
+        self.link = plane.add(
+            self.client,
+            server,
+            self._on_plane_event,
+            frozen=sorted(self.faults.closed()),
+            to_trio=[s for s in STREAMS if self.wants_copy(s)],
+            connect_timeout=self.proxy.connect_timeout,
+        )
+        if any(self.wants_copy(s) for s in STREAMS):
+            self._ensure_host()
+
+    def _upstream_failed(self, err: int) -> None:
+        if err == errno.ETIMEDOUT:
+            reason = f"no answer from upstream within {self.proxy.connect_timeout} s"
+        else:
+            reason = str(OSError(err, os.strerror(err)))
+        self._log_upstream_failed(reason)
+        self._finish("upstream_failed")
+
+    def _log_upstream_failed(self, reason: str) -> None:
+        self.log_event(
+            "upstream_failed", upstream=format_address(self.proxy.upstream), reason=reason
+        )
+
+    def _spawn(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Run *fn* in a task of the proxy's, a failure contained to this connection."""
+        nursery = self.proxy._nursery
+        if nursery is not None:
+            try:
+                nursery.start_soon(self.proxy._contained, self, fn, *args)
+                return
+            except RuntimeError:  # "closed to new arrivals": the proxy is stopping
+                pass
+        self._finish("closed")  # no task can run for it: nothing is left to do
+
+    def _on_plane_event(self, kind: str, stream: str | None) -> None:
+        # In the trio thread, delivered in batches by the plane.
+        try:
+            self._plane_event(kind, stream)
+        except Exception as exc:  # contained to this connection, as a task's would be
+            self.log_event("conn_error", error=repr(exc))
+            self.end("reset")
+
+    def _plane_event(self, kind: str, stream: str | None) -> None:
+        if self._done.is_set():
+            return  # ended meanwhile (a fault, or the proxy closing): nothing to act on
+        link = self.link
+        assert link is not None
+        if kind == planes.DONE:
+            self._finish("clean")
+        elif kind == planes.UPSTREAM_FAILED:
+            self._upstream_failed(link.errno)
+        elif kind == planes.ERROR:
+            self.log_event("conn_error", error=repr(link.error))
+            self.end("reset")
+        elif kind == planes.RESET:
+            self.log_event("peer_reset", stream=stream, errno=errno.errorcode.get(link.errno, "?"))
+            self.end("reset")
+        elif stream is not None:  # CHUNKS or DRAINED
+            self._wake(stream)
+
+    def _finish(self, how: str) -> None:
+        """Close what is still open, forget the connection and log ``conn_close``; once
+        (later calls do nothing). *how* unless a fault already said how it ends."""
+        if self._done.is_set():
+            return
+        how = self.closing or how
+        if self._final_drops is None:
+            self._final_drops = self.drops()
+        if self.link is not None:
+            self.link.end()
+        for sock in (self.client, self.server):
+            if sock is not None and sock.fileno() >= 0:
+                if how == "reset":
+                    set_linger_reset(sock)
+                sock.close()
+        self._done.set()
+        info = self.info()
+        self.proxy._connections.pop(self.id, None)
+        self.log_event(
+            "conn_close",
+            how=how,
+            bytes_upstream=info.bytes_upstream,
+            bytes_downstream=info.bytes_downstream,
+            age_s=info.age_s,
+            dropped_upstream=info.dropped_upstream,
+            dropped_downstream=info.dropped_downstream,
+            retransmits=info.retransmits,
+        )

@@ -1,0 +1,252 @@
+"""The fault state of connections, per stream: everything that decides what a fault mode
+does to a connection, and what undoes it, lives in this file.
+
+Rule (h11's, for its state machine): nothing outside this module decides what a mode
+means. The proxy core asks it for the next state and for what that state wants (which
+gates are closed, which filter each socket carries, the label the listing shows) and
+makes the plane and the sockets match; nothing re-derives any of it.
+
+Theory of operation
+-------------------
+
+A stream (``upstream``: client to server; ``downstream``) is in one
+:class:`Condition` and has a loss fraction. A mode is a transition, applied to each
+stream it names independently (:data:`TRANSITIONS`); ``thaw`` is one too, back to
+:data:`CLEAR`. Because no transition looks at another stream, any sequence of
+per-stream calls ends where the equivalent single call ends: ``thaw("upstream")`` then
+``thaw("downstream")`` is ``thaw("both")``, whatever put the faults there.
+
+What a state wants is read off it:
+
+* a stream's gate is closed while its condition is FROZEN or BLACKHOLED;
+* the client-side socket drops every segment while *any* stream is BLACKHOLED (the
+  blackhole's filter sits there: it is what makes the client's kernel see a dead route),
+  else it loses the upstream's fraction; the upstream socket loses the downstream's;
+* the label is one row of :data:`LABELS`.
+
+New connections start from :class:`NewConnectionFaults`: the ``include_new`` state of
+freeze/blackhole, joined with every partition whose selector matches the client. A
+partition also drops that client's SYNs at the listener while any of its streams is in
+force, so thawing its two streams one at a time ends it too.
+
+This module does no I/O: it is tested by tables (tests/faultnet/proxy/).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from faultnet import bpf
+from faultnet.addresses import peer_matches
+
+__all__ = [
+    "CLEAR",
+    "LABELS",
+    "TRANSITIONS",
+    "Condition",
+    "FaultState",
+    "ListenerFaults",
+    "NewConnectionFaults",
+    "StreamFault",
+]
+
+STREAMS = ("upstream", "downstream")
+
+
+class Condition(enum.IntEnum):
+    """What stops a stream, weakest first (a stronger one is not undone by a weaker)."""
+
+    OPEN = 0
+    #: Gate closed: nothing forwarded, a FIN or RST held until thaw.
+    FROZEN = 1
+    #: Gate closed, and the client's segments dropped (a dead route).
+    BLACKHOLED = 2
+
+
+@dataclass(frozen=True)
+class StreamFault:
+    """The fault in force on one stream."""
+
+    condition: Condition = Condition.OPEN
+    #: Fraction of segments arriving at the proxy for this stream that are dropped.
+    loss: float = 0.0
+
+    @property
+    def closed(self) -> bool:
+        return self.condition is not Condition.OPEN
+
+    def join(self, other: StreamFault) -> StreamFault:
+        """Both in force at once (a new connection under two selectors)."""
+        return StreamFault(max(self.condition, other.condition), max(self.loss, other.loss))
+
+
+CLEAR = StreamFault()
+
+
+def _freeze(f: StreamFault, fraction: float) -> StreamFault:
+    return replace(f, condition=max(f.condition, Condition.FROZEN))
+
+
+def _blackhole(f: StreamFault, fraction: float) -> StreamFault:
+    return replace(f, condition=Condition.BLACKHOLED)
+
+
+def _loss(f: StreamFault, fraction: float) -> StreamFault:
+    return replace(f, loss=fraction)
+
+
+def _thaw(f: StreamFault, fraction: float) -> StreamFault:
+    return CLEAR
+
+
+#: Mode -> its transition of one stream (``fraction`` is loss's; the others ignore it).
+#: Sever and reset end the connection and are not states; the listener modes are
+#: :class:`ListenerFaults`'.
+TRANSITIONS = {
+    "freeze": _freeze,
+    "blackhole": _blackhole,
+    "partition": _blackhole,
+    "loss": _loss,
+    "thaw": _thaw,
+}
+
+_O, _F, _B = Condition.OPEN, Condition.FROZEN, Condition.BLACKHOLED
+#: (upstream's condition, downstream's) -> the listing's ``state`` ("open" is refined by
+#: the connection's life: connecting, half-closed).
+LABELS: Mapping[tuple[Condition, Condition], str] = {
+    (_O, _O): "open",
+    (_F, _F): "frozen",
+    (_F, _O): "frozen-upstream",
+    (_O, _F): "frozen-downstream",
+    (_B, _B): "blackholed",
+    (_B, _F): "blackholed",
+    (_F, _B): "blackholed",
+    (_B, _O): "blackholed-upstream",
+    (_O, _B): "blackholed-downstream",
+}
+
+
+@dataclass(frozen=True)
+class FaultState:
+    """The faults in force on one connection (or on the connections to come): one
+    :class:`StreamFault` per stream. Immutable: a transition returns a new state."""
+
+    upstream: StreamFault = CLEAR
+    downstream: StreamFault = CLEAR
+
+    def __getitem__(self, stream: str) -> StreamFault:
+        return self.upstream if stream == "upstream" else self.downstream
+
+    def apply(self, mode: str, streams: Iterable[str], fraction: float = 0.0) -> FaultState:
+        """The state after *mode* on *streams* (a subset of both)."""
+        step = TRANSITIONS[mode]
+        wanted = set(streams)
+        return FaultState(*(step(self[s], fraction) if s in wanted else self[s] for s in STREAMS))
+
+    def join(self, other: FaultState) -> FaultState:
+        return FaultState(*(self[s].join(other[s]) for s in STREAMS))
+
+    @property
+    def clear(self) -> bool:
+        return self == _NO_FAULT
+
+    def closed(self) -> frozenset[str]:
+        """The streams whose gate is closed."""
+        return frozenset(s for s in STREAMS if self[s].closed)
+
+    def blackholed(self) -> bool:
+        return _B in (self.upstream.condition, self.downstream.condition)
+
+    def filters(self) -> dict[str, bpf.Program | None]:
+        """The filter each socket carries: ``client`` (what the client sends arrives
+        there) and ``server`` (the upstream socket)."""
+        client = bpf.drop_all() if self.blackholed() else _loss_program(self.upstream.loss)
+        return {"client": client, "server": _loss_program(self.downstream.loss)}
+
+    @property
+    def label(self) -> str:
+        return LABELS[self.upstream.condition, self.downstream.condition]
+
+    def loss_percent(self) -> dict[str, float] | None:
+        """The loss in force, percent per stream (None when none)."""
+        return {s: self[s].loss * 100 for s in STREAMS if self[s].loss} or None
+
+    def conditions(self, condition: Condition) -> list[str]:
+        """The streams in *condition*, sorted by name."""
+        return sorted(s for s in STREAMS if self[s].condition is condition)
+
+
+_NO_FAULT = FaultState()
+
+#: A partition's selector: (host, port or None), or ALL for every client.
+Selector = tuple[str, int | None]
+ALL: Selector = ("*", None)
+
+
+@dataclass
+class NewConnectionFaults:
+    """The faults connections accepted from now on start with."""
+
+    #: ``include_new`` of freeze and blackhole.
+    default: FaultState = _NO_FAULT
+    #: Partition selector -> its state; a selector is dropped once its state is clear.
+    partitions: dict[Selector, FaultState] = field(default_factory=dict)
+
+    def apply(self, mode: str, streams: Iterable[str]) -> None:
+        """freeze/blackhole with include_new."""
+        self.default = self.default.apply(mode, streams)
+
+    def partition(self, selector: Selector) -> None:
+        state = self.partitions.get(selector, _NO_FAULT)
+        self.partitions[selector] = state.apply("partition", STREAMS)
+
+    def thaw(self, streams: Iterable[str], selector: Selector | None = None) -> None:
+        """Thaw *streams* of every partition and of the include_new state, or (with
+        *selector*) of that partition only."""
+        streams = tuple(streams)
+        if selector is None:
+            self.default = self.default.apply("thaw", streams)
+        for key in [selector] if selector is not None else list(self.partitions):
+            if key in self.partitions:
+                state = self.partitions[key].apply("thaw", streams)
+                if state.clear:
+                    del self.partitions[key]
+                else:
+                    self.partitions[key] = state
+
+    def for_peer(self, addr: tuple[str, int]) -> FaultState:
+        """What a connection from *addr* starts with."""
+        state = self.default
+        for selector, faults in self.partitions.items():
+            if selector == ALL or peer_matches(selector, addr):
+                state = state.join(faults)
+        return state
+
+    def syn_dropped_peers(self) -> tuple[bool, list[Selector]]:
+        """(every client's SYNs dropped, the selectors whose SYNs are dropped)."""
+        return ALL in self.partitions, [s for s in self.partitions if s != ALL]
+
+
+def _loss_program(fraction: float) -> bpf.Program | None:
+    return bpf.drop_fraction(fraction) if fraction > 0 else None
+
+
+@dataclass
+class ListenerFaults:
+    """The faults on the listener: what drop_syn, syn_loss and refuse put there (all
+    undone by restore); partitions add their SYN drops (:meth:`program`)."""
+
+    syn_dropped: bool = False
+    #: Fraction of SYNs dropped.
+    syn_loss: float = 0.0
+    #: The listener is closed.
+    refusing: bool = False
+
+    def program(self, new: NewConnectionFaults) -> bpf.Program | None:
+        """The listener's filter (None: none)."""
+        everyone, peers = new.syn_dropped_peers()
+        return bpf.listener_program(
+            drop_everything=self.syn_dropped or everyone, syn_loss=self.syn_loss, peers=peers
+        )

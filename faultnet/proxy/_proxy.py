@@ -1,0 +1,762 @@
+"""The TCP fault proxy: its listener, its connections, and the fault operations.
+
+Every fault operation validates its arguments once, against the mode table
+(:func:`faultnet.modes.request`), computes the new fault state of what it acts on
+(:mod:`faultnet.proxy._faultstate`) and makes it so; then it writes one record.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import os
+import random
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from faultnet import bpf, planes
+from faultnet.addresses import format_address, peer_matches
+from faultnet.eventlog import JsonlWriter
+from faultnet.modes import FaultRequest, request
+from faultnet.proxy._connection import Connection, ConnectionInfo
+from faultnet.proxy._errors import listen_error
+from faultnet.proxy._faultstate import (
+    ALL,
+    STREAMS,
+    Condition,
+    ListenerFaults,
+    NewConnectionFaults,
+)
+from faultnet.sockopts import detach_filter, raise_fd_limit, set_linger_reset
+from faultnet.toxics.base import Toxic
+
+__all__ = ["SEVER_LINGER_S", "Proxy", "open_proxy"]
+
+Address = tuple[str, int]
+
+#: How often held FINs/RSTs are looked for on frozen connections (TCP_INFO polls).
+_HELD_CLOSE_POLL_S = 0.1
+_HELD_POLL_BATCH = 256
+#: Connections accepted per wake-up of the accept loop before other tasks get a turn.
+_ACCEPT_BATCH = 64
+#: Bytes a lingering severed socket reads (and discards) at a time.
+_LINGER_READ = 256 * 1024
+
+#: How long a severed socket stays open after its FIN, reading and discarding, until the
+#: peer's own FIN. A socket closed with its FIN still queued behind unsent bytes (a client
+#: that reads slowly) is destroyed by the kernel, RST and all, as soon as one more segment
+#: from the peer arrives (a late write, a retransmission of what a blackhole dropped):
+#: the client then reads ECONNRESET, not EOF (issue 10 item 2, 15 of 15 tries).
+SEVER_LINGER_S = 10.0
+
+
+def _clean_fin(sock: socket.socket) -> None:
+    """Send FIN, then drain what is unread so that close() does not turn it into an RST."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        return
+    try:
+        for _ in range(64):  # bounded: at most 16 MiB discarded
+            if not sock.recv(_LINGER_READ):
+                break
+    except OSError:
+        pass
+
+
+class Proxy:
+    """A TCP proxy from ``listen`` to ``upstream`` with fault modes and toxics.
+
+    Run it with ``await nursery.start(proxy.serve)`` or ``async with open_proxy(...)``.
+    ``address`` is the bound address (port 0 becomes the real port). Thousands of
+    connections at once are fine; the soft descriptor limit is raised to the hard one.
+
+    ``dataplane`` names what moves the bytes (:mod:`faultnet.planes`: a plane in
+    :data:`faultnet.planes.PLANES`); the default is ``$FAULTNET_DATAPLANE``, else the
+    fastest plane available here. Fault semantics are the same on every plane.
+    ``splice=True`` (default on Linux) lets the plane move bursts through kernel pipes
+    without copying them into the process.
+    """
+
+    def __init__(
+        self,
+        upstream: Address,
+        listen: Address = ("127.0.0.1", 0),
+        *,
+        name: str = "proxy",
+        event_log: str | None | JsonlWriter = None,
+        seed: int | None = None,
+        connect_timeout: float = 5.0,
+        backlog: int = 4096,
+        splice: bool = True,
+        dataplane: str | None = None,
+    ) -> None:
+        self.name = name
+        self.upstream = (upstream[0], int(upstream[1]))
+        self.listen = (listen[0], int(listen[1]))
+        self.seed = seed if seed is not None else random.SystemRandom().randrange(2**32)
+        self.connect_timeout = connect_timeout
+        #: (family, sockaddr) to connect to when the upstream host is an IP address
+        #: (None: a name, resolved for each connection).
+        self._upstream_target = _ip_target(*self.upstream)
+        self.backlog = backlog
+        self.log = (
+            event_log if isinstance(event_log, JsonlWriter) else JsonlWriter(event_log, proxy=name)
+        )
+        self.toxics: list[Toxic] = []
+        self.address: Address | None = None
+        self.fd_limit = raise_fd_limit()
+        self._splice = splice and hasattr(os, "splice")
+        self.dataplane = dataplane or planes.default_plane()
+        if self.dataplane not in planes.available_planes():
+            raise ValueError(
+                f"dataplane must be one of {', '.join(planes.available_planes())},"
+                f" not {self.dataplane!r}"
+            )
+        self._plane: planes.Plane | None = None
+        self._recv_buf = bytearray(_LINGER_READ)
+        self._listener: socket.socket | None = None
+        self._connections: dict[int, Connection] = {}
+        self._next_id = 1
+        self._nursery: trio.Nursery | None = None
+        self._accept_scope: trio.CancelScope | None = None
+        #: The faults new connections start with, and the listener's.
+        self._new = NewConnectionFaults()
+        self._listener_faults = ListenerFaults()
+        self._closed = trio.Event()
+        self._poll_scope: trio.CancelScope | None = None
+
+    @property
+    def event_log_path(self) -> str | None:
+        return str(self.log.path) if self.log.path is not None else None
+
+    # -- running --
+
+    async def serve(
+        self, *, task_status: trio.TaskStatus[Address] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Listen and proxy until :meth:`aclose` or cancellation. Reports the address.
+
+        Raises :class:`ProxyError` before reporting if the address cannot be bound."""
+        if self._listener is None:
+            await self._bind()
+        assert self.address is not None
+        self.log.write(
+            "listening",
+            listen=format_address(self.address),
+            upstream=format_address(self.upstream),
+            seed=self.seed,
+            dataplane=self.dataplane,
+        )
+        self._plane = planes.make_plane(self.dataplane, splice=self._splice)
+        self._plane.start(trio.lowlevel.current_trio_token())
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                self._start_accepting()
+                task_status.started(self.address)
+                await self._closed.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            self._nursery = None
+            # What is still listed: accepted after aclose() looked, or serve() itself was
+            # cancelled. End it here, before the plane stops: nothing may outlive the
+            # proxy (a socket left open until the garbage collector found it, seen in
+            # the suite).
+            for conn in list(self._connections.values()):
+                conn.end("closed")
+            self._plane.stop()
+            self._plane = None
+            if self._listener is not None:
+                trio.lowlevel.notify_closing(self._listener)
+                self._listener.close()
+                self._listener = None
+            self.log.write("stopped")
+
+    async def aclose(self) -> None:
+        """Stop listening and close every connection (clean FIN, not a fault)."""
+        for conn in list(self._connections.values()):
+            conn.end("closed")
+        self._closed.set()
+
+    async def _bind(self) -> None:
+        family = socket.AF_INET6 if ":" in self.listen[0] else socket.AF_INET
+        sock = trio.socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            await sock.bind(self.address or self.listen)
+        except OSError as exc:
+            sock.close()
+            raise listen_error(self.address or self.listen, exc) from None
+        sock.listen(self.backlog)
+        self._listener = socket.socket(fileno=sock.detach())
+        self._listener.setblocking(False)
+        self._refilter_listener()
+        self.address = self._listener.getsockname()[:2]
+
+    def _start_accepting(self) -> None:
+        assert self._nursery is not None and self._listener is not None
+        self._accept_scope = trio.CancelScope()
+        self._nursery.start_soon(self._accept_loop, self._listener, self._accept_scope)
+
+    def pause_accepting(self) -> None:
+        """Stop calling ``accept()`` while the listener stays open, until
+        :meth:`resume_accepting`.
+
+        Not a fault mode: it is the classic mistake a fault mode must not be confused
+        with. The kernel still completes handshakes into the backlog, so clients connect
+        and then hear nothing (not a dropped SYN: see :meth:`drop_syn`). The control test
+        uses it as a breakage that :func:`~faultnet.controls.assert_syn_dropped` must
+        catch. Acts at once; a no-op when not accepting."""
+        if self._accept_scope is not None:
+            self._accept_scope.cancel()
+            self._accept_scope = None
+
+    def resume_accepting(self) -> None:
+        """Undo :meth:`pause_accepting` (a no-op while refusing or not serving)."""
+        if self._accept_scope is None and self._listener is not None and self._nursery is not None:
+            self._start_accepting()
+
+    async def _accept_loop(self, listener: socket.socket, scope: trio.CancelScope) -> None:
+        # The listener is passed in, not read from self: refuse() may close it and
+        # restore() bind a new one before this task first runs. Accepts come in batches
+        # (one wake-up, up to _ACCEPT_BATCH accept() calls): trio's accept() costs a
+        # scheduler pass each.
+        with scope:
+            while listener.fileno() >= 0:  # < 0: closed by refuse() before we ran
+                await trio.lowlevel.wait_readable(listener)
+                for _ in range(_ACCEPT_BATCH):
+                    try:
+                        client, addr = listener.accept()
+                    except BlockingIOError:
+                        break
+                    except OSError as exc:
+                        if listener.fileno() < 0 or exc.errno == errno.EBADF:
+                            return  # closed under us by refuse(): its scope is cancelled
+                        # EMFILE/ENFILE/ENOBUFS: out of descriptors or memory. Log, back
+                        # off briefly, keep serving: one connection's trouble is not the
+                        # proxy's.
+                        self.log.write("accept_error", error=exc.strerror or str(exc))
+                        await trio.sleep(0.05)
+                        break
+                    self._admit(client, addr)
+
+    def _admit(self, client: socket.socket, addr: tuple[Any, ...]) -> None:
+        """A connection just accepted: list it, log it and start it on the plane."""
+        assert self._plane is not None
+        client.setblocking(False)
+        try:
+            peer_addr = client.getpeername()[:2]
+        except OSError:  # already reset by the client: no peer selector matches it
+            peer_addr = ("", 0)
+        conn = Connection(
+            self,
+            self._next_id,
+            client,
+            format_address(addr),
+            self._new.for_peer(peer_addr),
+            inherited=self._listener_faults.program(self._new),
+        )
+        self._next_id += 1
+        self._connections[conn.id] = conn
+        self.log.write("conn_open", conn=conn.id, peer=conn.peer)
+        try:
+            conn.start(self._plane)
+        except Exception as exc:
+            self.log.write("conn_error", conn=conn.id, error=repr(exc))
+            conn.end("reset")
+
+    async def _contained(
+        self, conn: Connection, fn: Callable[..., Awaitable[None]], *args: Any
+    ) -> None:
+        # One connection's failure is logged and contained: it never takes the proxy down.
+        try:
+            await fn(*args)
+        except Exception as exc:
+            self.log.write("conn_error", conn=conn.id, error=repr(exc))
+            conn.end("reset")
+
+    # -- faults --
+
+    async def apply(
+        self,
+        name: str,
+        *,
+        stream: str = "both",
+        include_new: bool = False,
+        only: Iterable[int] | None = None,
+        percent: float | None = None,
+        peer: str | None = None,
+    ) -> int | None:
+        """Apply the mode (or undo) *name* from :data:`faultnet.modes.MODES` with the
+        arguments its row says it takes (a percent it is not given is the row's default);
+        return how many connections it acted on (None for the listener modes).
+        :class:`~faultnet.modes.ModeArgumentError` (a ValueError) for an unknown mode, an
+        argument it does not take or a bad value, *peer* included.
+
+        The same as calling the method of that name: total on return too."""
+        return await self.apply_request(
+            request(
+                name, stream=stream, include_new=include_new, only=only, percent=percent, peer=peer
+            )
+        )
+
+    async def apply_request(self, req: FaultRequest) -> int | None:
+        """Apply a request :func:`faultnet.modes.request` has validated (the one check)."""
+        if req.mode.name == "restore" and self._listener_faults.refusing:
+            # The one operation that waits: listening again (ProxyError if the port was
+            # taken meanwhile, and then nothing has changed).
+            await self._bind()
+        result = _OPERATIONS[req.mode.name](self, req)
+        return result if req.mode.counts_connections else None
+
+    def _live(self, only: Iterable[int] | None = None, peer: Any = None) -> list[Connection]:
+        """Open connections: all, or those whose ids are in *only* and/or whose client
+        matches the selector *peer* (a parsed ``HOST[:PORT]``)."""
+        # A link the plane has ended (both EOFs forwarded, or a reset) is not live,
+        # though trio has not yet been told: faults count it out at once.
+        if self._plane is not None:
+            self._plane.settle()
+        conns = [c for c in self._connections.values() if c.live]
+        if only is not None:
+            wanted = set(only)
+            conns = [c for c in conns if c.id in wanted]
+        if peer is not None:
+            conns = [c for c in conns if peer_matches(peer, c.peer_addr)]
+        return conns
+
+    async def freeze(
+        self,
+        stream: str = "both",
+        *,
+        include_new: bool = False,
+        only: Iterable[int] | None = None,
+        peer: str | None = None,
+    ) -> int:
+        """Stop forwarding on every open connection (one stream or both), or on the
+        connections whose ids are in *only* and/or whose client is *peer*; return how
+        many. ``include_new`` also freezes connections accepted later, until thaw.
+
+        Total on return: not one more byte crosses. FIN and RST are held too.
+        """
+        return await self._call(
+            "freeze", stream=stream, include_new=include_new, only=only, peer=peer
+        )
+
+    async def blackhole(
+        self,
+        *,
+        include_new: bool = False,
+        only: Iterable[int] | None = None,
+        peer: str | None = None,
+    ) -> int:
+        """Freeze both ways and drop every packet from the client (no ACKs either), so the
+        client's TCP sees a dead route: keepalive and TCP_USER_TIMEOUT fire. Each stream
+        is thawed on its own (``thaw(stream)``); the drop filter stays while either
+        stream is still blackholed."""
+        return await self._call("blackhole", include_new=include_new, only=only, peer=peer)
+
+    async def loss(
+        self,
+        percent: float,
+        stream: str = "both",
+        *,
+        only: Iterable[int] | None = None,
+        peer: str | None = None,
+    ) -> int:
+        """Real segment loss on every open connection (or those in *only* / from
+        *peer*): each segment arriving at the proxy on *stream* is dropped with
+        probability *percent* / 100 by a socket filter, so the client's (``upstream``) or
+        the server's (``downstream``) own TCP sees the loss and retransmits; bytes still
+        arrive intact and in order. Live: replaces any loss already set there. Undone by
+        :meth:`thaw`. Returns how many connections.
+
+        The kernel draws the random (it cannot be seeded): what actually happened is in
+        :meth:`connections` (``dropped_upstream``/``dropped_downstream``,
+        ``retransmits``) and in each connection's ``conn_close`` record."""
+        return await self._call("loss", percent=percent, stream=stream, only=only, peer=peer)
+
+    async def thaw(
+        self,
+        stream: str = "both",
+        *,
+        only: Iterable[int] | None = None,
+        peer: str | None = None,
+    ) -> int:
+        """Undo freeze, blackhole, loss and partition on *stream* (or both): held bytes
+        are delivered in order, then any held FIN or RST. Also thaws those streams of
+        ``include_new`` (unless *only* or *peer*) and of every partition (of *peer*'s,
+        with *peer*); a partition whose streams are all thawed has ended. Thawing one
+        stream and then the other ends exactly where thawing both at once does."""
+        return await self._call("thaw", stream=stream, only=only, peer=peer)
+
+    async def sever(self, *, only: Iterable[int] | None = None, peer: str | None = None) -> int:
+        """Close every open connection (or those in *only* / from *peer*) with a clean
+        FIN both ways (EOF at both peers)."""
+        return await self._call("sever", only=only, peer=peer)
+
+    async def reset(self, *, only: Iterable[int] | None = None, peer: str | None = None) -> int:
+        """Close every open connection (or those in *only* / from *peer*) with an RST
+        both ways (ECONNRESET at both peers)."""
+        return await self._call("reset", only=only, peer=peer)
+
+    async def partition(self, *, peer: str | None = None) -> int:
+        """A route that died outright, for the client *peer* (``HOST`` or ``HOST:PORT``)
+        or for every client: its open connections are blackholed and its new connects
+        hang (their SYNs dropped by the listener's filter), while other clients keep
+        working. Undone by :meth:`thaw` (with the same *peer*, or none). Returns how many
+        open connections it blackholed."""
+        return await self._call("partition", peer=peer)
+
+    async def drop_syn(self) -> None:
+        """New connects hang: every SYN to the listener is dropped (a drop-all socket
+        filter on it; unprivileged). Clients retry their SYN with backoff and connect on
+        the first retry after :meth:`restore`; unrestored, a connect times out after
+        about 134 s. Open connections are untouched."""
+        await self._call("drop_syn")
+
+    async def syn_loss(self, percent: float) -> None:
+        """Lossy handshakes: each SYN to the listener is dropped with probability
+        *percent* / 100, so that fraction of new connects succeeds only on the kernel's
+        SYN retry, about 1 s later (3 s, 7 s ... when the retry is dropped too): the
+        slow, flaky connect real clients meet. Undone by :meth:`restore`."""
+        await self._call("syn_loss", percent=percent)
+
+    async def refuse(self) -> None:
+        """New connects are refused at once (ECONNREFUSED): the listener is closed.
+        :meth:`restore` listens again on the same port. Open connections are untouched.
+
+        A client whose handshake the kernel had completed but the proxy not yet
+        accepted (the accept queue) cannot be refused any more: its connection is reset
+        (the kernel would do the same on close), so it reads ECONNRESET on its first
+        read or write. Each such connection is accepted here, reset and logged as
+        ``queued_reset`` with its peer, and counted in the ``fault_applied`` record."""
+        await self._call("refuse")
+
+    async def restore(self) -> None:
+        """Undo drop_syn, syn_loss and refuse (a partition stays: see :meth:`thaw`).
+        Raises ProxyError if the port was taken meanwhile."""
+        await self._call("restore")
+
+    async def _call(self, name: str, **args: Any) -> Any:
+        return await self.apply_request(request(name, **args))
+
+    # The operations, one per mode, each given a validated request. Synchronous: no
+    # checkpoint inside, so each is atomic with respect to the other trio tasks.
+
+    def _stop(self, req: FaultRequest) -> int:
+        """freeze, blackhole and partition on the connections, and include_new."""
+        name = req.mode.name
+        conns = self._live(req.only, req.peer)
+        crossed = dict.fromkeys(STREAMS, 0)  # what had crossed when the gates closed
+        for c in conns:
+            c.apply(name, req.streams)
+            for s, n in zip(STREAMS, c.counts(), strict=True):
+                crossed[s] += n
+        if name == "partition":
+            self._new.partition(req.peer or ALL)
+            self._refilter_listener()
+        elif req.include_new:
+            self._new.apply(name, req.streams)
+        self._start_held_poll()
+        if name == "partition":
+            self.log.write(
+                "fault_applied", mode=name, peer=req.peer_text, connections=[c.id for c in conns]
+            )
+        else:
+            self.log.write(
+                "fault_applied",
+                mode=name,
+                stream=req.stream,
+                include_new=req.include_new,
+                connections=[c.id for c in conns],
+                bytes=crossed,
+            )
+        return len(conns)
+
+    def _loss(self, req: FaultRequest) -> int:
+        conns = self._live(req.only, req.peer)
+        for c in conns:
+            c.apply("loss", req.streams, req.percent / 100.0)
+        self.log.write(
+            "fault_applied",
+            mode="loss",
+            percent=req.percent,
+            stream=req.stream,
+            peer=req.peer_text,
+            connections=[c.id for c in conns],
+        )
+        return len(conns)
+
+    def _thaw(self, req: FaultRequest) -> int:
+        conns = self._live(req.only, req.peer)
+        for c in conns:
+            c.apply("thaw", req.streams)
+        if req.only is None:
+            before = self._new.syn_dropped_peers()
+            self._new.thaw(req.streams, req.peer)
+            if self._new.syn_dropped_peers() != before:
+                self._refilter_listener()
+        self.log.write(
+            "fault_removed",
+            mode="thaw",
+            stream=req.stream,
+            peer=req.peer_text,
+            connections=[c.id for c in conns],
+        )
+        return len(conns)
+
+    def _end_all(self, req: FaultRequest) -> int:
+        how = "severed" if req.mode.name == "sever" else "reset"
+        conns = self._live(req.only, req.peer)
+        for c in conns:
+            c.end(how)
+        self.log.write(
+            "fault_applied", mode=how, peer=req.peer_text, connections=[c.id for c in conns]
+        )
+        return len(conns)
+
+    def _drop_syn(self, req: FaultRequest) -> None:
+        self._listener_faults.syn_dropped = True
+        self._refilter_listener()
+        self.log.write("fault_applied", mode="drop_syn")
+
+    def _syn_loss(self, req: FaultRequest) -> None:
+        self._listener_faults.syn_loss = req.percent / 100.0
+        self._refilter_listener()
+        self.log.write("fault_applied", mode="syn_loss", percent=req.percent)
+
+    def _refuse(self, req: FaultRequest) -> None:
+        if self._listener_faults.refusing:
+            return
+        self._listener_faults.refusing = True
+        # Cancel the task parked in accept() before closing the socket under it.
+        self.pause_accepting()
+        queued: list[str] = []
+        if self._listener is not None:
+            trio.lowlevel.notify_closing(self._listener)
+            listener, self._listener = self._listener, None
+            try:
+                while True:
+                    try:
+                        conn, addr = listener.accept()
+                    except OSError:  # EAGAIN: the queue is empty
+                        break
+                    queued.append(format_address(addr))
+                    set_linger_reset(conn)
+                    conn.close()
+                    self.log.write("queued_reset", peer=queued[-1])
+            finally:
+                listener.close()
+        self.log.write("fault_applied", mode="refuse", queued_reset=len(queued))
+
+    def _restore(self, req: FaultRequest) -> None:
+        # A refusing listener was bound again by apply_request before this.
+        refusing = self._listener_faults.refusing
+        self._listener_faults = ListenerFaults()
+        self._refilter_listener()  # what partitions still drop stays
+        if refusing:
+            self.resume_accepting()
+        self.log.write("fault_removed", mode="restore")
+
+    def _refilter_listener(self) -> None:
+        """Put on the listener the filter its faults and the partitions ask for."""
+        if self._listener is None:
+            return
+        program = self._listener_faults.program(self._new)
+        if program is None:
+            detach_filter(self._listener)
+        else:
+            bpf.attach(self._listener, program)
+
+    # -- toxics --
+
+    def add_toxic(self, toxic: Toxic) -> None:
+        """Apply *toxic* at once to live connections (those its toxicity picks) and to
+        new ones. Names are unique across both streams (ValueError otherwise).
+
+        Atomic: when it returns the toxic is listed, in force on every live connection
+        and logged; when it raises, none of that happened. A connection that is ending
+        takes part without starting anything."""
+        if any(t.name == toxic.name for t in self.toxics):
+            raise ValueError(f"toxic already exists: {toxic.name}")
+        if toxic.stream not in STREAMS:
+            raise ValueError(f"stream must be one of {', '.join(STREAMS)}, not {toxic.stream!r}")
+        self.toxics.append(toxic)
+        try:
+            for c in self._live():
+                c.attach_toxic(toxic)
+        except BaseException:
+            # All or nothing: a toxic that is not on every live connection is on none.
+            self.toxics.remove(toxic)
+            for c in self._connections.values():
+                c.detach_toxic(toxic.name)
+            raise
+        self.log.write(
+            "toxic_added",
+            toxic=toxic.name,
+            type=toxic.type,
+            stream=toxic.stream,
+            toxicity=toxic.toxicity,
+            attributes=toxic.attributes(),
+        )
+
+    def update_toxic(
+        self, name: str, attributes: dict[str, Any] | None = None, toxicity: float | None = None
+    ) -> Toxic:
+        """Merge *attributes* into the toxic (read at the next chunk). A new toxicity
+        applies to connections opened from now on; existing ones keep their decision."""
+        toxic = self.get_toxic(name)
+        if attributes:
+            toxic.update(attributes)
+        if toxicity is not None:
+            toxic.toxicity = toxicity
+        self.log.write(
+            "toxic_updated", toxic=name, toxicity=toxic.toxicity, attributes=toxic.attributes()
+        )
+        return toxic
+
+    def remove_toxic(self, name: str) -> Toxic:
+        toxic = self.get_toxic(name)
+        self.toxics.remove(toxic)
+        for c in self._connections.values():
+            c.detach_toxic(name)
+        self.log.write("toxic_removed", toxic=name)
+        return toxic
+
+    def get_toxic(self, name: str) -> Toxic:
+        for t in self.toxics:
+            if t.name == name:
+                return t
+        raise KeyError(name)
+
+    # -- observation --
+
+    def connections(self) -> list[ConnectionInfo]:
+        return [c.info() for c in list(self._connections.values())]
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The faults on new connections and on the listener (read from their state)."""
+        everyone, peers = self._new.syn_dropped_peers()
+        default = self._new.default
+        return {
+            "refusing": self._listener_faults.refusing,
+            "syn_dropped": self._listener_faults.syn_dropped,
+            "frozen_new": default.conditions(Condition.FROZEN),
+            "blackhole_new": default.blackholed(),
+            "syn_loss": self._listener_faults.syn_loss * 100,
+            "partitioned": ["*"] * everyone
+            + sorted(h if p is None else format_address((h, p)) for h, p in peers),
+        }
+
+    # -- sockets of the proxy's own --
+
+    def _close_after_fin(self, sock: socket.socket) -> None:
+        """Send FIN on *sock* (a clean close), then close it once the peer's FIN has
+        come or :data:`SEVER_LINGER_S` has passed, reading and discarding until then, so
+        the peer reads every queued byte and then EOF, never an RST."""
+        if self._nursery is None:
+            _clean_fin(sock)
+            sock.close()
+            return
+        try:
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            sock.close()
+            return
+        # The connection's socket object is closed (so its owner sees it gone); the
+        # descriptor lives on in a task of the proxy's own.
+        lingering = socket.socket(fileno=sock.detach())
+        lingering.setblocking(False)
+        try:
+            self._nursery.start_soon(self._linger, lingering)
+        except RuntimeError:  # the proxy is stopping: no task can start
+            _clean_fin(lingering)
+            lingering.close()
+
+    async def _linger(self, sock: socket.socket) -> None:
+        try:
+            with trio.move_on_after(SEVER_LINGER_S):
+                while True:
+                    try:
+                        if not sock.recv_into(self._recv_buf):
+                            return  # the peer's FIN: both ways closed, nothing unread
+                    except BlockingIOError:
+                        await trio.lowlevel.wait_readable(sock)
+                    except OSError:
+                        return
+        finally:
+            trio.lowlevel.notify_closing(sock)
+            sock.close()
+
+    def _start_held_poll(self) -> None:
+        if self._poll_scope is None and self._nursery is not None:
+            self._poll_scope = trio.CancelScope()
+            self._nursery.start_soon(self._held_poll, self._poll_scope)
+
+    async def _held_poll(self, scope: trio.CancelScope) -> None:
+        # FIN/RST behind held bytes cannot be seen without reading them, so ask the kernel
+        # for each frozen socket's TCP state instead; only while something is frozen, and
+        # at most _HELD_POLL_BATCH connections a tick (polling all 5,000 frozen
+        # connections every 100 ms cost 21-30% of a core).
+        with scope:
+            sweep: list[Connection] = []
+            while True:
+                if not sweep:
+                    sweep = [c for c in self._live() if c.faults.closed()]
+                    if not sweep and not self._new.default.closed():
+                        break
+                batch, sweep = sweep[:_HELD_POLL_BATCH], sweep[_HELD_POLL_BATCH:]
+                for c in batch:
+                    if not c.closing:
+                        c.held_closes()
+                await trio.sleep(_HELD_CLOSE_POLL_S)
+        self._poll_scope = None
+
+
+#: Mode -> the operation that carries it out (every row of faultnet.modes.MODES; a test
+#: checks they agree).
+_OPERATIONS: dict[str, Callable[[Proxy, FaultRequest], int | None]] = {
+    "freeze": Proxy._stop,
+    "blackhole": Proxy._stop,
+    "partition": Proxy._stop,
+    "loss": Proxy._loss,
+    "thaw": Proxy._thaw,
+    "sever": Proxy._end_all,
+    "reset": Proxy._end_all,
+    "drop_syn": Proxy._drop_syn,
+    "syn_loss": Proxy._syn_loss,
+    "refuse": Proxy._refuse,
+    "restore": Proxy._restore,
+}
+
+
+def _ip_target(host: str, port: int) -> tuple[int, tuple[Any, ...]] | None:
+    """(family, sockaddr) for an IP address *host*; None for a host name."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return None
+    return (
+        (socket.AF_INET6, (host, port, 0, 0)) if ip.version == 6 else (socket.AF_INET, (host, port))
+    )
+
+
+@asynccontextmanager
+async def open_proxy(
+    upstream: Address, listen: Address = ("127.0.0.1", 0), **kwargs: Any
+) -> AsyncIterator[Proxy]:
+    """Run a :class:`Proxy` for the duration of the block; closed on exit."""
+    proxy = Proxy(upstream, listen, **kwargs)
+    await proxy._bind()  # outside the nursery: a bind error arrives unwrapped
+    async with trio.open_nursery() as nursery:
+        await nursery.start(proxy.serve)
+        try:
+            yield proxy
+        finally:
+            await proxy.aclose()
