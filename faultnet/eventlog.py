@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from faultnet import events
+
 __all__ = [
     "CorruptLogError",
     "JsonlRead",
@@ -77,9 +79,18 @@ class JsonlWriter:
     have); writing never does (see the module docstring).
     """
 
-    def __init__(self, path: str | os.PathLike[str] | None, **static: Any) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None,
+        *,
+        vocabulary: Mapping[str, events.Event] | None = None,
+        **static: Any,
+    ) -> None:
         self.path = Path(path) if path is not None else None
         self._static = static
+        #: The events this writer may write (checked under $FAULTNET_STRICT_EVENTS:
+        #: see faultnet.events), or None for a log of another vocabulary.
+        self.vocabulary = vocabulary
         self._fd: int | None = None
         #: Records this writer could not write (dropped, not retried).
         self.dropped = 0
@@ -96,6 +107,8 @@ class JsonlWriter:
 
         The record is returned whether or not it reached the file.
         """
+        if self.vocabulary is not None:
+            events.check(self.vocabulary, event, fields)
         record: dict[str, Any] = {"wall": time.time(), "mono": time.monotonic(), "event": event}
         record.update(self._static)
         record.update(fields)

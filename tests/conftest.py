@@ -12,6 +12,10 @@ from typing import Any
 
 import pytest
 
+# Every event a proxy or the server writes is checked against faultnet.events (in this
+# process and in every child it starts): an undeclared event or field raises.
+os.environ.setdefault("FAULTNET_STRICT_EVENTS", "1")
+
 
 def in_ci() -> bool:
     """CI sets CI=true: there a test whose third-party program is missing fails (the

@@ -21,6 +21,7 @@ import trio
 from faultnet import bpf, planes
 from faultnet.addresses import format_address, peer_matches
 from faultnet.eventlog import JsonlWriter
+from faultnet.events import EVENTS
 from faultnet.modes import FaultRequest, request
 from faultnet.proxy._connection import Connection, ConnectionInfo
 from faultnet.proxy._errors import listen_error
@@ -105,7 +106,9 @@ class Proxy:
         self._upstream_target = _ip_target(*self.upstream)
         self.backlog = backlog
         self.log = (
-            event_log if isinstance(event_log, JsonlWriter) else JsonlWriter(event_log, proxy=name)
+            event_log
+            if isinstance(event_log, JsonlWriter)
+            else JsonlWriter(event_log, vocabulary=EVENTS, proxy=name)
         )
         self.toxics: list[Toxic] = []
         self.address: Address | None = None

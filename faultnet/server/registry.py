@@ -30,6 +30,7 @@ import trio
 from faultnet import addresses
 from faultnet.addresses import AddressError, format_address, is_loopback
 from faultnet.eventlog import JsonlWriter
+from faultnet.events import EVENTS
 from faultnet.modes import ModeArgumentError, ModeArgumentTypeError, request
 from faultnet.proxy import AddressInUse, Proxy, ProxyError
 from faultnet.seeds import derive_seed
@@ -113,7 +114,7 @@ class EventLog:
 
     def writer(self, **static: Any) -> JsonlWriter:
         """A writer for one component (a proxy passes ``proxy=<name>``)."""
-        return _TeeWriter(self, self.path, **static)
+        return _TeeWriter(self, self.path, vocabulary=EVENTS, **static)
 
     def _keep(self, record: dict[str, Any]) -> None:
         self._seq += 1
@@ -138,7 +139,7 @@ class EventLog:
 
 class _TeeWriter(JsonlWriter):
     def __init__(self, log: EventLog, path: str | None, **static: Any) -> None:
-        super().__init__(path, **static)
+        super().__init__(path, **static)  # vocabulary among them
         self._log = log
 
     def write(self, event: str, **fields: Any) -> dict[str, Any]:

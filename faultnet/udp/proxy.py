@@ -39,6 +39,7 @@ import trio
 
 from faultnet.addresses import format_address
 from faultnet.eventlog import JsonlWriter
+from faultnet.events import EVENTS
 from faultnet.proxy import listen_error
 from faultnet.sockopts import raise_fd_limit
 from faultnet.udp.impairments import Impairment, fate
@@ -292,7 +293,9 @@ class UdpProxy:
         self.idle_timeout = idle_timeout
         self.hold_limit = hold_limit
         self.log = (
-            event_log if isinstance(event_log, JsonlWriter) else JsonlWriter(event_log, proxy=name)
+            event_log
+            if isinstance(event_log, JsonlWriter)
+            else JsonlWriter(event_log, vocabulary=EVENTS, proxy=name)
         )
         self.address: Address | None = None
         self.fd_limit = raise_fd_limit()

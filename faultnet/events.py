@@ -1,0 +1,156 @@
+"""The event log's vocabulary: every event a proxy (TCP or UDP) or the server writes,
+with its fields, declared once.
+
+Writers name events by these strings; readers (the run report, the fleet's verifier,
+:func:`faultnet.testing.wait_for_record`) match them. A writer made with
+``vocabulary=EVENTS`` (:class:`faultnet.eventlog.JsonlWriter`) checks each record
+against this table when ``$FAULTNET_STRICT_EVENTS`` is set, as the test suite sets it:
+an undeclared event or field raises :class:`UndeclaredEvent` (in production it is
+written as it is: a log line is never worth a failure). tests/faultnet/test_events.py
+checks that every name written in the source is declared and every name a reader
+matches exists.
+
+Every record also has ``wall``, ``mono`` and ``event`` (the writer's), and the writer's
+static fields (``proxy``: the proxy's name).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+__all__ = ["EVENTS", "STRICT_ENV", "Event", "UndeclaredEvent", "check"]
+
+#: Set (to anything but "" or "0") to make writers with a vocabulary check each record.
+STRICT_ENV = "FAULTNET_STRICT_EVENTS"
+
+
+class UndeclaredEvent(ValueError):
+    """A record whose event, or one of whose fields, is not in its vocabulary."""
+
+
+@dataclass(frozen=True)
+class Event:
+    name: str
+    #: The fields it may carry (beyond wall, mono, event and the writer's static ones).
+    fields: tuple[str, ...]
+    #: What it records.
+    doc: str
+
+
+def _table(*events: Event) -> dict[str, Event]:
+    return {e.name: e for e in events}
+
+
+_CONN_CLOSE_FIELDS = (
+    "conn",
+    "how",
+    "bytes_upstream",
+    "bytes_downstream",
+    "age_s",
+    "dropped_upstream",
+    "dropped_downstream",
+    "retransmits",
+)
+
+#: The event log's vocabulary (proxies and the server).
+EVENTS: dict[str, Event] = _table(
+    # -- a proxy's life (TCP and UDP) --
+    Event(
+        "listening",
+        ("listen", "upstream", "seed", "dataplane", "protocol", "idle_timeout"),
+        "a proxy is serving: its address, upstream, seed (and plane, for TCP)",
+    ),
+    Event("stopped", (), "a proxy has stopped"),
+    Event("accept_error", ("error",), "accept() failed (out of descriptors or memory)"),
+    # -- TCP connections --
+    Event("conn_open", ("conn", "peer"), "a connection was accepted"),
+    Event("conn_close", _CONN_CLOSE_FIELDS, "a connection ended, how, and what crossed"),
+    Event("conn_error", ("conn", "error"), "a bug met on one connection, which it ended"),
+    Event("upstream_failed", ("conn", "upstream", "reason"), "the upstream connect failed"),
+    Event("peer_reset", ("conn", "stream", "errno"), "a peer reset: passed on as an RST"),
+    Event("held_fin", ("conn", "stream"), "a FIN arrived on a frozen stream: held"),
+    Event("held_rst", ("conn", "stream"), "an RST arrived on a frozen stream: held"),
+    Event("queued_reset", ("peer",), "refuse reset a connection the kernel had queued"),
+    # -- faults and toxics --
+    Event(
+        "fault_applied",
+        (
+            "mode",
+            "stream",
+            "include_new",
+            "connections",
+            "bytes",
+            "peer",
+            "percent",
+            "queued_reset",
+            "protocol",
+            "sessions",
+            "attributes",
+            "seed",
+        ),
+        "a fault mode in force: what it acted on",
+    ),
+    Event(
+        "fault_removed",
+        ("mode", "stream", "peer", "connections", "protocol", "released"),
+        "an undo (thaw, restore, clear): what it acted on",
+    ),
+    Event(
+        "toxic_added",
+        ("toxic", "type", "stream", "toxicity", "attributes"),
+        "a toxic in force on every connection its toxicity picks",
+    ),
+    Event("toxic_updated", ("toxic", "toxicity", "attributes"), "a toxic's attributes changed"),
+    Event("toxic_removed", ("toxic",), "a toxic removed from every connection"),
+    # -- UDP sessions --
+    Event("session_open", ("session", "peer"), "a UDP client's first datagram: a session"),
+    Event(
+        "session_close",
+        ("session", "peer", "how", "age_s", "counts", "held", "unsent"),
+        "a UDP session ended, how, and its counts",
+    ),
+    Event("session_error", ("session", "error"), "a bug met on one session, which it ended"),
+    Event("session_failed", ("peer", "error"), "a session could not get a socket"),
+    Event("upstream_refused", ("session",), "the upstream answered ICMP port unreachable"),
+    Event("receive_error", ("error",), "a receive on the UDP listener failed"),
+    # -- the server --
+    Event("api_listening", ("url",), "the API is serving"),
+    Event("api_error", ("method", "path", "error", "traceback"), "a request met a bug: 500"),
+    Event("client_disconnected", ("method", "path"), "a client left before its answer"),
+    Event("server_seed", ("seed",), "the server's seed, from which each proxy's derives"),
+    Event("server_stop", ("signal",), "the server is stopping"),
+    Event(
+        "proxy_created",
+        ("name", "listen", "upstream", "enabled", "protocol", "seed"),
+        "a proxy was created",
+    ),
+    Event(
+        "proxy_updated",
+        ("name", "listen", "upstream", "enabled", "protocol", "seed"),
+        "a proxy's listen, upstream or enabled changed",
+    ),
+    Event("proxy_deleted", ("name",), "a proxy was deleted"),
+    Event("proxy_failed", ("name", "error"), "a proxy stopped on an error and was disabled"),
+    Event("populated", ("names",), "POST /populate made or replaced these proxies"),
+    Event("populate_failed", ("name", "error"), "POST /populate failed: nothing changed"),
+    Event("reset", ("proxies",), "POST /reset: every toxic removed, every proxy enabled"),
+)
+
+
+def _strict() -> bool:
+    return os.environ.get(STRICT_ENV, "") not in ("", "0")
+
+
+def check(vocabulary: Mapping[str, Event], event: str, fields: Iterable[str]) -> None:
+    """Raise :class:`UndeclaredEvent` if *event* or one of *fields* is not declared in
+    *vocabulary* (only when ``$FAULTNET_STRICT_EVENTS`` is set)."""
+    if not _strict():
+        return
+    declared = vocabulary.get(event)
+    if declared is None:
+        raise UndeclaredEvent(f"event {event!r} is not declared in faultnet.events")
+    extra = sorted(set(fields) - set(declared.fields))
+    if extra:
+        raise UndeclaredEvent(f"event {event!r}: fields {extra} are not declared")
