@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from importlib.metadata import entry_points
@@ -65,11 +66,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        return int(func(args))
+        code = int(func(args))
+        sys.stdout.flush()  # inside the try: a closed stdout shows here, not at exit
+        return code
     except CommandError as exc:
         return fail("faultnet", exc)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # stdout closed (`| head`): end quietly, as `yes | head` does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, the shell's code for a writer whose reader left
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,15 +6,26 @@ The file is appended to by whoever spawns a process, one line per process::
 
 ``start_time`` is field 22 of ``/proc/PID/stat`` and ``cmdline`` a JSON array, as
 :func:`register_process` writes them (one ``write()`` per line on ``O_APPEND``, so
-spawners never interleave). A line with only ``pid`` and ``name`` is pinned to the
-process that holds the PID when chaos first reads the line; that is as good as the
-spawner's word and no better, so spawners should use :func:`register_process`.
+spawners never interleave).
+
+Pinning. Chaos pins EVERY line when a run starts, before its first fault
+(:meth:`Allowlist.pin`): a line with a start time is pinned to it; a line with only
+``pid`` and ``name`` is pinned to the process holding that PID at that moment. A line
+that cannot be pinned (malformed, or its PID gone at the start) is a refusal the runner
+logs. A two-column line that appears AFTER the pin is refused, never pinned: by then the
+PID may already name another process (seen with ``unshare --pid``: a listed process
+exited, its PID was reused, and the newcomer was stopped), so a spawner that registers
+processes during a run must give the start time (:func:`register_process` does).
 
 A later line for the same name replaces the earlier one (a process respawned under the
 same name). Chaos re-reads the file before EVERY signal and re-verifies the identity of
 the entry (start time and command line) immediately before sending it, through a pidfd
-(:func:`faultnet.procs.signal_exact`), because PIDs are recycled: an entry naming a
-process that has exited can name a different process by the time it is read.
+(:func:`faultnet.procs.signal_exact`): nothing whose start time differs from its pin is
+ever signalled.
+
+The working-directory rail (``pid-cwd``, off unless a root is given: ``--pid-cwd DIR``):
+a listed process whose working directory is not the root or below it is refused, so a
+stale allowlist cannot reach a process of another run or of the user's desktop.
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ from pathlib import Path
 from faultnet.eventlog import flatten
 from faultnet.procs import ProcessIdentity, read_cmdline, read_start_time, signal_exact
 
-__all__ = ["Allowlist", "Verdict", "register_process"]
+__all__ = ["Allowlist", "Refusal", "Verdict", "parse_lines", "register_process"]
 
 
 def register_process(path: str | os.PathLike[str], name: str, pid: int) -> ProcessIdentity:
@@ -54,57 +65,154 @@ class Verdict:
     #: Why not (None when allowed): "not listed", "gone", "pid reused: ...".
     reason: str | None
     pid: int | None = None
+    #: The rail that said no: "pid-allowlist", or "pid-cwd" (the working directory).
+    rail: str = "pid-allowlist"
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A line of the allowlist that could not be pinned."""
+
+    line: int
+    name: str
+    pid: int | None
+    reason: str
+
+
+@dataclass(frozen=True)
+class _Line:
+    number: int
+    pid: int
+    name: str
+    start_time: int | None
+    cmdline: tuple[str, ...]
+
+
+def parse_lines(text: str) -> tuple[list[_Line], list[Refusal]]:
+    """The lines of an allowlist, and the malformed ones as refusals (blank lines are
+    skipped)."""
+    lines: list[_Line] = []
+    bad: list[Refusal] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        if not raw.strip():
+            continue
+        parts = raw.split("\t")
+        name = parts[1] if len(parts) >= 2 else ""
+        if len(parts) < 2 or not parts[0].isdigit() or not name:
+            bad.append(Refusal(number, name, None, "malformed: not pid<TAB>name[<TAB>...]"))
+            continue
+        start: int | None = None
+        cmdline: tuple[str, ...] = ()
+        if len(parts) >= 3:
+            if not parts[2].isdigit():
+                bad.append(Refusal(number, name, int(parts[0]), "malformed: start time"))
+                continue
+            start = int(parts[2])
+        if len(parts) >= 4:
+            try:
+                cmdline = tuple(json.loads(parts[3]))
+            except (ValueError, TypeError):
+                bad.append(Refusal(number, name, int(parts[0]), "malformed: command line"))
+                continue
+        lines.append(_Line(number, int(parts[0]), name, start, cmdline))
+    return lines, bad
+
+
+def read_cwd(pid: int) -> Path | None:
+    """The working directory of *pid*, or None if it cannot be read."""
+    try:
+        return Path(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        return None
 
 
 class Allowlist:
     """Reads the allowlist file and verifies entries; remembers what it pinned."""
 
-    def __init__(self, path: str | os.PathLike[str] | None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str] | None, *, cwd_root: str | os.PathLike[str] | None = None
+    ) -> None:
         self.path = Path(path) if path is not None else None
-        #: (pid, name) -> identity pinned at first sight (two-column lines only).
-        self._pinned: dict[tuple[int, str], ProcessIdentity] = {}
+        self.cwd_root = Path(cwd_root).resolve() if cwd_root is not None else None
+        #: (line number, pid, name) -> identity pinned by :meth:`pin` (two-column lines).
+        self._pinned: dict[tuple[int, int, str], ProcessIdentity] = {}
+        #: The same key -> why the pin refused it (two-column lines gone at the pin).
+        self._refused: dict[tuple[int, int, str], str] = {}
+        self._pinned_at: bool = False
 
-    def entries(self) -> dict[str, ProcessIdentity]:
-        """Name -> the identity listed (or pinned now), the last line per name winning.
-        Malformed lines are skipped (the file belongs to the spawners)."""
-        out: dict[str, ProcessIdentity] = {}
+    def _read(self) -> str:
         if self.path is None:
-            return out
+            return ""
         try:
-            text = self.path.read_text(errors="replace")
+            return self.path.read_text(errors="replace")
         except FileNotFoundError:
-            return out
-        for line in text.splitlines():
-            parts = line.split("\t")
-            if len(parts) < 2 or not parts[0].isdigit() or not parts[1]:
+            return ""
+
+    def pin(self) -> list[Refusal]:
+        """Pin every line now (see the module's docstring); return the lines refused.
+        Called once, by the runner, before its first fault; later calls re-pin nothing."""
+        if self._pinned_at:
+            return []
+        self._pinned_at = True
+        if self.path is not None and not self.path.is_file():
+            return [Refusal(0, "", None, f"allowlist {self.path} is not a readable file")]
+        lines, refused = parse_lines(self._read())
+        for ln in lines:
+            if ln.start_time is not None:
+                if read_start_time(ln.pid) is None:
+                    refused.append(Refusal(ln.number, ln.name, ln.pid, "gone at the pin"))
                 continue
-            pid, name = int(parts[0]), parts[1]
-            if len(parts) >= 3 and parts[2].isdigit():
-                cmdline: tuple[str, ...] = ()
-                if len(parts) >= 4:
-                    try:
-                        cmdline = tuple(json.loads(parts[3]))
-                    except (ValueError, TypeError):
-                        continue
-                out[name] = ProcessIdentity(pid, int(parts[2]), cmdline)
+            key = (ln.number, ln.pid, ln.name)
+            try:
+                self._pinned[key] = ProcessIdentity.of(ln.pid)
+            except ProcessLookupError:
+                self._refused[key] = "gone at the pin"
+                refused.append(Refusal(ln.number, ln.name, ln.pid, "gone at the pin"))
+        return sorted(refused, key=lambda r: r.line)
+
+    def entries(self) -> dict[str, ProcessIdentity | str]:
+        """Name -> the identity listed (or pinned), or why that name's line cannot be
+        signalled; the last line per name winning. Pins first if :meth:`pin` was not
+        called."""
+        self.pin()
+        out: dict[str, ProcessIdentity | str] = {}
+        lines, bad = parse_lines(self._read())
+        for refusal in bad:
+            if refusal.name:
+                out[refusal.name] = refusal.reason
+        for ln in sorted(lines, key=lambda x: x.number):
+            if ln.start_time is not None:
+                out[ln.name] = ProcessIdentity(ln.pid, ln.start_time, ln.cmdline)
                 continue
-            ident = self._pinned.get((pid, name))
-            if ident is None:
-                try:
-                    ident = ProcessIdentity.of(pid)
-                except ProcessLookupError:
-                    ident = ProcessIdentity(pid, -1)  # gone at first sight: never matches
-                self._pinned[(pid, name)] = ident
-            out[name] = ident
+            key = (ln.number, ln.pid, ln.name)
+            out[ln.name] = self._pinned.get(key) or self._refused.get(
+                key, "unpinned: a line without a start time listed after the pin"
+            )
         return out
 
     def verify(self, name: str) -> Verdict:
-        """Whether *name* may be signalled now: listed, alive, and still the process
-        listed (same start time, and the same command line where one was recorded)."""
+        """Whether *name* may be signalled now: listed and pinned, alive, still the
+        process listed (same start time, and the same command line where one was
+        recorded), and, with a cwd root, working under it."""
         listed = self.entries().get(name)
         if listed is None:
             return Verdict(None, "not listed")
-        return self.check(listed)
+        if isinstance(listed, str):
+            return Verdict(None, listed)
+        verdict = self.check(listed)
+        if verdict.identity is None or self.cwd_root is None:
+            return verdict
+        cwd = read_cwd(listed.pid)
+        if cwd is None:
+            return Verdict(None, "working directory unreadable", listed.pid, "pid-cwd")
+        if cwd != self.cwd_root and self.cwd_root not in cwd.parents:
+            return Verdict(
+                None,
+                f"working directory {cwd} is not under {self.cwd_root}",
+                listed.pid,
+                "pid-cwd",
+            )
+        return verdict
 
     @staticmethod
     def check(listed: ProcessIdentity) -> Verdict:

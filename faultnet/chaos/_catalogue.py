@@ -8,8 +8,16 @@ given better ones. A test goes red if either source has something the catalogue 
 
 Names: a mode by its own name (``freeze``), a toxic as ``toxic:<type>``, a process fault
 as ``process:kill`` (SIGKILL, nothing to undo, once per run by default) or
-``process:stop`` (SIGSTOP, undone by SIGCONT). Durations are in time units (see
+``process:stop`` (SIGSTOP, undone by SIGCONT), a compound episode as
+``episode:<down>-<end>`` (see :data:`EPISODES`). Durations are in time units (see
 ``--time-unit``); an instant fault (sever, reset, kill) has none.
+
+An *episode* takes the connections open at its start down with one mode (``freeze``,
+``blackhole``) and, when its duration is up, ends them with a mode that tears them down
+(``sever``, ``reset``) acting ONLY on the connections it took (``only=``): a client that
+reconnected meanwhile keeps its new connection. It is the outage a thaw cannot end
+well: what was held is lost, so a client that claimed delivery without confirmation
+has lost it silently.
 """
 
 from __future__ import annotations
@@ -22,7 +30,15 @@ from typing import Any
 from faultnet.modes import MODES
 from faultnet.toxics import TOXICS
 
-__all__ = ["Fault", "PlanError", "catalogue"]
+__all__ = ["EPISODES", "Fault", "PlanError", "catalogue", "toxic_attribute_names"]
+
+#: The compound episodes: name -> (the mode that takes connections down, the mode that
+#: ends them). Each ending is an instant mode acting on connections by id; a test checks
+#: both against the mode table.
+EPISODES: dict[str, tuple[str, str]] = {
+    "episode:freeze-sever": ("freeze", "sever"),
+    "episode:blackhole-reset": ("blackhole", "reset"),
+}
 
 #: A fault with no entry in :data:`_DEFAULTS`: weight 1, and, if it can be undone, held
 #: for 5 to 30 units.
@@ -49,6 +65,8 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "toxic:reset_peer": {"weight": 1, "attributes": {"timeout": 2000}},
     "process:kill": {"weight": 1, "once": True},
     "process:stop": {"weight": 1, "duration": (2.0, 10.0)},
+    "episode:freeze-sever": {"weight": 1},
+    "episode:blackhole-reset": {"weight": 1},
 }
 
 #: Keys a plan file may set for one fault.
@@ -64,12 +82,12 @@ class Fault:
     """One entry of the catalogue."""
 
     name: str
-    #: "mode", "toxic" or "process".
+    #: "mode", "toxic", "process" or "episode".
     kind: str
     #: What it is aimed at: "proxy" or "process".
     on: str
-    #: The action that undoes it ("thaw", "restore", "remove_toxic", "SIGCONT"), or None
-    #: for an instant fault.
+    #: The action that undoes it ("thaw", "restore", "remove_toxic", "SIGCONT"; for an
+    #: episode the mode that ends it: "sever", "reset"), or None for an instant fault.
     undo: str | None
     #: Whether a stream is drawn for it (both/upstream/downstream for a mode,
     #: upstream/downstream for a toxic).
@@ -84,6 +102,8 @@ class Fault:
     include_new: bool = False
     #: Process faults: the signal sent.
     signal: str | None = None
+    #: Episodes: the mode that takes the connections down (ended by ``undo``, on them).
+    down: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -96,7 +116,13 @@ class Fault:
             "once": self.once,
             "attributes": dict(self.attributes),
             "include_new": self.include_new,
+            **({"down": self.down} if self.down else {}),
         }
+
+
+def toxic_attribute_names(type_name: str) -> tuple[str, ...]:
+    """The attributes the toxic type *type_name* knows, in its declared order."""
+    return tuple(a.name for a in getattr(TOXICS[type_name], "ATTRIBUTES", ()))
 
 
 def _builtin() -> dict[str, Fault]:
@@ -126,6 +152,8 @@ def _builtin() -> dict[str, Fault]:
         duration=_GENERIC_DURATION,
         signal="SIGSTOP",
     )
+    for name, (down, end) in EPISODES.items():
+        faults[name] = Fault(name, "episode", "proxy", end, duration=_GENERIC_DURATION, down=down)
     return faults
 
 
@@ -162,8 +190,18 @@ def _with(fault: Fault, settings: Mapping[str, Any], where: str) -> Fault:
         attrs = settings["attributes"]
         if fault.kind != "toxic" or not isinstance(attrs, Mapping):
             raise PlanError(f"{where}: attributes are a table, for toxics only")
+        type_name = fault.name.split(":", 1)[1]
+        known = toxic_attribute_names(type_name)
+        unknown_attrs = sorted(set(attrs) - set(known))
+        if unknown_attrs:
+            # The toxic itself ignores unknown keys (as Toxiproxy does), so a misspelt
+            # one would leave its default in force without a word.
+            raise PlanError(
+                f"{where}: unknown attribute {unknown_attrs[0]!r} of toxic {type_name} "
+                f"(known: {', '.join(known) or 'none'})"
+            )
         try:
-            TOXICS[fault.name.split(":", 1)[1]].check_attributes(attrs)
+            TOXICS[type_name].check_attributes(attrs)
         except (TypeError, ValueError) as exc:
             raise PlanError(f"{where}: {exc}") from None
         changes["attributes"] = {**fault.attributes, **attrs}

@@ -9,13 +9,18 @@ Every record has ``ts`` (UTC, ISO 8601, ms), ``seed``, ``counter`` (the draw tha
 decision; null for run-level lines), ``event``, ``action``, ``target``, ``detail``
 (the planned parameters: the same in a dry run and a real one), ``dry``; a skip or a
 refusal adds ``rail`` (a rail of :mod:`faultnet.chaos._rails`) or ``reason``; what a step
-did adds ``result``. ``event`` is one of:
+did adds ``result`` and ``began`` (CLOCK_MONOTONIC when its call began; ``mono``, from
+the writer, is when it returned). A process fault's ``result`` has the ``pid`` and
+``start_time`` it signalled; an episode's the ids of the connections it took
+(``conns``). The ``seed`` record names the process that ran chaos (``chaos``: ``pid``,
+``start_time``). ``event`` is one of:
 
 =============  ==========================================================================
 ``seed``       the seed, and whether it was given or chosen
 ``plan``       the plan's size, config and time unit
 ``check``      a dry run's verdict on a rail it does not enforce (e.g. arming)
-``refuse``     a run-level refusal (an unarmed run, a server or proxy not in the plan)
+``refuse``     a run-level refusal (an unarmed run, a server or proxy not in the plan,
+               an allowlist line that could not be pinned)
 ``fault``      a fault applied (or, dry, to be attempted)
 ``skip``       a planned step not taken, with its rail or reason
 ``undo``       a fault undone (on time, or at exit with ``reason`` "exit")
@@ -84,6 +89,8 @@ class JoinLog:
         rail: str | None = None,
         reason: str | None = None,
         result: dict[str, Any] | None = None,
+        began: float | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         fields: dict[str, Any] = {
             "ts": _ts(),
@@ -96,7 +103,8 @@ class JoinLog:
             "dry": self.dry,
         }
         # A field that does not apply is left out, not written as null.
-        optional = {"rail": rail, "reason": reason, "result": result}
+        optional = {"rail": rail, "reason": reason, "result": result, "began": began}
+        optional.update(extra or {})
         fields.update((k, v) for k, v in optional.items() if v is not None)
         record = self._writer.write(event, **fields)
         self.records.append(record)

@@ -18,7 +18,12 @@ rail                    what it refuses
                         to the Python API, or in a slot of a plan built by hand)
 ``pid-allowlist``       a signal to a process not in the allowlist, or whose PID no longer
                         names the process listed (start time, command line), checked
-                        before EVERY signal (see :mod:`faultnet.chaos._allowlist`)
+                        before EVERY signal; every line is pinned before the first fault
+                        and one that cannot be is refused at the start (see
+                        :mod:`faultnet.chaos._allowlist`)
+``pid-cwd``             with ``--pid-cwd DIR`` only: a signal to a listed process whose
+                        working directory is not DIR or under it (a stale allowlist, a
+                        process of another run)
 ======================  =================================================================
 """
 
@@ -32,7 +37,7 @@ from faultnet.addresses import is_loopback
 
 __all__ = ["MARKER_NAME", "RAILS", "check_armed", "check_loopback", "check_named", "url_host"]
 
-RAILS = ("unarmed", "loopback", "unnamed", "pid-allowlist")
+RAILS = ("unarmed", "loopback", "unnamed", "pid-allowlist", "pid-cwd")
 
 #: The marker file's name when none is given: beside the join log.
 MARKER_NAME = ".faultnet-chaos-armed"

@@ -8,13 +8,25 @@ anything, so it logs exactly the steps a real run attempts (attempts, not outcom
 cannot know that a PID will have exited or a proxy will be gone; a real run's skips are
 where the two diverge, each with its rail or reason).
 
+Before anything else the allowlist is pinned (:meth:`Allowlist.pin`): every line is
+bound to a start time before the first fault, and a line that cannot be is one
+``refuse`` record.
+
 For each fault step, in this order: a planned skip (``busy``) is logged; the
 ``unnamed`` rail; the once-per-run budget (spent when a fault FIRES, so a slot a rail
 stopped does not spend it, and a later slot for a spent fault is a logged skip); the
 ``loopback`` rail on what is known without contact; then, real runs only, the target is
 resolved (a proxy in this process, a proxy on its server, or an allowlisted process),
-the ``loopback`` rail is asked again about its listen and upstream hosts, the
-``pid-allowlist`` rail re-verifies the process, and the fault is applied.
+the ``loopback`` rail is asked again about its listen and upstream hosts, and the fault
+is applied. The ``pid-allowlist`` (and ``pid-cwd``) rail is asked in a dry run too: it
+only reads ``/proc``, so a dry run skips what a real run would skip there. A proxy named
+``NAME@local`` that this process was not given is skipped as absent in both.
+
+An episode (``episode:freeze-sever``...) applies its down mode and remembers the ids of
+the connections it took; its undo is its ending mode on those ids only (none taken: the
+ending is a logged skip). Each applied step's record has ``began``: CLOCK_MONOTONIC
+when its call began (``mono`` is when it returned), so effects can be looked for from
+the moment the fault started to bite.
 
 Every fault applied is remembered until its undo step. Whatever is still applied when
 the walk ends, for any reason (the end of the plan, an exception, cancellation by one of
@@ -22,12 +34,14 @@ the signals :func:`run_with_signals` catches), is undone in a shielded block, ne
 first: thaw, restore, remove the toxic, SIGCONT the stopped process (re-verified first).
 Anything that could not be undone is one ``undo_failed`` line naming what remains. The
 one exception is SIGKILL of chaos itself: no code runs, so a frozen proxy stays frozen
-(``faultnet reset`` or a thaw and restore ends it; the join log says what was applied).
+(``faultnet chaos undo --log FILE`` reads the join log and undoes what it left).
 """
 
 from __future__ import annotations
 
+import os
 import signal
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +89,8 @@ class _Applied:
     fault: Fault
     target: ProxyTarget | None = None
     process: ProcessIdentity | None = None
+    #: An episode: the ids of the connections its down mode took.
+    taken: list[int] | None = None
 
     def remains(self) -> str:
         stream = self.slot.detail.get("stream")
@@ -112,7 +128,9 @@ class Runner:
 
     *proxies* are the proxies in this process, by name (targets ``NAME@local``);
     *servers* the server URLs given on the command line (each must be named by the
-    plan); *allowlist* the PID allowlist file; *marker* the arming marker file.
+    plan); *allowlist* the PID allowlist file; *marker* the arming marker file;
+    *pid_cwd* a directory every signalled process must work under (the ``pid-cwd``
+    rail; None: not checked).
     """
 
     def __init__(
@@ -128,12 +146,13 @@ class Runner:
         marker: Path | None = None,
         time_unit: float = 1.0,
         allow_non_loopback: bool = False,
+        pid_cwd: str | Path | None = None,
     ) -> None:
         self.plan = plan
         self.log = log
         self.local = dict(proxies or {})
         self.servers = [s.rstrip("/") for s in servers]
-        self.allowlist = Allowlist(allowlist)
+        self.allowlist = Allowlist(allowlist, cwd_root=pid_cwd)
         self.dry = dry
         self.armed = armed
         self.marker = marker
@@ -168,10 +187,16 @@ class Runner:
 
     async def run(self) -> RunResult:
         plan = self.plan
+        # Pinned first, before anything can take time: the window in which a listed
+        # PID can be reused unnoticed is the one between the spawner's line and this.
+        refusals = self.allowlist.pin() if plan.config.processes else []
+        me = ProcessIdentity.of(os.getpid())
         self._write(
             "seed",
             action="seed",
             detail={"seed": plan.seed, "chosen": plan.seed_chosen},
+            # Who ran it (not printed): `faultnet chaos undo` will not act under a live run.
+            extra={"chaos": {"pid": me.pid, "start_time": me.start_time}},
         )
         self._write(
             "plan",
@@ -181,8 +206,18 @@ class Runner:
                 "time_unit": self.time_unit,
                 "allowlist": str(self.allowlist.path) if self.allowlist.path else None,
                 "config": plan.config.to_json(),
+                **({"capped": True} if plan.capped else {}),
             },
         )
+        for r in refusals:
+            self._write(
+                "refuse",
+                action="allowlist",
+                target=f"process:{r.name}" if r.name else "",
+                rail="pid-allowlist",
+                reason=f"line {r.line}: {r.reason}" if r.line else r.reason,
+                detail={"pid": r.pid} if r.pid is not None else None,
+            )
         for url in self.servers:
             if _rails.check_named(url, plan.config.servers) is not None:
                 self._write(
@@ -277,12 +312,12 @@ class Runner:
             if refused is not None:
                 self._skip(slot, rail="loopback", reason=refused)
                 return
-            if self.dry:
-                self._fired(slot, fault, _Applied(slot, fault))
-                return
             target = self._resolve(name, where)
             if target is None:
                 self._skip(slot, reason=f"absent: no proxy {name} in this process")
+                return
+            if self.dry:
+                self._fired(slot, fault, _Applied(slot, fault))
                 return
             try:
                 refused = _rails.check_loopback(await target.hosts(), self.allow_non_loopback)
@@ -295,31 +330,41 @@ class Runner:
             if refused is not None:
                 self._skip(slot, rail="loopback", reason=refused)
                 return
+            began = time.monotonic()
             try:
                 result = await self._apply(slot, fault, target)
             except (TargetAbsent, TargetFailed) as exc:
                 self._write("error", **self._slot_fields(slot), reason=str(exc))
                 return
-            self._fired(slot, fault, _Applied(slot, fault, target=target), result)
+            taken = result.get("conns") if fault.kind == "episode" else None
+            applied = _Applied(slot, fault, target=target, taken=taken)
+            self._fired(slot, fault, applied, result, began=began)
             return
-        # A process fault.
-        if self.dry:
-            self._fired(slot, fault, _Applied(slot, fault))
-            return
+        await self._signal(slot, fault)
+
+    async def _signal(self, slot: Slot, fault: Fault) -> None:
+        """A process fault: the allowlist's verdict (a dry run asks it too), then the
+        signal through a pidfd."""
         proc_name = slot.target.split(":", 1)[1]
         verdict = self.allowlist.verify(proc_name)
         if verdict.identity is None:
-            self._skip(slot, rail="pid-allowlist", reason=f"{proc_name}: {verdict.reason}")
+            self._skip(slot, rail=verdict.rail, reason=f"{proc_name}: {verdict.reason}")
+            return
+        if self.dry:
+            self._fired(slot, fault, _Applied(slot, fault))
             return
         sig = signal.Signals[slot.detail["signal"]]
+        began = time.monotonic()
         if not self.allowlist.signal(verdict.identity, sig):
             self._skip(slot, rail="pid-allowlist", reason=f"{proc_name}: gone")
             return
+        ident = verdict.identity
         self._fired(
             slot,
             fault,
-            _Applied(slot, fault, process=verdict.identity),
-            {"pid": verdict.identity.pid},
+            _Applied(slot, fault, process=ident),
+            {"pid": ident.pid, "start_time": ident.start_time},
+            began=began,
         )
 
     def _resolve(self, name: str, where: str) -> ProxyTarget | None:
@@ -333,18 +378,26 @@ class Runner:
         d = slot.detail
         if fault.kind == "toxic":
             return await target.add_toxic(d["name"], d["type"], d["stream"], dict(d["attributes"]))
+        if fault.kind == "episode":
+            assert fault.down is not None
+            return await target.apply_mode(fault.down, stream="both", include_new=False)
         return await target.apply_mode(
             fault.name, stream=d.get("stream", "both"), include_new=bool(d.get("include_new"))
         )
 
     def _fired(
-        self, slot: Slot, fault: Fault, applied: _Applied, result: dict[str, Any] | None = None
+        self,
+        slot: Slot,
+        fault: Fault,
+        applied: _Applied,
+        result: dict[str, Any] | None = None,
+        began: float | None = None,
     ) -> None:
         if fault.once:
             self._spent[fault.name] = slot.counter
         if fault.undo is not None:
             self._applied[slot.index] = applied
-        self._write("fault", **self._slot_fields(slot), result=result)
+        self._write("fault", **self._slot_fields(slot), result=result, began=began)
 
     # -- undo ----------------------------------------------------------------------------
 
@@ -355,6 +408,12 @@ class Runner:
         if self.dry:
             self._write("undo", **fields, reason=reason)
             return
+        if fault.kind == "episode" and not applied.taken:
+            # Still an undo line, as in a dry run (which cannot know what was taken).
+            result = {"connections": 0, "conns": [], "note": "the outage took no connection"}
+            self._write("undo", **fields, reason=reason, result=result)
+            return
+        began = time.monotonic()
         try:
             if applied.process is not None:
                 verdict = Allowlist.check(applied.process)
@@ -368,6 +427,10 @@ class Runner:
                 result: dict[str, Any] = {"pid": applied.process.pid}
             elif applied.target is not None and fault.kind == "toxic":
                 result = await applied.target.remove_toxic(slot.detail["name"])
+            elif applied.target is not None and fault.kind == "episode":
+                result = await applied.target.apply_mode(
+                    fault.undo or "", stream="both", include_new=False, only=applied.taken
+                )
             elif applied.target is not None and fault.undo is not None:
                 result = await applied.target.apply_mode(
                     fault.undo, stream=slot.detail.get("stream", "both"), include_new=False
@@ -378,7 +441,7 @@ class Runner:
             self.result.not_undone.append(applied.remains())
             self._write("undo_failed", **fields, reason=f"{exc}; remains: {applied.remains()}")
             return
-        self._write("undo", **fields, reason=reason, result=result)
+        self._write("undo", **fields, reason=reason, result=result, began=began)
 
     async def _undo_all(self) -> None:
         pending = sorted(self._applied.values(), key=lambda a: a.slot.index, reverse=True)

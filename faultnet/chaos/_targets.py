@@ -19,6 +19,7 @@ from typing import Any
 
 import trio
 
+from faultnet.modes import MODES
 from faultnet.server.client import ApiClient, ApiFailure, ApiUnavailable, fault_body
 from faultnet.toxics import TOXICS
 
@@ -52,8 +53,14 @@ class ProxyTarget(ABC):
         """The hosts it listens on and forwards to (for the loopback rail)."""
 
     @abstractmethod
-    async def apply_mode(self, mode: str, *, stream: str, include_new: bool) -> dict[str, Any]:
-        """Apply a fault mode (or an undoing mode such as thaw or restore)."""
+    async def apply_mode(
+        self, mode: str, *, stream: str, include_new: bool, only: list[int] | None = None
+    ) -> dict[str, Any]:
+        """Apply a fault mode (or an undoing mode such as thaw or restore), on the
+        connections whose ids are in *only* if given (those no longer open are left out;
+        none left: nothing is applied). A mode that acts on connections reports how many
+        (``connections``) and which (``conns``: for a mode that holds them, those still
+        open after it, i.e. the ones it took down)."""
 
     @abstractmethod
     async def add_toxic(
@@ -63,6 +70,19 @@ class ProxyTarget(ABC):
     @abstractmethod
     async def remove_toxic(self, name: str) -> dict[str, Any]:
         """Remove a toxic; ``{"already_gone": True}`` if it was not there."""
+
+
+def _taken(mode: str, n: Any, before: set[int], only: list[int] | None, now: Any) -> dict[str, Any]:
+    """A mode's result: how many connections it acted on and, for a mode on connections,
+    which: those it was aimed at, and of a holding mode only those still open after it."""
+    if not isinstance(n, int):
+        return {}
+    row = MODES.get(mode)
+    if row is None or not row.per_connection:
+        return {"connections": n}
+    aimed = set(only) if only is not None else before
+    taken = aimed & now() if row.undone_by else aimed
+    return {"connections": n, "conns": sorted(taken)}
 
 
 class LocalTarget(ProxyTarget):
@@ -76,12 +96,22 @@ class LocalTarget(ProxyTarget):
         listen = self.proxy.address or self.proxy.listen
         return [listen[0], self.proxy.upstream[0]]
 
-    async def apply_mode(self, mode: str, *, stream: str, include_new: bool) -> dict[str, Any]:
+    def _open_ids(self) -> set[int]:
+        return {c.id for c in self.proxy.connections() if c.state != "closing"}
+
+    async def apply_mode(
+        self, mode: str, *, stream: str, include_new: bool, only: list[int] | None = None
+    ) -> dict[str, Any]:
+        before = self._open_ids()
+        if only is not None:
+            only = sorted(before.intersection(only))
+            if not only:
+                return {"connections": 0, "conns": []}
         try:
-            n = await self.proxy.apply(mode, stream=stream, include_new=include_new)
+            n = await self.proxy.apply(mode, stream=stream, include_new=include_new, only=only)
         except Exception as exc:  # ProxyError, ValueError: one line in the log
             raise TargetFailed(f"{mode}: {exc}") from None
-        return {"connections": n} if isinstance(n, int) else {}
+        return _taken(mode, n, before, only, self._open_ids)
 
     async def add_toxic(
         self, name: str, type_name: str, stream: str, attributes: dict[str, Any]
@@ -127,10 +157,29 @@ class ServerTarget(ProxyTarget):
         p = await self._call("GET", self._path)
         return [_host(p["listen"]), _host(p["upstream"])]
 
-    async def apply_mode(self, mode: str, *, stream: str, include_new: bool) -> dict[str, Any]:
-        body = fault_body(mode, stream=stream, include_new=include_new)
+    async def _open_ids(self) -> set[int]:
+        conns = await self._call("GET", f"{self._path}/connections")
+        return {int(c["id"]) for c in conns if c.get("state") != "closing"}
+
+    async def apply_mode(
+        self, mode: str, *, stream: str, include_new: bool, only: list[int] | None = None
+    ) -> dict[str, Any]:
+        row = MODES.get(mode)
+        if row is None or not row.per_connection:
+            body = fault_body(mode, stream=stream, include_new=include_new)
+            r = await self._call("POST", f"{self._path}/faults", body)
+            return {"connections": r["connections"]} if "connections" in r else {}
+        # The server answers 404 for an id no longer open, so the ids are read first;
+        # one that closed between the read and the call is the same 404, and an error.
+        before = await self._open_ids()
+        if only is not None:
+            only = sorted(before.intersection(only))
+            if not only:
+                return {"connections": 0, "conns": []}
+        body = fault_body(mode, stream=stream, include_new=include_new, connections=only)
         r = await self._call("POST", f"{self._path}/faults", body)
-        return {"connections": r["connections"]} if "connections" in r else {}
+        after = await self._open_ids() if row.undone_by else set()
+        return _taken(mode, r.get("connections"), before, only, lambda: after)
 
     async def add_toxic(
         self, name: str, type_name: str, stream: str, attributes: dict[str, Any]

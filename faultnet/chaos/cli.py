@@ -3,7 +3,16 @@
 ``faultnet chaos plan`` prints the plan (pure: nothing is read but the plan file);
 ``faultnet chaos [run] --dry-run`` walks the plan through every rail it can check
 without touching anything and writes the join log; ``faultnet chaos [run] --armed``
-with the marker file present runs it for real. See :mod:`faultnet.chaos`.
+with the marker file present runs it for real; ``faultnet chaos undo --log FILE`` undoes
+what a killed run left in force (:mod:`faultnet.chaos._recover`); ``faultnet chaos
+sample`` prints the sample plan file, which documents the format key by key.
+See :mod:`faultnet.chaos`.
+
+Everything a command line can get wrong is refused before anything runs (one line,
+exit 2): a plan file that does not parse, a number that is not finite, a proxy target
+"in this process" (which a CLI run never has: ``--api`` or ``NAME@URL``), a process
+target without ``--pids``, a ``--pids`` file that is missing, malformed or does not list
+a process the plan names.
 
 Exit codes: 0 done (steps a rail skipped included: they are decisions, logged); 1 a step
 failed or a fault could not be undone; 2 a usage or environment error, or a real run
@@ -13,12 +22,18 @@ refused as unarmed; 128+N when signal N ended the run (every fault undone).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["register"]
+__all__ = ["SAMPLE_PLAN", "register"]
+
+#: The sample plan file: the format, every key commented (``faultnet chaos sample``).
+SAMPLE_PLAN = Path(__file__).with_name("sample-plan.toml")
 
 
 def _fmt_record(record: dict[str, Any], as_json: bool) -> str:
@@ -43,13 +58,12 @@ def _fmt_record(record: dict[str, Any], as_json: bool) -> str:
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from faultnet.chaos._plan import load_config
+    from faultnet.chaos._catalogue import PlanError
+    from faultnet.chaos._plan import LOCAL, load_config, split_proxy_key
     from faultnet.errors import UsageError
 
-    if args.time_unit <= 0:
+    if not math.isfinite(args.time_unit) or args.time_unit <= 0:
         raise UsageError(f"--time-unit must be > 0 seconds, not {args.time_unit}")
-    from faultnet.chaos._catalogue import PlanError
-
     try:
         config = load_config(
             args.plan,
@@ -66,7 +80,51 @@ def _config(args: argparse.Namespace) -> Any:
             "no targets: name proxies (--target NAME or NAME@URL, or targets.proxies in the "
             "plan file) or processes (--process NAME)"
         )
+    local = [split_proxy_key(k)[0] for k in config.proxies if split_proxy_key(k)[1] == LOCAL]
+    if local:
+        raise UsageError(
+            f"proxy {local[0]} has no server: give --api URL (or {local[0]}@URL); "
+            "a proxy in this process is for the Python API only"
+        )
+    _check_pids(args, config.processes)
     return config
+
+
+def _check_pids(args: argparse.Namespace, processes: Any) -> None:
+    """The allowlist as a run would read it, refused now rather than skipped later."""
+    from faultnet.chaos._allowlist import parse_lines
+    from faultnet.errors import UsageError
+
+    if args.pids is None:
+        if processes:
+            raise UsageError(f"process {processes[0]} needs --pids FILE (the PID allowlist)")
+        return
+    path = Path(args.pids)
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        raise UsageError(f"--pids {path}: {exc.strerror or exc}") from None
+    lines, bad = parse_lines(text)
+    if bad:
+        raise UsageError(f"--pids {path} line {bad[0].line}: {bad[0].reason}")
+    listed = {ln.name for ln in lines}
+    missing = [p for p in processes if p not in listed]
+    if missing:
+        raise UsageError(f"process {missing[0]} is not in the allowlist {path}")
+    if args.pid_cwd is not None and not Path(args.pid_cwd).is_dir():
+        raise UsageError(f"--pid-cwd {args.pid_cwd} is not a directory")
+
+
+def _capped_note(plan: Any) -> None:
+    from faultnet.chaos._plan import MAX_SLOTS
+
+    if plan.capped:
+        last = plan.slots[-1].at if plan.slots else 0
+        print(
+            f"faultnet: note: the plan stops at {MAX_SLOTS:,} slots (at {last:g} of "
+            f"{plan.config.duration:g} units): widen the gap or shorten the duration",
+            file=sys.stderr,
+        )
 
 
 def _seed(args: argparse.Namespace) -> tuple[int, bool]:
@@ -80,10 +138,12 @@ def _plan_command(args: argparse.Namespace) -> int:
 
     seed, chosen = _seed(args)
     plan = make_plan(_config(args), seed, seed_chosen=chosen)
+    _capped_note(plan)
     if args.json:
         doc = {
             "seed": plan.seed,
             "seed_chosen": plan.seed_chosen,
+            "capped": plan.capped,
             "config": plan.config.to_json(),
             "slots": [
                 {
@@ -120,6 +180,7 @@ def _run_command(args: argparse.Namespace) -> int:
 
     seed, chosen = _seed(args)
     plan = make_plan(_config(args), seed, seed_chosen=chosen)
+    _capped_note(plan)
     log_path = Path(args.log)
     marker = Path(args.marker) if args.marker else log_path.parent / MARKER_NAME
     try:
@@ -127,7 +188,7 @@ def _run_command(args: argparse.Namespace) -> int:
     except OSError as exc:  # nothing is touched without the log of it
         reason = exc.strerror or str(exc)
         raise EnvironmentProblem(f"cannot open the join log {log_path}: {reason}") from None
-    log.on_record = lambda r: print(_fmt_record(r, args.json), flush=True)
+    log.on_record = _printer(args.json)
     runner = Runner(
         plan,
         log,
@@ -138,6 +199,7 @@ def _run_command(args: argparse.Namespace) -> int:
         marker=marker,
         time_unit=args.time_unit,
         allow_non_loopback=args.allow_non_loopback,
+        pid_cwd=args.pid_cwd,
     )
     try:
         result = trio.run(run_with_signals, runner)
@@ -157,8 +219,51 @@ def _run_command(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def _printer(as_json: bool) -> Any:
+    """Print each record; once stdout is closed (``| head``), print nothing more and run
+    on: the join log is the record, and a run stopped half-way would leave faults."""
+    closed = False
+
+    def show(record: dict[str, Any]) -> None:
+        nonlocal closed
+        if closed:
+            return
+        try:
+            print(_fmt_record(record, as_json), flush=True)
+        except BrokenPipeError:
+            closed = True
+            _quiet_stdout()
+
+    return show
+
+
+def _quiet_stdout() -> None:
+    # Python flushes stdout again at exit and would report the broken pipe then.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _undo_command(args: argparse.Namespace) -> int:
+    import trio
+
+    from faultnet.chaos._recover import recover
+
+    undone, failed = trio.run(
+        functools.partial(recover, Path(args.log), on_record=_printer(args.json))
+    )
+    print(f"faultnet: {undone} undone, {failed} could not be (see {args.log})", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _sample_command(args: argparse.Namespace) -> int:
+    sys.stdout.write(SAMPLE_PLAN.read_text())
+    return 0
+
+
 def _chaos(args: argparse.Namespace) -> int:
-    return _plan_command(args) if args.verb == "plan" else _run_command(args)
+    verbs = {"plan": _plan_command, "undo": _undo_command, "sample": _sample_command}
+    return verbs.get(args.verb, _run_command)(args)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -170,9 +275,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "through the rails without touching anything (--dry-run), or run it (--armed, with "
         "the marker file present). Every decision is one line of the join log. Exit 0 "
         "done, 1 a step failed or a fault was not undone, 2 usage error or unarmed run.",
+        epilog="Plan file format: `faultnet chaos sample` prints a sample plan with every "
+        f"key explained ({SAMPLE_PLAN}). After a SIGKILL of chaos, `faultnet chaos undo "
+        "--log FILE` undoes what the join log says it left in force.",
     )
     p.add_argument(
-        "verb", nargs="?", choices=("run", "plan"), default="run", help="run (default) or plan"
+        "verb",
+        nargs="?",
+        choices=("run", "plan", "undo", "sample"),
+        default="run",
+        help="run (default), plan (print it), undo (what a killed run left, from --log), "
+        "sample (print the sample plan file)",
     )
     p.add_argument("--plan", metavar="FILE", help="plan file: TOML, or JSON if it ends in .json")
     p.add_argument("--seed", type=int, help="seed (chosen and logged when absent)")
@@ -194,7 +307,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="URL",
         help="a faultnet server (repeatable); each must be named by a target",
     )
-    p.add_argument("--pids", metavar="FILE", help="PID allowlist: lines of pid<TAB>name")
+    p.add_argument(
+        "--pids",
+        metavar="FILE",
+        help="PID allowlist: lines of pid<TAB>name[<TAB>start_time<TAB>cmdline], each "
+        "pinned before the first fault",
+    )
+    p.add_argument(
+        "--pid-cwd",
+        metavar="DIR",
+        help="refuse to signal a listed process whose working directory is not under DIR",
+    )
     p.add_argument("--duration", type=float, metavar="UNITS", help="slots start before this")
     p.add_argument(
         "--gap", type=float, nargs=2, metavar=("MIN", "MAX"), help="units between slot starts"

@@ -6,19 +6,25 @@ from __future__ import annotations
 import functools
 import json
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from faultnet.chaos import catalogue
+from faultnet.chaos.cli import SAMPLE_PLAN
 from faultnet.controls import assert_accepting
 from faultnet.eventlog import read_jsonl
 from faultnet.server.client import ApiClient
 from faultnet.testing import echo_server, read_exactly, wait_for_record
 from tests.faultnet.chaos.conftest import chaos_cli
 from tests.faultnet.chaos.test_run import steps
+
+#: A proxy on a server nobody listens on: planning and dry runs never contact it.
+DB = "db@http://127.0.0.1:1"
 
 PLAN = """
 duration = 60
@@ -69,14 +75,14 @@ def test_help_and_usage_errors_are_one_line_exit_2(tmp_path: Path) -> None:
     assert r.returncode == 2 and r.stderr.startswith("faultnet: error: no targets")
     bad = tmp_path / "plan.toml"
     bad.write_text("[faults.melt]\nweight = 1\n")
-    r = chaos_cli("plan", "--plan", str(bad), "--target", "db")
+    r = chaos_cli("plan", "--plan", str(bad), "--target", DB)
     assert r.returncode == 2 and len(r.stderr.splitlines()) == 1
     assert "unknown fault 'melt'" in r.stderr
-    r = chaos_cli("--time-unit", "0", "--target", "db")
+    r = chaos_cli("--time-unit", "0", "--target", DB)
     assert r.returncode == 2 and "--time-unit must be > 0" in r.stderr
     not_a_dir = tmp_path / "file"
     not_a_dir.write_text("")
-    r = chaos_cli("--dry-run", "--target", "db", "--log", str(not_a_dir / "log.jsonl"))
+    r = chaos_cli("--dry-run", "--target", DB, "--log", str(not_a_dir / "log.jsonl"))
     assert (r.returncode, r.stdout) == (2, ""), r
     assert r.stderr.startswith(f"faultnet: error: cannot open the join log {not_a_dir}/log.jsonl")
     assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr
@@ -84,13 +90,13 @@ def test_help_and_usage_errors_are_one_line_exit_2(tmp_path: Path) -> None:
 
 def test_no_seed_means_one_is_chosen_and_logged(tmp_path: Path) -> None:
     log = tmp_path / "log.jsonl"
-    r = chaos_cli("--dry-run", "--target", "db", "--log", str(log), "--json")
+    r = chaos_cli("--dry-run", "--target", DB, "--log", str(log), "--json")
     assert r.returncode == 0, r.stderr
     first = read_jsonl(log).records[0]
     assert first["event"] == "seed" and first["detail"]["chosen"] is True
     assert first["detail"]["seed"] == first["seed"]
     # ...and replaying that seed prints the same plan.
-    again = chaos_cli("plan", "--target", "db", "--seed", str(first["seed"]), "--json")
+    again = chaos_cli("plan", "--target", DB, "--seed", str(first["seed"]), "--json")
     replayed = [s["counter"] for s in json.loads(again.stdout)["slots"]]
     logged = [r["counter"] for r in read_jsonl(log).records if r["event"] in ("fault", "skip")]
     assert replayed == logged
@@ -134,8 +140,15 @@ async def test_dry_run_prints_the_same_plan_twice_and_the_steps_a_real_run_attem
             for e in seen
             if e["event"] == "fault_applied"
         ]
+        # An episode applies its down mode, and its ending on what that took.
+        endings = [
+            r["action"]
+            for r in done
+            if r["event"] == "undo" and "end" in r["detail"] and r["result"]["connections"]
+        ]
         assert sorted(applied) == sorted(
-            r["action"] for r in faults if not r["action"].startswith("toxic:")
+            [r["detail"].get("down", r["action"]) for r in faults if "toxic:" not in r["action"]]
+            + endings
         )
         await link.aclose()
         for name in ("db", "cache"):
@@ -205,3 +218,94 @@ async def test_sigterm_ends_a_run_with_every_fault_undone(
         assert await read_exactly(link, 7) == b"thawed\n"
         await link.aclose()
         await _as_found(url, "db")
+
+
+# -- refused before anything runs (issue 24, items 2 and 4) -------------------------------
+
+
+def _one_line_exit_2(r: subprocess.CompletedProcess[str], words: str) -> None:
+    assert (r.returncode, r.stdout) == (2, ""), r
+    assert len(r.stderr.splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert words in r.stderr, r.stderr
+
+
+def test_a_run_that_could_do_nothing_is_refused_before_it_starts(sleepers, tmp_path: Path) -> None:
+    log = tmp_path / "log.jsonl"
+    url = "http://127.0.0.1:1"
+    base = ["--dry-run", "--seed", "1", "--log", str(log)]
+    # A proxy "in this process": a CLI run has none.
+    _one_line_exit_2(chaos_cli(*base, "--target", "db"), "proxy db has no server")
+    _one_line_exit_2(chaos_cli("plan", "--target", "db"), "proxy db has no server")
+    # Processes: no allowlist, a missing one, a malformed one, one that does not list it.
+    proc = ["--target", f"db@{url}", "--process", "bot"]
+    _one_line_exit_2(chaos_cli(*base, *proc), "process bot needs --pids FILE")
+    missing = str(tmp_path / "nope")
+    _one_line_exit_2(chaos_cli(*base, *proc, "--pids", missing), "No such file")
+    pids = tmp_path / "pids"
+    pids.write_text("1234 bot\n")  # spaces, not a TAB
+    _one_line_exit_2(chaos_cli(*base, *proc, "--pids", str(pids)), "line 1: malformed")
+    pids.write_text(f"{sleepers().pid}\tother\n")
+    _one_line_exit_2(chaos_cli(*base, *proc, "--pids", str(pids)), "process bot is not in")
+    assert not log.exists()  # nothing ran, not even the log
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--duration", "1e400"], "duration must be a finite number, not inf"),
+        (["--duration", "nan"], "duration must be a finite number"),
+        (["--gap", "1", "inf"], "gap must be a finite number"),
+        (["--time-unit", "inf"], "--time-unit must be > 0 seconds"),
+    ],
+)
+def test_numbers_that_are_not_finite_are_refused(args: list[str], words: str) -> None:
+    _one_line_exit_2(chaos_cli("plan", "--target", "db@http://127.0.0.1:1", *args), words)
+
+
+def test_a_misspelt_toxic_attribute_is_refused_naming_the_known_ones(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.toml"
+    plan.write_text('[faults."toxic:latency"]\nattributes = { latenzy = 100 }\n')
+    r = chaos_cli("plan", "--plan", str(plan), "--target", "db@http://127.0.0.1:1")
+    _one_line_exit_2(r, "unknown attribute 'latenzy' of toxic latency (known: latency, jitter)")
+
+
+def test_the_slot_cap_is_said(tmp_path: Path) -> None:
+    r = chaos_cli(
+        "plan", "--target", "db@http://127.0.0.1:1", "--duration", "1e6", "--gap", "1", "1"
+    )
+    assert r.returncode == 0
+    assert "the plan stops at 10,000 slots" in r.stderr
+    assert r.stdout.splitlines()[0].endswith("10000 slots")
+
+
+def test_a_closed_stdout_ends_quietly() -> None:
+    """`faultnet chaos plan | head -1`: the reader leaves, the writer ends without a
+    traceback (10,000 slots: far more than a pipe buffer holds)."""
+    argv = [sys.executable, "-m", "faultnet", "chaos", "plan", "--target", "db@http://127.0.0.1:1"]
+    argv += ["--duration", "1e6", "--gap", "1", "1"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_the_sample_plan_plans_and_dry_runs(tmp_path: Path) -> None:
+    """The sample plan file (the format's documentation, `faultnet chaos sample`) is read
+    by the planner and walked by a dry run."""
+    r = chaos_cli("sample")
+    assert r.returncode == 0 and r.stdout == SAMPLE_PLAN.read_text()
+    assert "faultnet chaos sample" in chaos_cli("--help").stdout
+    url = ["--api", "http://127.0.0.1:1"]
+    r = chaos_cli("plan", "--plan", str(SAMPLE_PLAN), *url, "--seed", "4", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    drawn = {s["fault"] for s in doc["slots"] if not s.get("skip")}
+    assert drawn and drawn <= {"freeze", "episode:freeze-sever", "sever", "toxic:latency"}
+    log = tmp_path / "dry.jsonl"
+    r = chaos_cli("--dry-run", "--plan", str(SAMPLE_PLAN), *url, "--seed", "4", "--log", str(log))
+    assert r.returncode == 0, r.stderr
+    faults = [x for x in read_jsonl(log).records if x["event"] == "fault"]
+    assert len(faults) == len([s for s in doc["slots"] if not s.get("skip")])

@@ -172,3 +172,82 @@ def test_every_default_names_a_fault_of_the_catalogue() -> None:
     from faultnet.chaos._catalogue import _DEFAULTS, _builtin
 
     assert set(_DEFAULTS) <= set(_builtin())
+
+
+# -- episodes, storms, rests, the ensured slot, the list, the cap ---------------------------
+
+
+def test_each_episode_is_a_holding_mode_ended_by_a_mode_on_connections() -> None:
+    from faultnet.chaos._catalogue import EPISODES
+
+    faults = catalogue()
+    assert set(EPISODES) == {"episode:freeze-sever", "episode:blackhole-reset"}
+    for name, (down, end) in EPISODES.items():
+        assert MODES[down].undone_by and MODES[down].per_connection, down
+        assert MODES[end].undone_by is None and MODES[end].per_connection, end
+        f = faults[name]
+        assert (f.kind, f.on, f.down, f.undo) == ("episode", "proxy", down, end)
+
+
+def test_an_episode_slot_says_how_it_goes_down_and_ends() -> None:
+    plan = make_plan(_config(processes=[]), 0)
+    ep = next(s for s in plan.slots if s.fault == "episode:freeze-sever")
+    assert ep.detail == {"down": "freeze", "end": "sever"} and ep.duration > 0
+
+
+def test_only_is_the_list_and_a_faults_table_tunes(tmp_path: Path) -> None:
+    plan_file = tmp_path / "plan.toml"
+    plan_file.write_text('only = ["sever"]\n[faults.freeze]\nweight = 5\n')
+    config = _config(path=plan_file)
+    assert {s.fault for s in make_plan(config, 1).slots if not s.skip} == {"sever"}
+    # Without `only`, a table tunes its fault and every other fault is still drawn.
+    plan_file.write_text("[faults.freeze]\nweight = 5\n")
+    drawn = {s.fault for s in make_plan(_config(path=plan_file), 1).slots}
+    assert "freeze" in drawn and len(drawn) > 5
+    plan_file.write_text('only = ["melt"]\n')
+    with pytest.raises(PlanError, match="only: unknown fault 'melt'"):
+        _config(path=plan_file)
+
+
+def test_rest_keeps_a_target_free_of_faults_after_one_ended(tmp_path: Path) -> None:
+    plan_file = tmp_path / "plan.toml"
+    plan_file.write_text("rest = 7\n")
+    plan = make_plan(_config(path=plan_file, processes=[]), 5)
+    for key in plan.config.proxies:
+        mine = [s for s in plan.slots if s.target == key]
+        assert all(x.at + x.duration + 7 <= y.at for x, y in zip(mine, mine[1:], strict=False))
+
+
+def test_a_storm_hits_every_target_at_once_in_each_wave(tmp_path: Path) -> None:
+    plan_file = tmp_path / "plan.toml"
+    plan_file.write_text("waves = 3\n")
+    plan = make_plan(_config(path=plan_file, processes=[], duration=90.0), 7)
+    assert len(plan.slots) == 3 * 2
+    by_at: dict[float, list[str]] = {}
+    for s in plan.slots:
+        by_at.setdefault(s.at, []).append(s.target)
+        assert s.duration <= 0.8 * 30
+    assert sorted(by_at) == [1.0, 31.0, 61.0]
+    assert all(sorted(t) == sorted(plan.config.proxies) for t in by_at.values())
+
+
+def test_ensure_forces_one_long_enough_slot_when_none_was_drawn(tmp_path: Path) -> None:
+    plan_file = tmp_path / "plan.toml"
+    plan_file.write_text(
+        'only = ["sever"]\n[ensure]\nfaults = ["episode:freeze-sever"]\nduration = 30\n'
+    )
+    plan = make_plan(_config(path=plan_file, processes=[]), 2)
+    forced = [s for s in plan.slots if "forced" in s.detail]
+    assert len(forced) == 1 and forced[0] == next(s for s in plan.slots if not s.skip)
+    assert forced[0].fault == "episode:freeze-sever" and forced[0].duration >= 30
+    later = [s for s in plan.slots if s.target == forced[0].target and s.at > forced[0].at]
+    assert all(s.at >= forced[0].at + forced[0].duration for s in later)
+    # A plan that drew one is left as it is.
+    plan_file.write_text('[ensure]\nfaults = ["freeze"]\nduration = 0\n')
+    assert not any("forced" in s.detail for s in make_plan(_config(path=plan_file), 2).slots)
+
+
+def test_a_plan_capped_at_its_slot_limit_says_so() -> None:
+    plan = make_plan(_config(duration=1e9, gap=(1.0, 1.0)), 1)
+    assert plan.capped and len(plan.slots) == 10_000
+    assert not make_plan(_config(), 1).capped

@@ -293,3 +293,34 @@ async def test_a_fault_that_cannot_be_applied_is_an_error_and_fails_the_run(
         assert error["target"] == "db@local" and "already exists" in error["reason"]
         assert not [r for r in log.records if r["event"] in ("fault", "undo", "undo_failed")]
         assert proxy.toxics == [theirs]
+
+
+async def test_an_episode_ends_only_the_connections_it_took(faultnet_proxy, tmp_path: Path) -> None:
+    """freeze then sever: the links open at the start are frozen, then severed; a link
+    made during the outage (a client that reconnected) keeps working."""
+    async with echo_server() as upstream:
+        proxy = await faultnet_proxy(upstream, name="db")
+        old = await _open_links(proxy.address, 2)
+        plan = hand_plan(
+            [(0.0, "episode:freeze-sever", "db@local", 1e6, {"down": "freeze", "end": "sever"})],
+            proxies=("db@local",),
+        )
+        log = JoinLog(tmp_path / "chaos.jsonl", seed=1, dry=False)
+        runner = Runner(plan, log, proxies={"db": proxy}, time_unit=UNIT, **armed(tmp_path))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(runner.run)
+            await wait_until(lambda: runner.result.counts.get("fault") == 1, 10, "the freeze")
+            (new,) = await _open_links(proxy.address, 1)  # made during the outage
+            nursery.cancel_scope.cancel()  # the exit undo is the episode's ending
+        fault = next(r for r in log.records if r["event"] == "fault")
+        undo = next(r for r in log.records if r["event"] == "undo")
+        assert fault["result"]["connections"] == 2 and len(fault["result"]["conns"]) == 2
+        assert fault["began"] <= fault["mono"]
+        assert (undo["action"], undo["result"]["conns"]) == ("sever", fault["result"]["conns"])
+        for s in old:  # severed: EOF
+            with trio.fail_after(10):
+                assert await s.receive_some(100) == b""
+        await new.send_all(b"still here\n")
+        assert await read_exactly(new, 11) == b"still here\n"
+        for s in (*old, new):
+            await s.aclose()

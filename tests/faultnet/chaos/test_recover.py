@@ -1,0 +1,80 @@
+"""`faultnet chaos undo`: after a SIGKILL of chaos its faults stay in force; the command
+reads the join log and undoes them (refusing while the run is alive, and undoing
+nothing twice)."""
+
+from __future__ import annotations
+
+import functools
+import signal
+import sys
+from pathlib import Path
+
+import trio
+
+from faultnet.eventlog import read_jsonl
+from faultnet.testing import echo_server, read_exactly, wait_until
+from tests.faultnet.chaos.test_cli import _addr, _api, _as_found, _chaos
+
+PLAN = """
+duration = 2.5
+gap = [1, 1]
+only = ["freeze", "toxic:latency"]
+[faults.freeze]
+duration = 1000
+[faults."toxic:latency"]
+duration = 1000
+"""
+
+
+async def test_undo_clears_what_a_killed_run_left(server_process: str, tmp_path: Path) -> None:
+    url = server_process
+    async with echo_server() as upstream:
+        for name in ("db", "cache"):
+            body = {"name": name, "upstream": f"127.0.0.1:{upstream[1]}"}
+            await _api(url, "POST", "/proxies", body)
+        links = []
+        for name in ("db", "cache"):
+            listen = (await _api(url, "GET", f"/proxies/{name}"))["listen"]
+            links.append(await trio.open_tcp_stream(*_addr(listen)))
+        plan = tmp_path / "plan.toml"
+        plan.write_text(PLAN)
+        (tmp_path / ".faultnet-chaos-armed").touch()
+        log = tmp_path / "log.jsonl"
+        argv = [sys.executable, "-m", "faultnet", "chaos", "--plan", str(plan), "--armed"]
+        argv += ["--api", url, "--target", "db", "--target", "cache", "--log", str(log)]
+        argv += ["--seed", "2", "--time-unit", "0.05"]
+        async with trio.open_nursery() as nursery:
+            proc = await nursery.start(functools.partial(trio.run_process, argv, check=False))
+
+            def faults() -> int:
+                if not log.exists():
+                    return 0
+                return sum(r["event"] == "fault" for r in read_jsonl(log).records)
+
+            await wait_until(lambda: faults() == 2, 20, "two faults in force")
+            r = await _chaos("undo", "--log", str(log))
+            assert r.returncode == 2 and b"is still alive" in r.stderr, r.stderr
+            proc.send_signal(signal.SIGKILL)  # the exact process started above
+        # What the killed run left: two faults, no undo, no end.
+        records = read_jsonl(log).records
+        assert [x["event"] for x in records if x["event"] in ("undo", "end")] == []
+        r = await _chaos("undo", "--log", str(log))
+        assert r.returncode == 0, r.stderr
+        undone = [x for x in read_jsonl(log).records if x["event"] == "undo"]
+        assert len(undone) == 2 and {x["reason"] for x in undone} == {"recovered"}
+        for name in ("db", "cache"):
+            await _as_found(url, name)
+        for link in links:  # the frozen one was thawed: bytes flow again
+            await link.send_all(b"back\n")
+            with trio.fail_after(10):
+                assert await read_exactly(link, 5) == b"back\n"
+            await link.aclose()
+        # Twice: nothing is undone twice.
+        r = await _chaos("undo", "--log", str(log))
+        assert r.returncode == 0 and b"0 undone" in r.stderr, r.stderr
+
+
+async def test_undo_without_a_log_is_one_line_exit_2(tmp_path: Path) -> None:
+    r = await _chaos("undo", "--log", str(tmp_path / "none.jsonl"))
+    assert r.returncode == 2 and r.stderr.decode().count("\n") == 1
+    assert b"no join log" in r.stderr
