@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from faultnet.modes import MODES
-from faultnet.toxics import TOXICS
+from faultnet.toxics import STREAMS, TOXICS
 
 __all__ = ["EPISODES", "Fault", "PlanError", "catalogue", "toxic_attribute_names"]
 
@@ -70,7 +70,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 #: Keys a plan file may set for one fault.
-_KEYS = ("weight", "duration", "once", "attributes", "include_new")
+_KEYS = ("weight", "duration", "once", "attributes", "include_new", "stream")
 
 
 class PlanError(ValueError):
@@ -104,6 +104,8 @@ class Fault:
     signal: str | None = None
     #: Episodes: the mode that takes the connections down (ended by ``undo``, on them).
     down: str | None = None
+    #: The stream it is always given (None: drawn per slot, where it takes one).
+    stream: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -117,6 +119,7 @@ class Fault:
             "attributes": dict(self.attributes),
             "include_new": self.include_new,
             **({"down": self.down} if self.down else {}),
+            **({"stream": self.stream} if self.stream else {}),
         }
 
 
@@ -205,6 +208,13 @@ def _with(fault: Fault, settings: Mapping[str, Any], where: str) -> Fault:
         except (TypeError, ValueError) as exc:
             raise PlanError(f"{where}: {exc}") from None
         changes["attributes"] = {**fault.attributes, **attrs}
+    if "stream" in settings:
+        allowed = ("both", *STREAMS) if fault.kind == "mode" else STREAMS
+        if not fault.takes_stream or settings["stream"] not in allowed:
+            raise PlanError(
+                f"{where}: stream is one of {', '.join(allowed)}, for a fault that takes one"
+            )
+        changes["stream"] = settings["stream"]
     if "include_new" in settings:
         row = MODES.get(fault.name)
         if (

@@ -224,9 +224,9 @@ def _slot(
 def _detail(draws: Draws, fault: Fault, counter: int, seed: int) -> dict[str, Any]:
     detail: dict[str, Any] = {}
     if fault.kind == "mode" and fault.takes_stream:
-        detail["stream"] = draws.choice(MODE_STREAMS)
+        detail["stream"] = fault.stream or draws.choice(MODE_STREAMS)
     elif fault.kind == "toxic":
-        detail["stream"] = draws.choice(STREAMS)
+        detail["stream"] = fault.stream or draws.choice(STREAMS)
         detail["type"] = fault.name.split(":", 1)[1]
         detail["attributes"] = dict(fault.attributes)
         # Unique per run and slot, so two runs on one proxy never remove each other's.
@@ -390,15 +390,20 @@ def load_config(
     servers: Sequence[str] = (),
     duration: float | None = None,
     gap: tuple[float, float] | None = None,
+    data: Mapping[str, Any] | None = None,
 ) -> PlanConfig:
-    """A plan config from an optional plan file (TOML, or JSON if it ends in .json) and
-    arguments, which add targets and override the file's numbers.
+    """A plan config from an optional plan file (TOML, or JSON if it ends in .json), or
+    the same keys as *data*, and arguments, which add targets and override the file's
+    numbers.
 
     A proxy target is ``NAME@URL`` (on that server), ``NAME@local`` (in this process),
     or a bare ``NAME``: on each of *servers*, or in this process if none are given.
     Every number must be finite (``--duration 1e400`` is infinity, and refused).
     """
-    data = _read(Path(path)) if path is not None else {}
+    if data is None:
+        data = _read(Path(path)) if path is not None else {}
+    elif not isinstance(data, Mapping) or set(data) - set(_TOP_KEYS):
+        raise PlanError(f"a plan is a table of {', '.join(_TOP_KEYS)}")
     targets = data.get("targets", {})
     if not isinstance(targets, Mapping) or set(targets) - set(_TARGET_KEYS):
         raise PlanError(f"targets must be a table of {' and '.join(_TARGET_KEYS)}")

@@ -251,3 +251,15 @@ def test_a_plan_capped_at_its_slot_limit_says_so() -> None:
     plan = make_plan(_config(duration=1e9, gap=(1.0, 1.0)), 1)
     assert plan.capped and len(plan.slots) == 10_000
     assert not make_plan(_config(), 1).capped
+
+
+def test_a_fixed_stream_replaces_the_draw(tmp_path: Path) -> None:
+    data = {"only": ["freeze"], "faults": {"freeze": {"stream": "both"}}}
+    plan = make_plan(_config(data=data, processes=[]), 1)
+    assert {s.detail["stream"] for s in plan.slots if not s.skip} == {"both"}
+    with pytest.raises(PlanError, match="stream is one of"):
+        _config(data={"faults": {"sever": {"stream": "both"}}})
+    with pytest.raises(PlanError, match="stream is one of"):
+        _config(data={"faults": {"toxic:latency": {"stream": "both"}}})
+    with pytest.raises(PlanError, match="a plan is a table of"):
+        _config(data={"latenzy": 1})
