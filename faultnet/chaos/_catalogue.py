@@ -69,9 +69,6 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "episode:blackhole-reset": {"weight": 1},
 }
 
-#: Keys a plan file may set for one fault.
-_KEYS = ("weight", "duration", "once", "attributes", "include_new", "stream")
-
 
 class PlanError(ValueError):
     """A plan file or plan argument that cannot be used; the message says why."""
@@ -160,70 +157,90 @@ def _builtin() -> dict[str, Fault]:
     return faults
 
 
-def _with(fault: Fault, settings: Mapping[str, Any], where: str) -> Fault:
-    unknown = sorted(set(settings) - set(_KEYS))
+# -- one validator per key a plan file may set for a fault: (fault, value, where) -> the
+# field's new value, or PlanError naming what is wrong.
+
+
+def _weight(fault: Fault, w: Any, where: str) -> float:
+    if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or w < 0:
+        raise PlanError(f"{where}: weight must be a number >= 0, not {w!r}")
+    return float(w)
+
+
+def _duration(fault: Fault, d: Any, where: str) -> tuple[float, float]:
+    if isinstance(d, int | float) and not isinstance(d, bool):
+        d = (d, d)
+    if (
+        not isinstance(d, list | tuple)
+        or len(d) != 2
+        or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in d)
+        or not 0 <= d[0] <= d[1]
+        or not math.isfinite(d[1])
+    ):
+        raise PlanError(f"{where}: duration must be [shortest, longest] units, not {d!r}")
+    if fault.undo is None and d[1] > 0:
+        raise PlanError(f"{where}: {fault.name} is instant: it takes no duration")
+    return (float(d[0]), float(d[1]))
+
+
+def _once(fault: Fault, once: Any, where: str) -> bool:
+    if not isinstance(once, bool):
+        raise PlanError(f"{where}: once must be true or false")
+    return once
+
+
+def _attributes(fault: Fault, attrs: Any, where: str) -> dict[str, Any]:
+    if fault.kind != "toxic" or not isinstance(attrs, Mapping):
+        raise PlanError(f"{where}: attributes are a table, for toxics only")
+    type_name = fault.name.split(":", 1)[1]
+    known = toxic_attribute_names(type_name)
+    unknown = sorted(set(attrs) - set(known))
     if unknown:
-        raise PlanError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(_KEYS)})")
-    changes: dict[str, Any] = {}
-    if "weight" in settings:
-        w = settings["weight"]
-        if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w) or w < 0:
-            raise PlanError(f"{where}: weight must be a number >= 0, not {w!r}")
-        changes["weight"] = float(w)
-    if "duration" in settings:
-        d = settings["duration"]
-        if isinstance(d, int | float) and not isinstance(d, bool):
-            d = (d, d)
-        if (
-            not isinstance(d, list | tuple)
-            or len(d) != 2
-            or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in d)
-            or not 0 <= d[0] <= d[1]
-            or not math.isfinite(d[1])
-        ):
-            raise PlanError(f"{where}: duration must be [shortest, longest] units, not {d!r}")
-        if fault.undo is None and d[1] > 0:
-            raise PlanError(f"{where}: {fault.name} is instant: it takes no duration")
-        changes["duration"] = (float(d[0]), float(d[1]))
-    if "once" in settings:
-        if not isinstance(settings["once"], bool):
-            raise PlanError(f"{where}: once must be true or false")
-        changes["once"] = settings["once"]
-    if "attributes" in settings:
-        attrs = settings["attributes"]
-        if fault.kind != "toxic" or not isinstance(attrs, Mapping):
-            raise PlanError(f"{where}: attributes are a table, for toxics only")
-        type_name = fault.name.split(":", 1)[1]
-        known = toxic_attribute_names(type_name)
-        unknown_attrs = sorted(set(attrs) - set(known))
-        if unknown_attrs:
-            # The toxic itself ignores unknown keys (as Toxiproxy does), so a misspelt
-            # one would leave its default in force without a word.
-            raise PlanError(
-                f"{where}: unknown attribute {unknown_attrs[0]!r} of toxic {type_name} "
-                f"(known: {', '.join(known) or 'none'})"
-            )
-        try:
-            TOXICS[type_name].check_attributes(attrs)
-        except (TypeError, ValueError) as exc:
-            raise PlanError(f"{where}: {exc}") from None
-        changes["attributes"] = {**fault.attributes, **attrs}
-    if "stream" in settings:
-        allowed = ("both", *STREAMS) if fault.kind == "mode" else STREAMS
-        if not fault.takes_stream or settings["stream"] not in allowed:
-            raise PlanError(
-                f"{where}: stream is one of {', '.join(allowed)}, for a fault that takes one"
-            )
-        changes["stream"] = settings["stream"]
-    if "include_new" in settings:
-        row = MODES.get(fault.name)
-        if (
-            row is None
-            or not row.takes_include_new
-            or not isinstance(settings["include_new"], bool)
-        ):
-            raise PlanError(f"{where}: include_new is true or false, for freeze-like modes only")
-        changes["include_new"] = settings["include_new"]
+        # The toxic itself ignores unknown keys (as Toxiproxy does), so a misspelt one
+        # would leave its default in force without a word.
+        raise PlanError(
+            f"{where}: unknown attribute {unknown[0]!r} of toxic {type_name} "
+            f"(known: {', '.join(known) or 'none'})"
+        )
+    try:
+        TOXICS[type_name].check_attributes(attrs)
+    except (TypeError, ValueError) as exc:
+        raise PlanError(f"{where}: {exc}") from None
+    return {**fault.attributes, **attrs}
+
+
+def _include_new(fault: Fault, value: Any, where: str) -> bool:
+    row = MODES.get(fault.name)
+    if row is None or not row.takes_include_new or not isinstance(value, bool):
+        raise PlanError(f"{where}: include_new is true or false, for freeze-like modes only")
+    return value
+
+
+def _stream(fault: Fault, value: Any, where: str) -> str:
+    allowed = ("both", *STREAMS) if fault.kind == "mode" else STREAMS
+    if not fault.takes_stream or value not in allowed:
+        raise PlanError(
+            f"{where}: stream is one of {', '.join(allowed)}, for a fault that takes one"
+        )
+    return str(value)
+
+
+#: Key -> its validator; the keys a plan file may set for one fault.
+_SETTINGS: dict[str, Any] = {
+    "weight": _weight,
+    "duration": _duration,
+    "once": _once,
+    "attributes": _attributes,
+    "include_new": _include_new,
+    "stream": _stream,
+}
+
+
+def _with(fault: Fault, settings: Mapping[str, Any], where: str) -> Fault:
+    unknown = sorted(set(settings) - set(_SETTINGS))
+    if unknown:
+        raise PlanError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(_SETTINGS)})")
+    changes = {key: _SETTINGS[key](fault, value, where) for key, value in settings.items()}
     return replace(fault, **changes)
 
 
