@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from faultnet.chaos import Draws, JoinLog
+from faultnet.chaos import JoinLog
 from faultnet.eventlog import read_jsonl
-from harness._timescale import TimeScale
-from harness.fleet import LOSSY, POST_INTERVAL, STORM_WAVES, plan_faults
-from harness.fleet_verify import episodes, verify
+from harness.fleet import fleet_plan, verify
+from harness.fleet._plan import LOSSY, POST_INTERVAL, STORM_WAVES
+from harness.fleet._records import episodes
 
 ROOT = Path(__file__).resolve().parents[2]
 BOTS = "4"
@@ -32,20 +32,27 @@ SEED = "7"
 #: The pair's two runs take about 25 s side by side on an idle 2-core machine; seen at
 #: 75 s with the machine's load average at 12. The first test to use them pays for both.
 pytestmark = pytest.mark.timeout(300)
+LABELS = ["w01", "w02", "w03", "w04"]
 
 
 # --------------------------------------------------------------------------- the plan
 
 
-def test_the_plan_draws_with_chaos_draws() -> None:
-    labels = ["w01", "w02", "w03", "w04"]
-    eps, _ = plan_faults(7, labels, "main", TimeScale(0.03))
-    draws = Draws(7)  # the first episode: named by its first draw, a target, a kind
-    assert (eps[0].counter, eps[0].target) == (0, draws.choice(labels))
+def test_the_fleet_plans_with_chaos() -> None:
+    """One planner: the fleet's plan is faultnet chaos's, on its links as local proxies,
+    its faults the fleet's episodes (compound ones included)."""
+    plan = fleet_plan(7, LABELS, "main")
+    assert plan.config.proxies == tuple(f"{x}@local" for x in LABELS)
+    drawn = {s.fault for s in plan.slots if s.skip is None}
+    assert drawn <= {"freeze", "blackhole", "sever", "reset", *LOSSY} and drawn & set(LOSSY)
+    # An outage takes the whole link down.
+    assert {s.detail["stream"] for s in plan.slots if s.fault == "freeze" and not s.skip} == {
+        "both"
+    }
 
 
 def test_chaos_join_log_records_are_read_as_fault_episodes(tmp_path: Path) -> None:
-    """--planner chaos writes faults.jsonl with faultnet chaos's own JoinLog."""
+    """faults.jsonl is faultnet chaos's own JoinLog, its one record schema."""
     log = JoinLog(tmp_path / "faults.jsonl", seed=7, dry=False)
     log.write("seed", action="seed", detail={"seed": 7})
     log.write("fault", action="freeze", target="w01@local", counter=3, result={"connections": 1})
@@ -53,45 +60,83 @@ def test_chaos_join_log_records_are_read_as_fault_episodes(tmp_path: Path) -> No
     log.write("fault", action="sever", target="w02@local", counter=5, result={"connections": 0})
     log.write("fault", action="toxic:latency", target="w02@local", counter=8, result={})
     log.write("skip", action="reset", target="w01@local", counter=9, reason="busy")
+    log.write(
+        "fault",
+        action="episode:freeze-sever",
+        target="w03@local",
+        counter=11,
+        detail={"down": "freeze", "end": "sever"},
+        result={"connections": 1, "conns": [4]},
+        began=1.0,
+    )
+    log.write(
+        "undo",
+        action="sever",
+        target="w03@local",
+        counter=11,
+        result={"connections": 1, "conns": [4]},
+        began=2.0,
+    )
     log.close()
     eps = episodes(read_jsonl(tmp_path / "faults.jsonl").records)
-    assert [(e.counter, e.target, e.kind, len(e.conns)) for e in eps] == [
-        (3, "w01", "freeze/thaw", 1),
-        (5, "w02", "sever", 0),
-        (8, "w02", "toxic:latency", 0),
+    assert [(e.counter, e.target, e.kind, e.conns) for e in eps] == [
+        (11, "w03", "episode:freeze-sever", [4]),
+        (3, "w01", "freeze", [-1]),
+        (5, "w02", "sever", []),
+        (8, "w02", "toxic:latency", []),
     ]
-    assert eps[0].ended is not None and eps[0].began < eps[0].start  # ended: by the undo
+    assert [r["action"] for r in eps[0].records] == ["freeze", "sever"]
+    assert (eps[0].began, eps[0].ended) == (1.0, 2.0)  # ended: when the sever began
 
 
-def test_the_plan_is_a_pure_function_of_seed_targets_mode_and_scale() -> None:
-    scale = TimeScale(0.03)
-    labels = ["w01", "w02", "w03", "w04"]
-    a = plan_faults(7, labels, "main", scale)
-    assert a == plan_faults(7, labels, "main", scale)
-    assert a != plan_faults(8, labels, "main", scale)
+def test_the_plan_is_a_pure_function_of_seed_targets_and_mode() -> None:
+    a = fleet_plan(7, LABELS, "main")
+    assert a == fleet_plan(7, LABELS, "main")
+    assert a.slots != fleet_plan(8, LABELS, "main").slots
     # The control runs main's schedule: the same faults at the same times.
-    assert plan_faults(7, labels, "control", scale) == a
+    assert fleet_plan(7, LABELS, "control").slots == a.slots
     for seed in range(20):  # every plan has a lossy outage long enough to lose posts
-        eps, _ = plan_faults(seed, labels, "main", scale)
-        assert any(e.kind in LOSSY and e.duration >= 3 * scale(POST_INTERVAL) for e in eps)
-        for label in labels:  # never two episodes at once on one link
-            mine = [e for e in eps if e.target == label]
-            assert all(
-                x.start + x.duration <= y.start for x, y in zip(mine, mine[1:], strict=False)
-            )
+        plan = fleet_plan(seed, LABELS, "main")
+        live = [s for s in plan.slots if s.skip is None]
+        assert any(s.fault in LOSSY and s.duration >= 3 * POST_INTERVAL for s in live)
+        for label in LABELS:  # never two episodes at once on one link
+            mine = [s for s in live if s.target == f"{label}@local"]
+            assert all(x.at + x.duration <= y.at for x, y in zip(mine, mine[1:], strict=False))
 
 
 def test_a_storm_takes_every_link_down_at_once() -> None:
     labels = ["w01", "w02", "w03"]
-    eps, _ = plan_faults(7, labels, "storm", TimeScale(0.03))
-    waves = {e.wave for e in eps}
-    # Exactly STORM_WAVES waves, each one episode per link (">= 2" let a lost wave pass).
-    assert sorted(waves) == list(range(STORM_WAVES)) and STORM_WAVES >= 2
-    assert len(eps) == STORM_WAVES * len(labels)
-    for wave in waves:
-        in_wave = [e for e in eps if e.wave == wave]
-        assert sorted(e.target for e in in_wave) == labels
-        assert len({e.start for e in in_wave}) == 1
+    plan = fleet_plan(7, labels, "storm")
+    waves: dict[float, list[str]] = {}
+    for s in plan.slots:
+        waves.setdefault(s.at, []).append(s.target.split("@")[0])
+    # Exactly STORM_WAVES waves, each one fault per link (">= 2" let a lost wave pass).
+    assert len(waves) == STORM_WAVES and STORM_WAVES >= 2
+    assert all(sorted(t) == labels for t in waves.values())
+
+
+@pytest.mark.parametrize("content", [None, "[faults.melt]\nweight = 1\n", "gap = ["])
+def test_a_bad_chaos_plan_is_refused_before_anything_starts(
+    tmp_path: Path, content: str | None
+) -> None:
+    """Missing or malformed: one line, exit 2, and no run directory left in /tmp (the
+    environment never came up)."""
+    plan = tmp_path / "plan.toml"
+    if content is not None:
+        plan.write_text(content)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    r = subprocess.run(
+        [sys.executable, "-m", "harness.fleet", "--env", "auto", "--chaos-plan", str(plan)]
+        + ["--bot-bin", "true"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**_env(), "TMPDIR": str(tmp)},
+    )
+    assert (r.returncode, r.stdout) == (2, ""), r
+    assert len(r.stderr.splitlines()) == 1 and "--chaos-plan" in r.stderr, r.stderr
+    assert list(tmp.iterdir()) == []
 
 
 # --------------------------------------------------------------------------- the pair
@@ -103,7 +148,7 @@ def _env() -> dict[str, str]:
 
 def _verify(run_dir: Path) -> tuple[int, dict[str, Any]]:
     r = subprocess.run(
-        [sys.executable, "-m", "harness.fleet_verify", str(run_dir), "--json"],
+        [sys.executable, "-m", "harness.fleet.verify", str(run_dir), "--json"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -301,13 +346,13 @@ def test_a_fault_with_no_effect_and_no_reason_fails_the_join(
     sever = next(
         f
         for f in faults
-        if f["outcome"] == "applied"
+        if f["event"] == "fault"
         and f["action"] in ("sever", "reset")
-        and f["detail"].get("conns")
-        and f["detail"].get("episode") in ("sever", "reset")
+        and (f.get("result") or {}).get("conns")
     )
+    sever["target"] = sever["target"].split("@")[0]
     stderr = run / f"{sever['target']}.stderr"
-    began = sever["detail"]["began"]
+    began = sever["began"]
     kept = []
     for line in stderr.read_text().splitlines():
         if line.startswith("BOTEVENT ") and json.loads(line[9:])["mono"] >= began:
