@@ -5,15 +5,17 @@ Layout (each module holds one job; the planner is pure, the rest do I/O):
 
 * :mod:`~faultnet.chaos._draws` -- randomness as ``sha256("<seed>:<counter>")``;
 * :mod:`~faultnet.chaos._catalogue` -- every mode of :data:`faultnet.modes.MODES`,
-  every toxic of :data:`faultnet.toxics.TOXICS`, and the process faults,
-  with weights, durations and undos (:func:`catalogue`);
+  every toxic of :data:`faultnet.toxics.TOXICS`, the process faults and the compound
+  episodes (:data:`EPISODES`), with weights, durations and undos (:func:`catalogue`);
 * :mod:`~faultnet.chaos._plan` -- plan files and the planner (:func:`load_config`,
-  :func:`make_plan`);
+  :func:`make_plan`); the format is ``sample-plan.toml`` beside it;
 * :mod:`~faultnet.chaos._rails` -- the rails, one function each;
 * :mod:`~faultnet.chaos._allowlist` -- the PID allowlist (:func:`register_process`);
 * :mod:`~faultnet.chaos._targets` -- proxies in this process and on faultnet servers;
 * :mod:`~faultnet.chaos._joinlog` -- the join log;
 * :mod:`~faultnet.chaos._run` -- the runner: walk, rails, act, undo (:class:`Runner`);
+* :mod:`~faultnet.chaos._recover` -- after a SIGKILL: undo what a join log says was
+  left (``faultnet chaos undo``);
 * :mod:`~faultnet.chaos.cli` -- ``faultnet chaos``.
 
 From Python, with proxies in this process::
@@ -27,19 +29,22 @@ From Python, with proxies in this process::
 Guarantee: every fault the runner applied is undone when the run ends for any reason
 a process can observe (the plan's end, an exception, cancellation, a catchable signal
 under :func:`run_with_signals`). SIGKILL of chaos itself is the one exception: the join
-log then says what was applied and not undone.
+log then says what was applied and not undone, and :func:`recover` (``faultnet chaos
+undo``) undoes it.
 """
 
 from faultnet.chaos._allowlist import Allowlist, register_process
-from faultnet.chaos._catalogue import Fault, PlanError, catalogue
+from faultnet.chaos._catalogue import EPISODES, Fault, PlanError, catalogue
 from faultnet.chaos._draws import Draws, choose_seed, draw
 from faultnet.chaos._joinlog import JoinLog
 from faultnet.chaos._plan import LOCAL, Plan, PlanConfig, Slot, load_config, make_plan
 from faultnet.chaos._rails import RAILS
+from faultnet.chaos._recover import recover
 from faultnet.chaos._run import CATCHABLE_SIGNALS, Runner, RunResult, run_with_signals
 
 __all__ = [
     "CATCHABLE_SIGNALS",
+    "EPISODES",
     "LOCAL",
     "RAILS",
     "Allowlist",
@@ -57,6 +62,7 @@ __all__ = [
     "draw",
     "load_config",
     "make_plan",
+    "recover",
     "register_process",
     "run_with_signals",
 ]

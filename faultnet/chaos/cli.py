@@ -95,6 +95,8 @@ def _check_pids(args: argparse.Namespace, processes: Any) -> None:
     from faultnet.chaos._allowlist import parse_lines
     from faultnet.errors import UsageError
 
+    if args.pid_cwd is not None and not Path(args.pid_cwd).is_dir():
+        raise UsageError(f"--pid-cwd {args.pid_cwd} is not a directory")
     if args.pids is None:
         if processes:
             raise UsageError(f"process {processes[0]} needs --pids FILE (the PID allowlist)")
@@ -111,8 +113,6 @@ def _check_pids(args: argparse.Namespace, processes: Any) -> None:
     missing = [p for p in processes if p not in listed]
     if missing:
         raise UsageError(f"process {missing[0]} is not in the allowlist {path}")
-    if args.pid_cwd is not None and not Path(args.pid_cwd).is_dir():
-        raise UsageError(f"--pid-cwd {args.pid_cwd} is not a directory")
 
 
 def _capped_note(plan: Any) -> None:

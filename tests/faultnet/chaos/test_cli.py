@@ -246,6 +246,7 @@ def test_a_run_that_could_do_nothing_is_refused_before_it_starts(sleepers, tmp_p
     _one_line_exit_2(chaos_cli(*base, *proc, "--pids", str(pids)), "line 1: malformed")
     pids.write_text(f"{sleepers().pid}\tother\n")
     _one_line_exit_2(chaos_cli(*base, *proc, "--pids", str(pids)), "process bot is not in")
+    _one_line_exit_2(chaos_cli(*base, "--target", DB, "--pid-cwd", missing), "not a directory")
     assert not log.exists()  # nothing ran, not even the log
 
 
