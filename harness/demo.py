@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from faultnet.errors import UsageError
-from harness import _runner, pair, report
-from harness._timescale import TimeScale
+from harness import pair, report, runner
+from harness.experiment import TimeScale, attempt_seeds
 
 __all__ = ["demo_verdict", "register"]
 
@@ -103,13 +103,13 @@ def _run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     out = sys.stderr if args.json else sys.stdout
     exp = pair.load_experiment("silent_loss")
-    exp_args = _runner.build_parser(exp).parse_args(["--env", "auto"])
+    exp_args = runner.build_parser(exp).parse_args(["--env", "auto"])
     argv_a = [sys.executable, "-m", "harness.bot", "--defect", "no-confirm"]
     argv_b = [sys.executable, "-m", "harness.bot"]
-    seed = args.seed if args.seed is not None else _runner.attempt_seeds(1, None)[0]
+    seed = args.seed if args.seed is not None else attempt_seeds(1, None)[0]
     if args.run_dir is not None:
-        _runner.writable_dir(args.run_dir, "--run-dir")  # before the run, not after it
-    base = args.run_dir or _runner.default_run_dir("demo")
+        runner.writable_dir(args.run_dir, "--run-dir")  # before the run, not after it
+    base = args.run_dir or runner.default_run_dir("demo")
     print(
         "faultnet demo: does a post made during an outage claim a delivery it never achieved?\n"
         f"  arm a (no-confirm): {' '.join(argv_a)}\n"
@@ -137,7 +137,7 @@ def _run(args: argparse.Namespace) -> int:
         return 0
 
     # A signal cancels the pair cleanly: bots closed, environments down by PID.
-    code = _runner.run_cancellable(both_arms)
+    code = runner.run_cancellable(both_arms)
     if not done:
         return code
     outcome = done[0]

@@ -29,9 +29,17 @@ from typing import Any
 import trio
 
 from faultnet.errors import EnvironmentProblem
-from harness import _runner
-from harness._runner import BotHandle, Context, RunProblem, claims_delivery
-from harness._scenario import first_after, freeze_held, freeze_links, sync_inbound
+from harness import runner
+from harness.experiment import (
+    BotHandle,
+    Context,
+    RunProblem,
+    claims_delivery,
+    first_after,
+    freeze_held,
+    freeze_links,
+    sync_inbound,
+)
 
 NAME = "chatty_vs_silent"
 DESCRIPTION = __doc__
@@ -228,7 +236,7 @@ def _r(v: float | None) -> float | None:
     return None if v is None else round(v, 3)
 
 
-amain, main = _runner.commands(__name__)
+amain, main = runner.commands(__name__)
 
 
 if __name__ == "__main__":

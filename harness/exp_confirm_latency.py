@@ -27,8 +27,8 @@ import sys
 import time
 
 from faultnet.toxics import Latency
-from harness import _runner
-from harness._runner import Context, claims_delivery, pct
+from harness import runner
+from harness.experiment import BotHandle, Context, claims_delivery, pct
 
 NAME = "confirm_latency"
 DESCRIPTION = __doc__
@@ -182,7 +182,7 @@ async def run(ctx: Context) -> None:
     r.control("observer arrival p50", _r(pct(delivered, 50)), "ms", 50.0)
 
 
-async def _effective_budget(ctx: Context, w: _runner.BotHandle) -> tuple[float, str]:
+async def _effective_budget(ctx: Context, w: BotHandle) -> tuple[float, str]:
     """The confirmation budget the bot is actually using: from its ``status`` tool when it
     reports one (an arm may override BOT_CONFIRM_BUDGET_S), else the one handed to it."""
     handed = ctx.scale.real("confirm_budget")
@@ -223,7 +223,7 @@ def _r(v: float | None) -> float | None:
     return None if v is None else round(v, 2)
 
 
-amain, main = _runner.commands(__name__)
+amain, main = runner.commands(__name__)
 
 
 if __name__ == "__main__":

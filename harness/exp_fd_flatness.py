@@ -23,9 +23,8 @@ import sys
 import time
 
 from faultnet.errors import EnvironmentProblem
-from harness import _runner
-from harness._runner import Context
-from harness._scenario import first_after, freeze_held, freeze_worker, rel
+from harness import runner
+from harness.experiment import Context, first_after, freeze_held, freeze_worker, rel
 
 NAME = "fd_flatness"
 DESCRIPTION = __doc__
@@ -184,7 +183,7 @@ def is_flat(counts: dict[str, int | None], stage: str, tolerance: int = TOLERANC
     return d is not None and abs(d) <= tolerance
 
 
-amain, main = _runner.commands(__name__)
+amain, main = runner.commands(__name__)
 
 
 if __name__ == "__main__":

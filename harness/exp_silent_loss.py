@@ -33,10 +33,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from harness import _runner
-from harness._report import clip
-from harness._runner import Context, claims_delivery
-from harness._scenario import (
+from harness import runner
+from harness.experiment import (
+    Context,
+    claims_delivery,
+    clip,
     first_after,
     freeze_held,
     freeze_worker,
@@ -243,7 +244,7 @@ def _print_rows(ctx: Context, rows: list[dict]) -> None:
         )
 
 
-amain, main = _runner.commands(__name__)
+amain, main = runner.commands(__name__)
 
 
 if __name__ == "__main__":

@@ -30,18 +30,20 @@ from types import ModuleType
 from typing import Any, TextIO
 
 from faultnet.errors import CommandError, UsageError, fail
-from harness import _runner
-from harness._report import (
+from harness import runner
+from harness.experiment import (
     EXIT_ENV,
     EXIT_FAILED,
     EXIT_OK,
     Drift,
     Result,
+    TimeScale,
     control_drift,
     render_side_by_side,
+    resolve_bot_argv,
+    resolved_program,
+    time_scale_from,
 )
-from harness._runner import resolve_bot_argv, resolved_program
-from harness._timescale import TimeScale, time_scale_from
 from harness.report import publish_pair, replay_command
 
 __all__ = [
@@ -164,7 +166,7 @@ async def run_pair(
     each arm its own environment."""
     results = []
     for argv, name in ((argv_a, names[0]), (argv_b, names[1])):
-        res = await _runner.run_attempt(
+        res = await runner.run_attempt(
             exp,
             exp_args,
             bot_argv=argv,
@@ -195,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--names", default="a,b", metavar="A,B", help="the arms' names, e.g. pre,post (a,b)"
     )
-    _runner.add_common_arguments(p, pair=True)
+    runner.add_common_arguments(p, pair=True)
     return p
 
 
@@ -232,7 +234,7 @@ async def amain(argv: Sequence[str] | None = None) -> int:
                     f"{bad} cannot be passed to the experiment: the pair runner sets the bot "
                     "per arm and gives each arm a fresh environment"
                 )
-        exp_parser = _runner.build_parser(exp)
+        exp_parser = runner.build_parser(exp)
         try:
             exp_args = exp_parser.parse_args([*rest, "--env", "auto"])
         except SystemExit as exc:
@@ -240,7 +242,7 @@ async def amain(argv: Sequence[str] | None = None) -> int:
         check = getattr(exp, "check_arguments", None)
         if check is not None:
             check(exp_args)
-        base, report = _runner.open_run(args, f"pair-{exp.NAME}", experiment=exp.NAME, pair=True)
+        base, report = runner.open_run(args, f"pair-{exp.NAME}", experiment=exp.NAME, pair=True)
     except (CommandError, ValueError) as exc:
         return fail("harness.pair", exc)
 
@@ -260,7 +262,7 @@ async def amain(argv: Sequence[str] | None = None) -> int:
             "summary": po.summary,
         }
 
-    outcomes = await _runner.repeat_attempts(
+    outcomes = await runner.repeat_attempts(
         args,
         base,
         report,
@@ -282,7 +284,7 @@ async def amain(argv: Sequence[str] | None = None) -> int:
     )
     codes = [o.exit_code for o in outcomes]
     code = EXIT_ENV if EXIT_ENV in codes else (EXIT_FAILED if EXIT_FAILED in codes else EXIT_OK)
-    return _runner.conclude(
+    return runner.conclude(
         f"pair {exp.NAME}",
         args,
         base,
@@ -296,7 +298,7 @@ async def amain(argv: Sequence[str] | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return _runner.run_cancellable(amain, argv)
+    return runner.run_cancellable(amain, argv)
 
 
 if __name__ == "__main__":

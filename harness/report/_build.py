@@ -132,7 +132,7 @@ def _judge(runs: list[Run]) -> dict[str, Any]:
     """A pair that left no pair.json (killed, or older than this report): its internal
     controls' drift from the arms' results alone. Not the pair runner's full judgement,
     which this module cannot import (harness.pair calls it), so it never passes."""
-    from harness._report import Result, control_drift
+    from harness.experiment import Result, control_drift
 
     a, b = (Result.from_json(r.result or {}) for r in runs)
     drifts = control_drift(a, b)

@@ -41,7 +41,7 @@ from typing import Any
 
 from faultnet.eventlog import CorruptLogError, read_jsonl
 from faultnet.modes import MODES
-from harness._contract import claims_delivery, parse_botevents
+from harness.experiment import claims_delivery, parse_botevents
 from harness.report._model import FaultInterval, Lane, Marker, Post, Run
 
 __all__ = ["OUTPUT_FILES", "fault_intervals", "is_run_dir", "load_run", "score_post"]

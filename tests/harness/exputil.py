@@ -12,8 +12,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from harness._report import Result
-from harness._runner import Context
+from harness.experiment import Context, Result
 from tests import REPO
 
 #: The reference bot, fixed; add ``"--defect", NAME`` for a defect arm.

@@ -12,8 +12,8 @@ import pytest
 
 from faultnet import cli
 from harness import pair
-from harness._report import Check, ControlValue, Result
 from harness.demo import TARGET, demo_verdict
+from harness.experiment import Check, ControlValue, Result
 from tests import REPO
 from tests.harness.exputil import run_json_command
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness import exp_chatty_vs_silent as exp
-from harness._report import Result, render_result
+from harness.experiment import Result, render_result
 from tests.harness.exputil import BOT, run_experiment
 
 TARGET = "the CHATTY worker detected on its own keepalive"

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness import exp_confirm_latency as exp
-from harness._report import Result, render_result
+from harness.experiment import Result, render_result
 from tests.harness.exputil import BOT, run_experiment
 
 LATENCY = "40"

@@ -9,7 +9,7 @@ import shlex
 from pathlib import Path
 
 from harness import exp_fd_flatness as exp
-from harness._report import Result, render_result
+from harness.experiment import Result, render_result
 from tests.harness.exputil import BOT, SCALE, run_experiment, run_json_command
 
 TARGET = "fd count flat across detection and reconnects"

@@ -21,17 +21,26 @@ from faultnet.errors import EnvironmentProblem
 from faultnet.eventlog import read_jsonl
 from faultnet.procs import ProcessIdentity
 from faultnet.testing import echo_server
-from harness import _runner, env
-from harness._report import Check, ControlValue, Result, control_drift, render_result
-from harness._runner import (
+from harness import env, runner
+from harness.experiment import (
+    REAL,
+    Check,
+    Context,
+    ControlValue,
+    FreezeRecord,
+    Result,
+    TimeScale,
     attempt_seeds,
     claims_delivery,
+    control_drift,
+    freeze_held,
+    freeze_links,
     parse_botevents,
     pct,
+    render_result,
     resolve_bot_argv,
+    time_scale_from,
 )
-from harness._scenario import FreezeRecord, freeze_held, freeze_links
-from harness._timescale import REAL, TimeScale, time_scale_from
 from tests import REPO
 from tests.conftest import interrupt_module
 from tests.harness.exputil import fake_experiment
@@ -242,7 +251,7 @@ async def test_freeze_held_goes_red_when_bytes_cross_or_nothing_was_frozen() -> 
 def _fake_experiment(fail_odd: bool = True) -> types.ModuleType:
     """An experiment with no bot: fails on odd seeds, so repeat/seed/keep can be seen."""
 
-    async def run(ctx: _runner.Context) -> None:
+    async def run(ctx: Context) -> None:
         ctx.say(f"seed {ctx.seed} env port {ctx.env.port}")
         bad = fail_odd and ctx.seed % 2 == 1
         ctx.result.check("a control", True, role="control")
@@ -271,7 +280,7 @@ async def test_repeat_logs_each_seed_first_and_keeps_only_failing_runs(
     exp = _fake_experiment()
     runs, out = tmp_path / "runs", tmp_path / "out.json"
     argv = ["--bot-bin", sys.executable, "--state", str(state_dir), "--run-dir", str(runs)]
-    code = await _runner.amain(exp, [*argv, "--repeat", "3", "--seed", "10", "--out", str(out)])
+    code = await runner.amain(exp, [*argv, "--repeat", "3", "--seed", "10", "--out", str(out)])
     assert code == 1
     recs = read_jsonl(runs / "report.jsonl").records
     assert [(r["event"], r["seed"]) for r in recs] == [
@@ -295,20 +304,20 @@ async def test_repeat_logs_each_seed_first_and_keeps_only_failing_runs(
     assert doc["exit_code"] == 1 and [a["seed"] for a in doc["attempts"]] == [10, 11, 12]
 
     # Replaying the failing seed fails the same way; a passing seed passes.
-    assert await _runner.amain(exp, [*argv, "--seed", "11"]) == 1
-    assert await _runner.amain(exp, [*argv, "--seed", "12"]) == 0
+    assert await runner.amain(exp, [*argv, "--seed", "11"]) == 1
+    assert await runner.amain(exp, [*argv, "--seed", "12"]) == 0
 
 
 async def test_environment_problems_exit_2(tmp_path: Path, state_dir: Path) -> None:
     exp = _fake_experiment(fail_odd=False)
     base = ["--bot-bin", sys.executable, "--run-dir", str(tmp_path / "runs")]
-    assert await _runner.amain(exp, [*base, "--state", str(tmp_path / "nowhere")]) == 2
+    assert await runner.amain(exp, [*base, "--state", str(tmp_path / "nowhere")]) == 2
     os.environ.pop("ENCLAVE_STATE_DIR", None)
-    assert await _runner.amain(exp, base) == 2  # neither --state nor --env auto
-    assert await _runner.amain(exp, [*base, "--state", str(state_dir)]) == 0
+    assert await runner.amain(exp, base) == 2  # neither --state nor --env auto
+    assert await runner.amain(exp, [*base, "--state", str(state_dir)]) == 0
     # A dead server is an environment problem, not a finding.
     await trio.to_thread.run_sync(env.down, state_dir)
-    assert await _runner.amain(exp, [*base, "--state", str(state_dir)]) == 2
+    assert await runner.amain(exp, [*base, "--state", str(state_dir)]) == 2
 
 
 def test_sigterm_mid_run_cleans_up_by_pid(tmp_path: Path) -> None:
@@ -353,7 +362,7 @@ async def test_an_unwritable_output_fails_before_the_run(
     runs = tmp_path / "runs"
     bad = {"--run-dir": blocker / "runs", "--report": blocker / "r.jsonl", "--out": blocker / "o"}
     argv = ["--bot-bin", sys.executable, "--env", "auto", "--run-dir", str(runs)]
-    code = await _runner.amain(_fake_experiment(), [*argv, flag, str(bad[flag])])
+    code = await runner.amain(_fake_experiment(), [*argv, flag, str(bad[flag])])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and f"{flag} {bad[flag]}" in err, err
     assert not (runs / "report.jsonl").exists() or flag != "--run-dir"
@@ -369,8 +378,8 @@ async def test_a_passing_run_leaves_no_temporary_directory(
     tmp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
     argv = ["--bot-bin", sys.executable, "--state", str(state_dir), "--out", str(tmp_path / "o")]
-    assert await _runner.amain(_fake_experiment(fail_odd=False), argv) == 0
+    assert await runner.amain(_fake_experiment(fail_odd=False), argv) == 0
     assert list(tmp.iterdir()) == []
     assert json.loads((tmp_path / "o").read_text())["report"] is None
-    assert await _runner.amain(_fake_experiment(fail_odd=False), [*argv, "--keep"]) == 0
+    assert await runner.amain(_fake_experiment(fail_odd=False), [*argv, "--keep"]) == 0
     assert len(list(tmp.iterdir())) == 1

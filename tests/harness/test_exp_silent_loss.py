@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from harness import exp_silent_loss as exp
-from harness._report import Result, render_result
+from harness.experiment import Result, render_result
 from tests.harness.exputil import BOT, run_experiment
 
 TARGET = "no post claimed a delivery it did not achieve"

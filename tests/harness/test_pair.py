@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from faultnet.eventlog import read_jsonl
-from harness import _runner, pair
-from harness._report import Check, ControlValue, Result
+from harness import pair
+from harness.experiment import Check, Context, ControlValue, Result
 from tests.harness.exputil import fake_experiment
 
 PY = sys.executable
@@ -82,7 +82,7 @@ def _fake_experiment() -> types.ModuleType:
     """No bot: the arm's argv decides the outcome (--defect fails the target, --drift
     moves the internal control), so the runner's plumbing can be seen end to end."""
 
-    async def run(ctx: _runner.Context) -> None:
+    async def run(ctx: Context) -> None:
         argv = ctx.bot_argv
         server = [ctx.env.pid, ctx.env.start_time]  # the environment's server, exactly
         ctx.result.headline.update(seed=ctx.seed, extra=ctx.args.extra, server=server)

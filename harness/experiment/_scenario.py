@@ -11,7 +11,7 @@ from typing import Any
 
 from faultnet.errors import EnvironmentProblem
 from faultnet.eventlog import flatten
-from harness._runner import BotHandle, Context, RunProblem
+from harness.experiment._context import BotHandle, Context, RunProblem
 
 __all__ = [
     "FreezeRecord",

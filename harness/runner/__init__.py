@@ -1,0 +1,45 @@
+"""The runner: what makes an experiment module a command, and runs its attempts.
+
+Arguments, BOT_BIN, the environment (a running one, or a private one per attempt brought
+down by its exact PID), the run directory, the repeat loop with logged seeds, the result
+document and the exit codes (0 passed, 1 a check failed, 2 usage or environment). The
+pair runner (:mod:`harness.pair`), the demo and the fleet reuse its pieces. It sits
+above :mod:`harness.experiment` (the API experiments are written against) and
+:mod:`harness.report` (each kept attempt's HTML report).
+"""
+
+from harness.runner._runner import (
+    CLEANED,
+    add_common_arguments,
+    amain,
+    build_parser,
+    commands,
+    conclude,
+    default_run_dir,
+    environment,
+    main,
+    open_run,
+    repeat_attempts,
+    run_attempt,
+    run_cancellable,
+    writable_dir,
+    writable_file,
+)
+
+__all__ = [
+    "CLEANED",
+    "add_common_arguments",
+    "amain",
+    "build_parser",
+    "commands",
+    "conclude",
+    "default_run_dir",
+    "environment",
+    "main",
+    "open_run",
+    "repeat_attempts",
+    "run_attempt",
+    "run_cancellable",
+    "writable_dir",
+    "writable_file",
+]
