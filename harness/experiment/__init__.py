@@ -7,7 +7,9 @@ beyond what a running experiment asks for, and imports nothing that runs experim
 so the run report (:mod:`harness.report`) can read results with it.
 
 * :mod:`._context` -- :class:`Context` and :class:`BotHandle`: settings, the leader
-  observer, workers, bots, the proxy, waits; the helpers they share.
+  observer, workers, bots, the proxy, waits.
+* :mod:`._helpers` -- what the API and the runner share: percentiles, BOT_BIN as an
+  argv, fresh nicks, attempt seeds.
 * :mod:`._scenario` -- steps more than one experiment takes (sync the bots' idle clocks,
   freeze with a record, check that a freeze held, match what the observer received).
 * :mod:`._report` -- an experiment's :class:`Result`: checks, headline numbers, the
@@ -16,17 +18,15 @@ so the run report (:mod:`harness.report`) can read results with it.
 * :mod:`._timescale` -- one :class:`TimeScale` for every wait and every bot timing.
 """
 
-from harness.experiment._context import (
-    BotHandle,
-    Context,
-    RunProblem,
+from harness.experiment._context import BotHandle, Context, RunProblem
+from harness.experiment._contract import BOTEVENT_RE, claims_delivery, parse_botevents
+from harness.experiment._helpers import (
     attempt_seeds,
     pct,
     resolve_bot_argv,
     resolved_program,
     unique_nick,
 )
-from harness.experiment._contract import BOTEVENT_RE, claims_delivery, parse_botevents
 from harness.experiment._report import (
     EXIT_ENV,
     EXIT_FAILED,

@@ -1,6 +1,11 @@
 """The experiment API: :class:`Context` (what an experiment's ``run`` gets: its settings,
 the leader observer, spawning workers, starting bots, the proxy, waits with a countdown)
-and :class:`BotHandle` (one running bot under test), with the helpers they share.
+and :class:`BotHandle` (one running bot under test).
+
+The seams are the real classes, not stand-ins: the leader is a
+:class:`drivers.irc.Observer`, a bot's driver a :class:`drivers.mcp.MCPDriver`, a link
+to the server a :class:`faultnet.Proxy` (or None: direct), the environment a
+:class:`harness.env.EnvState`. ``mypy --strict`` checks this package (``.ci/run``).
 
 Topology of every experiment: the leader is an IRC observer (``drivers.irc``) that
 authenticates with the environment's leader token and talks to the server DIRECTLY; it
@@ -17,32 +22,27 @@ import os
 import random
 import secrets
 import shlex
-import shutil
-import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 import trio
 
+from drivers.irc import Observer, open_observer
+from drivers.mcp import MCPDriver, open_mcp
+from faultnet import Proxy, open_proxy
 from faultnet.errors import EnvironmentProblem
 from faultnet.eventlog import JsonlWriter
+from harness import enclave
+from harness.env import EnvState
 from harness.experiment._contract import parse_botevents
+from harness.experiment._helpers import unique_nick
 from harness.experiment._report import Result
 from harness.experiment._timescale import TimeScale
 
-__all__ = [
-    "BotHandle",
-    "Context",
-    "RunProblem",
-    "attempt_seeds",
-    "pct",
-    "resolve_bot_argv",
-    "resolved_program",
-    "unique_nick",
-]
+__all__ = ["BotHandle", "Context", "RunProblem"]
 
 
 class RunProblem(Exception):
@@ -50,78 +50,11 @@ class RunProblem(Exception):
     it needed failed. Recorded as the run's error; every check counts as failed."""
 
 
-# --------------------------------------------------------------------------- helpers
-
-
-def pct(values: Sequence[float], p: float) -> float | None:
-    """Nearest-rank percentile *p* (0-100) of *values*; None if empty."""
-    if not values:
-        return None
-    xs = sorted(values)
-    i = min(len(xs) - 1, max(0, round(p / 100.0 * (len(xs) - 1))))
-    return xs[i]
-
-
-def resolve_bot_argv(cli_value: str | None, environ: dict[str, str] | None = None) -> list[str]:
-    """BOT_BIN as an argv: from --bot-bin, else BOT_BIN, else APIARY_BIN (an alias).
-
-    Raises EnvironmentProblem with the reason when it is missing, empty, unparseable, or
-    its program cannot be found. There is no default on purpose: a pair whose two arms
-    silently ran the same default program would look like a result.
-    """
-    env = os.environ if environ is None else environ
-    raw, source = cli_value, "--bot-bin"
-    if raw is None:
-        for name in ("BOT_BIN", "APIARY_BIN"):
-            if env.get(name):
-                raw, source = env[name], name
-                break
-    if raw is None or not raw.strip():
-        raise EnvironmentProblem(
-            "BOT_BIN is required and has no default: set BOT_BIN (or APIARY_BIN) or pass "
-            "--bot-bin to the command line of the bot under test, e.g. "
-            f"BOT_BIN='{shlex.quote(sys.executable)} -m harness.bot'"
-        )
-    try:
-        argv = shlex.split(raw)
-    except ValueError as exc:
-        raise EnvironmentProblem(f"{source}: cannot parse {raw!r}: {exc}") from None
-    if not argv:
-        raise EnvironmentProblem(f"{source} is empty")
-    if shutil.which(argv[0]) is None:
-        raise EnvironmentProblem(f"{source}: program not found or not executable: {argv[0]!r}")
-    return argv
-
-
-def resolved_program(argv: Sequence[str]) -> list[str]:
-    """*argv* with its program resolved through PATH and symlinks, for comparing arms."""
-    found = shutil.which(argv[0])
-    prog = os.path.realpath(found) if found else argv[0]
-    return [prog, *argv[1:]]
-
-
-def unique_nick(prefix: str) -> str:
-    """A nick never used before on any server: revoked nicks stay burned, so a nick is
-    never derived from the seed (a replay would collide with its own original)."""
-    return f"{prefix}{secrets.token_hex(3)}"
-
-
-def attempt_seeds(n: int, seed: int | None) -> list[int]:
-    """Seeds for *n* attempts: ``seed, seed+1, ...`` when one is given (so ``--seed S``
-    replays attempt 1 of a run whose first seed was S), else fresh random 32-bit seeds."""
-    if seed is not None:
-        return [seed + i for i in range(n)]
-    return [secrets.randbits(32) for _ in range(n)]
-
-
-# --------------------------------------------------------------------------- context
-
-
 @dataclass
 class BotHandle:
     """One running bot under test: its driver, nick, and BOTEVENT helpers."""
 
-    drv: Any
+    drv: MCPDriver
     nick: str
     label: str
     ctx: Context
@@ -189,7 +122,7 @@ class Context:
     args: argparse.Namespace
     scale: TimeScale
     bot_argv: list[str]
-    env: Any  # harness.env.EnvState
+    env: EnvState
     run_dir: Path
     seed: int
     result: Result
@@ -265,18 +198,16 @@ class Context:
     # ---- the leader / observer
 
     @contextlib.asynccontextmanager
-    async def leader(self) -> AsyncIterator[Any]:
+    async def leader(self) -> AsyncIterator[Observer]:
         """The leader: an IRC observer with the leader's token, on a direct link.
 
         On exit it revokes every worker spawned through :meth:`spawn` (best effort,
         bounded), records its transcript in the run directory, and disconnects.
         """
-        from drivers import irc
-
         env = self.env
         entered = False
         try:
-            async with irc.open_observer(
+            async with open_observer(
                 env.host,
                 int(env.port),
                 env.leader_nick,
@@ -299,9 +230,7 @@ class Context:
                 f"{env.leader_nick}: {type(exc).__name__}: {exc}"
             ) from exc
 
-    async def _revoke_all(self, obs: Any) -> None:
-        from harness import enclave
-
+    async def _revoke_all(self, obs: Observer) -> None:
         for nick in list(self._spawned):
             with trio.move_on_after(5):
                 try:
@@ -311,21 +240,13 @@ class Context:
                     self.log.write("revoke_failed", nick=nick, error=str(exc))
             self._spawned.remove(nick)
 
-    def _dump_transcript(self, obs: Any) -> None:
+    def _dump_transcript(self, obs: Observer) -> None:
         with JsonlWriter(self.run_dir / "observer.jsonl") as w:
-            for m in list(getattr(obs, "messages", [])):
-                w.write(
-                    "message",
-                    time=getattr(m, "time", None),
-                    sender=getattr(m, "sender", None),
-                    target=getattr(m, "target", None),
-                    text=getattr(m, "text", None),
-                )
+            for m in list(obs.messages):
+                w.write("message", time=m.time, sender=m.sender, target=m.target, text=m.text)
 
-    async def spawn(self, obs: Any, prefix: str) -> tuple[str, str]:
+    async def spawn(self, obs: Observer, prefix: str) -> tuple[str, str]:
         """Spawn a worker with a fresh nick; return (nick, token)."""
-        from harness import enclave
-
         nick = unique_nick(prefix)
         # Long enough to outlive the run at any scale; revoked at the end anyway.
         expires = int(self.scale.bound(3600, floor=600))
@@ -343,11 +264,9 @@ class Context:
     # ---- the proxy
 
     @contextlib.asynccontextmanager
-    async def proxy(self) -> AsyncIterator[Any]:
+    async def proxy(self) -> AsyncIterator[Proxy]:
         """A faultnet proxy in this process, in front of the server, logging to the run
         directory and seeded with this attempt's seed."""
-        from faultnet import open_proxy
-
         entered = False
         try:
             async with open_proxy(
@@ -379,17 +298,17 @@ class Context:
         return env
 
     @contextlib.asynccontextmanager
-    async def bot(self, nick: str, token: str, label: str, via: Any) -> AsyncIterator[BotHandle]:
+    async def bot(
+        self, nick: str, token: str, label: str, via: Proxy | None
+    ) -> AsyncIterator[BotHandle]:
         """Start BOT_BIN as worker *nick*, reaching the server through proxy *via*
         (None: directly). Its stderr and call records land in the run directory."""
-        from drivers import mcp
-
         host, port = via.address if via is not None else (self.env.host, int(self.env.port))
         env = self.bot_env(nick, token, host, int(port))
         call_dir = self.run_dir / "calls" / label
         entered = False
         try:
-            async with mcp.open_mcp(
+            async with open_mcp(
                 self.bot_argv,
                 env=env,
                 call_log_dir=str(call_dir),
@@ -427,7 +346,7 @@ class Context:
             ) from exc
 
     @contextlib.asynccontextmanager
-    async def worker(self, obs: Any, proxy: Any, prefix: str) -> AsyncIterator[BotHandle]:
+    async def worker(self, obs: Observer, proxy: Proxy, prefix: str) -> AsyncIterator[BotHandle]:
         """The usual single worker: spawned with a fresh nick (*prefix*), BOT_BIN started
         as it through *proxy*, connected (RunProblem if never) and settled."""
         nick, token = await self.spawn(obs, prefix)
@@ -437,7 +356,7 @@ class Context:
             await self.countdown(self.scale.real("settle"), "the worker settles")
             yield w
 
-    def _save_stderr(self, label: str, drv: Any) -> None:
+    def _save_stderr(self, label: str, drv: MCPDriver) -> None:
         with contextlib.suppress(Exception):
             (self.run_dir / f"{label}.stderr").write_text(drv.stderr_text())
 

@@ -104,7 +104,10 @@ class Result:
         self.checks.append(Check(name, bool(passed), detail, role))
         return bool(passed)
 
-    def control(self, name: str, value: float | None, unit: str = "", tolerance: float = 0.0):
+    def control(
+        self, name: str, value: float | None, unit: str = "", tolerance: float = 0.0
+    ) -> None:
+        """Record an internal control: a number that must not move between arms."""
         self.controls.append(ControlValue(name, value, unit, tolerance))
 
     @property

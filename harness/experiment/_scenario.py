@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from drivers.irc import Observer
+from faultnet import Proxy
 from faultnet.errors import EnvironmentProblem
 from faultnet.eventlog import flatten
 from harness.experiment._context import BotHandle, Context, RunProblem
@@ -33,7 +35,7 @@ def sender_nick(sender: str | None) -> str:
     return (sender or "").split("!", 1)[0]
 
 
-def observer_texts(obs: Any, nick: str | None = None) -> list[str]:
+def observer_texts(obs: Observer, nick: str | None = None) -> list[str]:
     """Every channel text the observer has received (from *nick* only, if given)."""
     return [
         m.text
@@ -42,7 +44,7 @@ def observer_texts(obs: Any, nick: str | None = None) -> list[str]:
     ]
 
 
-async def observed(obs: Any, text: str, timeout: float) -> bool:
+async def observed(obs: Observer, text: str, timeout: float) -> bool:
     """True once the observer has received *text* (exact substring), within *timeout*."""
     if any(text in t for t in observer_texts(obs)):
         return True
@@ -58,7 +60,7 @@ async def wait_notified(bot: BotHandle, text: str, timeout: float) -> bool:
     return note is not None
 
 
-async def sync_inbound(ctx: Context, obs: Any, bots: list[BotHandle]) -> float | None:
+async def sync_inbound(ctx: Context, obs: Observer, bots: list[BotHandle]) -> float | None:
     """Reset every bot's keepalive idle clock at (nearly) the same instant: the observer
     posts a channel line and each bot must receive it (inbound traffic).
 
@@ -79,7 +81,7 @@ async def sync_inbound(ctx: Context, obs: Any, bots: list[BotHandle]) -> float |
     return took if ok else None
 
 
-async def link_works(ctx: Context, obs: Any, bot: BotHandle, bound: float) -> float | None:
+async def link_works(ctx: Context, obs: Observer, bot: BotHandle, bound: float) -> float | None:
     """Wait until *bot* hears the observer again: post a fresh line every half second
     (a bot that is still reconnecting misses lines sent before it rejoined) until one is
     reported. Returns the seconds it took, or None if none was heard within *bound*."""
@@ -107,7 +109,7 @@ class FreezeRecord:
     conns: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
-async def freeze_links(ctx: Context, proxy: Any) -> FreezeRecord:
+async def freeze_links(ctx: Context, proxy: Proxy) -> FreezeRecord:
     """Freeze every live link through *proxy*, both directions, and record them."""
     n = await proxy.freeze("both")
     mono = time.monotonic()
@@ -121,7 +123,7 @@ async def freeze_links(ctx: Context, proxy: Any) -> FreezeRecord:
 
 
 async def freeze_worker(
-    ctx: Context, obs: Any, worker: BotHandle, proxy: Any, phase: str
+    ctx: Context, obs: Observer, worker: BotHandle, proxy: Proxy, phase: str
 ) -> FreezeRecord:
     """Sync *worker* with the observer (RunProblem if it never hears the sync line), then
     freeze every link of *proxy* both ways (EnvironmentProblem if there is none)."""
@@ -134,7 +136,7 @@ async def freeze_worker(
     return rec
 
 
-def freeze_held(proxy: Any, rec: FreezeRecord) -> tuple[bool, str]:
+def freeze_held(proxy: Proxy, rec: FreezeRecord) -> tuple[bool, str]:
     """Did every frozen link stay frozen with not one more byte across it?"""
     now = {c.id: c for c in proxy.connections()}
     problems = []

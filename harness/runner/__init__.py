@@ -6,17 +6,19 @@ document and the exit codes (0 passed, 1 a check failed, 2 usage or environment)
 pair runner (:mod:`harness.pair`), the demo and the fleet reuse its pieces. It sits
 above :mod:`harness.experiment` (the API experiments are written against) and
 :mod:`harness.report` (each kept attempt's HTML report).
+
+* :mod:`._arguments` -- the common flags, an experiment's parser, the environment.
+* :mod:`._attempts` -- an attempt, the repeat loop, the run directory, the result
+  document, exit codes, and the command an experiment module gets.
 """
 
-from harness.runner._runner import (
+from harness.runner._arguments import add_common_arguments, build_parser, environment
+from harness.runner._attempts import (
     CLEANED,
-    add_common_arguments,
     amain,
-    build_parser,
     commands,
     conclude,
     default_run_dir,
-    environment,
     main,
     open_run,
     repeat_attempts,

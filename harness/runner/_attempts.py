@@ -1,5 +1,6 @@
-"""The machinery that runs experiments: arguments, BOT_BIN, the environment, the run
-directory, the repeat loop with logged seeds, and exit codes.
+"""The runner's attempts: one attempt of an experiment against one arm, the repeat
+loop with logged seeds, the run directory, the result document and exit codes, and the
+command (``amain``/``main``) an experiment module gets from :func:`commands`.
 
 An experiment module (see :mod:`harness.experiment` for the API it is written against)
 provides::
@@ -12,7 +13,8 @@ provides::
 
 and gets ``main(argv)`` (a console entry point) and ``amain(argv)`` (the same, awaitable
 from a running trio loop, which the tests use to save interpreter start-ups) from here,
-in one line: ``amain, main = runner.commands(__name__)``.
+in one line: ``amain, main = runner.commands(__name__)``. Its arguments and environment
+are :mod:`._arguments`'.
 
 Exit codes: 0 every check of every attempt passed; 1 a check failed (or the bot under test
 could not do its job); 2 usage or environment (no BOT_BIN, no environment, the bot is not
@@ -22,17 +24,15 @@ an MCP server, the harness's own machinery failed).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
-import os
 import shlex
 import shutil
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO, TypeVar
@@ -42,8 +42,6 @@ import trio
 from faultnet.errors import CommandError, EnvironmentProblem, UsageError, fail
 from faultnet.eventlog import JsonlWriter, flatten
 from faultnet.interrupts import cancel_on_signals
-from faultnet.procs import stop_exact
-from harness import env as envmod
 from harness.experiment import (
     EXIT_ENV,
     EXIT_FAILED,
@@ -58,16 +56,14 @@ from harness.experiment import (
     time_scale_from,
 )
 from harness.report import publish_run
+from harness.runner._arguments import build_parser, environment
 
 __all__ = [
     "CLEANED",
-    "add_common_arguments",
     "amain",
-    "build_parser",
     "commands",
     "conclude",
     "default_run_dir",
-    "environment",
     "main",
     "open_run",
     "repeat_attempts",
@@ -78,142 +74,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-
-# --------------------------------------------------------------------------- arguments
-
-
-def add_common_arguments(p: argparse.ArgumentParser, *, pair: bool = False) -> None:
-    """The flags every experiment (and, with pair=True, the pair runner) takes."""
-    if not pair:
-        p.add_argument(
-            "--bot-bin",
-            metavar="CMD",
-            help="command line of the bot under test (shlex-split); default: $BOT_BIN, "
-            "or $APIARY_BIN (a stale alias of BOT_BIN, still accepted). Required: there is "
-            "no default.",
-        )
-        envg = p.add_mutually_exclusive_group()
-        envg.add_argument(
-            "--state",
-            metavar="DIR",
-            type=Path,
-            help="use the environment env-up wrote to DIR (state.env)",
-        )
-        envg.add_argument(
-            "--env",
-            choices=["auto"],
-            help="bring up a private environment for each attempt and tear it down after",
-        )
-    p.add_argument(
-        "--time-scale",
-        metavar="F",
-        help="scale every wait and every bot timing by F (default $HARNESS_TIME_SCALE or 1.0)",
-    )
-    p.add_argument("--repeat", type=int, default=1, metavar="N", help="run N attempts")
-    p.add_argument(
-        "--seed",
-        type=int,
-        metavar="S",
-        help="seed of the first attempt (replays it); later attempts use S+1, S+2, ...",
-    )
-    p.add_argument("--out", type=Path, metavar="PATH", help="write the JSON result here")
-    p.add_argument(
-        "--report",
-        type=Path,
-        metavar="PATH",
-        help="the JSONL attempt report (default RUN_DIR/report.jsonl)",
-    )
-    p.add_argument(
-        "--run-dir",
-        type=Path,
-        metavar="DIR",
-        help="where attempts keep their evidence (default: a new directory under $TMPDIR)",
-    )
-    p.add_argument(
-        "--keep", action="store_true", help="keep the run directory of passing attempts too"
-    )
-    p.add_argument(
-        "--json",
-        action="store_true",
-        help="print the JSON result on stdout (progress goes to stderr)",
-    )
-
-
-def build_parser(exp: ModuleType) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=f"python -m harness.exp_{exp.NAME}",
-        description=exp.DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Exit codes: 0 every check passed, 1 a check failed, 2 usage or environment.",
-    )
-    add_common_arguments(p)
-    exp.add_arguments(p)
-    return p
-
-
-# --------------------------------------------------------------------------- environment
-
-
-@contextlib.asynccontextmanager
-async def environment(
-    mode: str | None, state: Path | None, run_dir: Path, scale: TimeScale, say: Callable
-) -> AsyncIterator[Any]:
-    """Yield an EnvState: the one in *state* (or env's default), or, for mode "auto", a
-    private one brought up under *run_dir* and brought down by its exact PID after."""
-    if mode != "auto":
-        if state is None and os.environ.get("ENCLAVE_STATE_DIR"):
-            state = Path(os.environ["ENCLAVE_STATE_DIR"])
-        if state is None:
-            raise EnvironmentProblem(
-                "no environment: pass --state DIR (written by scripts/env-up.sh or "
-                "python -m harness.env up; or set ENCLAVE_STATE_DIR), or --env auto"
-            )
-        try:
-            st = await trio.to_thread.run_sync(envmod.read_state, state)
-        except Exception as exc:
-            raise EnvironmentProblem(
-                f"no usable environment in {state}: {exc}; run scripts/env-up.sh (or "
-                "python -m harness.env up) first, or pass --env auto"
-            ) from None
-        if not st.identity.is_alive():
-            raise EnvironmentProblem(
-                f"the environment's server (pid {st.pid}) is not running; run env-up again "
-                "or pass --env auto"
-            )
-        yield st
-        return
-    env_dir = run_dir / "env"
-    kwargs: dict[str, Any] = {}
-    if scale.factor != 1.0:
-        kwargs = {
-            "ping_interval": scale.real("server_ping_interval"),
-            "ping_timeout": scale.real("server_ping_timeout"),
-        }
-    try:
-        st = await trio.to_thread.run_sync(lambda: envmod.up(env_dir, **kwargs))
-    except Exception as exc:
-        raise EnvironmentProblem(f"env up failed: {type(exc).__name__}: {exc}") from exc
-    say(f"-- environment up: server pid {st.pid} on {st.host}:{st.port} (state {env_dir})")
-    try:
-        yield st
-    finally:
-        with trio.CancelScope(shield=True):
-            try:
-                rep = await trio.to_thread.run_sync(envmod.down, env_dir)
-                say(f"-- environment down: {rep.message}")
-                done = rep.outcome in ("stopped", "killed", "gone")
-            except Exception as exc:
-                say(f"-- environment down FAILED: {type(exc).__name__}: {exc}")
-                done = False
-            if not done:
-                # Backstop: this run started the server, and its PID and start time (read
-                # once at spawn) pin that one process, which is all stop_exact needs.
-                stopped = await trio.to_thread.run_sync(stop_exact, st.identity)
-                say(
-                    f"-- environment down (backstop): server pid {st.pid} by its recorded "
-                    f"PID and start time: {stopped.outcome}"
-                )
 
 
 # --------------------------------------------------------------------------- attempts
@@ -325,7 +185,9 @@ def default_run_dir(name: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=f"faultnet-{name}-"))
 
 
-def finish_attempt_dir(run_dir: Path, passed: bool, keep: bool, say: Callable) -> str | None:
+def finish_attempt_dir(
+    run_dir: Path, passed: bool, keep: bool, say: Callable[[str], None]
+) -> str | None:
     """Keep a failing attempt's directory (and say where); remove a passing one unless
     asked to keep it. Returns the kept path or None."""
     if passed and not keep:
@@ -505,7 +367,7 @@ def conclude(
     report_path: Path | None = report.path
     if args.run_dir is None and code == EXIT_OK and not args.keep:
         shutil.rmtree(base, ignore_errors=True)
-        if not report.path.exists():
+        if report_path is not None and not report_path.exists():
             report_path = None
     if args.repeat > 1:
         where = f"report {report_path}" if report_path else "passing: run directory removed"
