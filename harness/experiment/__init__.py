@@ -12,7 +12,7 @@ so the run report (:mod:`harness.report`) can read results with it.
   argv, fresh nicks, attempt seeds.
 * :mod:`._scenario` -- steps more than one experiment takes (sync the bots' idle clocks,
   freeze with a record, check that a freeze held, match what the observer received).
-* :mod:`._report` -- an experiment's :class:`Result`: checks, headline numbers, the
+* :mod:`._result` -- an experiment's :class:`Result`: checks, headline numbers, the
   internal control, and how they print.
 * :mod:`._contract` -- the bot contract, read: a delivery claim, a ``BOTEVENT`` line.
 * :mod:`._timescale` -- one :class:`TimeScale` for every wait and every bot timing.
@@ -27,7 +27,7 @@ from harness.experiment._helpers import (
     resolved_program,
     unique_nick,
 )
-from harness.experiment._report import (
+from harness.experiment._result import (
     EXIT_ENV,
     EXIT_FAILED,
     EXIT_OK,

@@ -39,7 +39,7 @@ from harness import enclave
 from harness.env import EnvState
 from harness.experiment._contract import parse_botevents
 from harness.experiment._helpers import unique_nick
-from harness.experiment._report import Result
+from harness.experiment._result import Result
 from harness.experiment._timescale import TimeScale
 
 __all__ = ["BotHandle", "Context", "RunProblem"]
