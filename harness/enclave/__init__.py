@@ -10,6 +10,11 @@ a one-word message body arrives intact.
 Commands: NICK, USER, PASS, CAP, AUTHENTICATE, JOIN, PART, PRIVMSG, NOTICE, TAGMSG,
 PING, PONG, QUIT, plus minimal NAMES, WHO, MODE, MOTD so common clients are content.
 
+Inside: :mod:`._engine` is the command engine, pure (lines in; lines, closes and events
+out; tested by tables), and :mod:`._server` its trio shell (sockets, send queues, flood
+control, keepalive); :mod:`._registry` the bot registry, :mod:`._flood` the flood
+bucket, :mod:`._client` the leader's side of EnclaveServ.
+
 Authentication
 ==============
 

@@ -704,7 +704,7 @@ async def test_client_behind_frozen_proxy_is_given_up_on(tmp_path: Path) -> None
 
 
 def test_spawn_duration_forms() -> None:
-    from harness.enclave._server import parse_duration
+    from harness.enclave._engine import parse_duration
 
     assert parse_duration("30") == 30 and parse_duration("1.5") == 1.5
     assert parse_duration("30m") == 1800 and parse_duration("2h") == 7200
