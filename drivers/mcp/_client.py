@@ -154,6 +154,71 @@ class _Pending:
         self.failure = failure
         self.done.set()
 
+    def result(self) -> Any:
+        """The settled request's ``result``, or what ended it raised."""
+        if self.failure is not None:
+            raise self.failure
+        if self.callback_error is not None:
+            raise self.callback_error
+        response = self.response
+        if isinstance(response, Error):
+            raise RPCError(self.method, response.code, response.message, response.data)
+        assert isinstance(response, Ok)
+        return response.result
+
+
+@dataclass
+class _CallRecord:
+    """What the call log says about one request (MCP's rules: a ``tools/call`` is logged
+    by its tool and arguments, its result text kept, ``isError`` its outcome)."""
+
+    method: str
+    tool: str | None
+    arguments: Any
+    outcome: str = "ok"
+    error_code: int | None = None
+    error_message: str | None = None
+    result_text: str | None = None
+
+    @classmethod
+    def of(cls, method: str, params: dict[str, Any]) -> _CallRecord:
+        if method == "tools/call":
+            return cls(method, params.get("name"), params.get("arguments", {}))
+        # The progress token is the driver's, not the caller's: not logged.
+        return cls(method, None, {k: v for k, v in params.items() if k != "_meta"})
+
+    def answered(self, result: Any) -> None:
+        if self.method == "tools/call" and isinstance(result, dict):
+            self.result_text = _result_text(result)[:RESULT_TEXT_MAX]
+            if result.get("isError"):
+                self.outcome = "is_error"
+
+    def failed(self, exc: BaseException, pending: _Pending) -> None:
+        if exc is pending.callback_error:
+            self.outcome, self.error_message = "error", f"on_progress raised {exc!r}"
+        elif isinstance(exc, trio.Cancelled):
+            self.outcome = "cancelled"
+        elif isinstance(exc, CallTimeout):
+            self.outcome, self.error_message = "timeout", str(exc)
+        elif isinstance(exc, ProcessExited):
+            self.outcome, self.error_message = "process_exited", str(exc)
+            self.error_code = exc.returncode
+        elif isinstance(exc, RPCError):
+            self.outcome, self.error_code, self.error_message = "error", exc.code, exc.message
+        elif isinstance(exc, ProtocolError):
+            self.outcome, self.error_message = "error", str(exc)
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "tool": self.tool,
+            "arguments": self.arguments,
+            "outcome": self.outcome,
+            "error_code": self.error_code,
+            "error_message": self.error_message,
+            "result_text": self.result_text,
+        }
+
 
 class MCPDriver:
     """Drives one MCP server over stdio. Make one with :func:`open_mcp`."""
@@ -432,93 +497,83 @@ class MCPDriver:
         a pipe with room takes a line in one write.
         """
         timeout = self.timeout if timeout is None else timeout
-        params = dict(params) if params else {}
-        token: str | None = None
-        if on_progress is not None:
-            token = f"progress-{next(self._progress_ids)}"
-            meta = dict(params.get("_meta") or {})
-            meta["progressToken"] = token
-            params["_meta"] = meta
+        params, token = self._with_progress_token(params, on_progress)
+        call = _CallRecord.of(method, params)
         req = request_impure(self._ids, method, params or None)
-        rid: int = req["id"]
-        pending = _Pending(rid, method, token, on_progress)
-        self._pending[rid] = pending
-        if token is not None:
-            self._by_token[token] = pending
-        tool = params.get("name") if method == "tools/call" else None
-        logged_args = params.get("arguments", {}) if method == "tools/call" else params
-        if isinstance(logged_args, dict) and "_meta" in logged_args and method != "tools/call":
-            logged_args = {k: v for k, v in logged_args.items() if k != "_meta"}
-        outcome, code, message = "ok", None, None
-        result_text: str | None = None
+        pending = _Pending(req["id"], method, token, on_progress)
         t0 = time.monotonic()
         try:
-            try:
-                if self._exited is not None or self._closed:
-                    raise self._dead()
-                with trio.move_on_after(timeout):
-                    try:
-                        await self._send(req)
-                    except (trio.BrokenResourceError, trio.ClosedResourceError):
-                        # The pipe broke: the reader will see EOF; let it fail us with
-                        # the exit code and stderr it collects.
-                        pass
-                    await pending.done.wait()
-                if not pending.done.is_set():
-                    self._abandoned.add(rid)
-                    note = self._problem_note(t0)
-                    if method != "initialize":  # the protocol forbids cancelling initialize
-                        await self._send_cancel(rid, f"timeout after {timeout:g} s")
-                    raise CallTimeout(method, timeout, rid, note)
-                if pending.failure is not None:
-                    raise pending.failure
-                if pending.callback_error is not None:
-                    outcome, message = "error", f"on_progress raised {pending.callback_error!r}"
-                    raise pending.callback_error
-                response = pending.response
-                if isinstance(response, Error):
-                    raise RPCError(method, response.code, response.message, response.data)
-                assert isinstance(response, Ok)
-                result = response.result
-                if method == "tools/call" and isinstance(result, dict):
-                    result_text = _result_text(result)[:RESULT_TEXT_MAX]
-                    if result.get("isError"):
-                        outcome = "is_error"
-                return result
-            except trio.Cancelled:
-                outcome = "cancelled"
-                if not pending.done.is_set() and method != "initialize":
-                    self._abandoned.add(rid)
-                    await self._send_cancel(rid, "cancelled by the caller")
-                raise
-        except CallTimeout as exc:
-            outcome, message = "timeout", str(exc)
+            result = await self._exchange(
+                req,
+                pending,
+                timeout,
+                # MCP: "the initialize request MUST NOT be cancelled by clients".
+                cancellable=method != "initialize",
+            )
+            call.answered(result)
+            return result
+        except BaseException as exc:
+            call.failed(exc, pending)
             raise
-        except ProcessExited as exc:
-            outcome, message = "process_exited", str(exc)
-            code = exc.returncode
-            raise
-        except RPCError as exc:
-            outcome, code, message = "error", exc.code, exc.message
-            raise
-        except ProtocolError as exc:
-            outcome, message = "error", str(exc)
+        finally:
+            self.record.request(
+                request_id=pending.request_id, seconds=time.monotonic() - t0, **call.fields()
+            )
+
+    def _with_progress_token(
+        self,
+        params: dict[str, Any] | None,
+        on_progress: Callable[[dict[str, Any]], None] | None,
+    ) -> tuple[dict[str, Any], str | None]:
+        """MCP progress: with *on_progress*, a fresh token in ``params._meta`` (a copy)."""
+        params = dict(params) if params else {}
+        if on_progress is None:
+            return params, None
+        token = f"progress-{next(self._progress_ids)}"
+        params["_meta"] = {**(params.get("_meta") or {}), "progressToken": token}
+        return params, token
+
+    # ---------------------------------------------------------------- the JSON-RPC session
+
+    async def _exchange(
+        self, req: dict[str, Any], pending: _Pending, timeout: float, *, cancellable: bool
+    ) -> Any:
+        """One JSON-RPC round trip: send *req*, wait for the answer routed to *pending*
+        (by id, or by its progress token), return its ``result``. Knows nothing of MCP's
+        methods; *cancellable* says whether a timeout or a cancel may send
+        ``notifications/cancelled``."""
+        rid = pending.request_id
+        self._pending[rid] = pending
+        if pending.progress_token is not None:
+            self._by_token[pending.progress_token] = pending
+        t0 = time.monotonic()
+        try:
+            if self._exited is not None or self._closed:
+                raise self._dead()
+            with trio.move_on_after(timeout):
+                try:
+                    await self._send(req)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    # The pipe broke: the reader will see EOF; let it fail us with
+                    # the exit code and stderr it collects.
+                    pass
+                await pending.done.wait()
+            if not pending.done.is_set():
+                self._abandoned.add(rid)
+                note = self._problem_note(t0)
+                if cancellable:
+                    await self._send_cancel(rid, f"timeout after {timeout:g} s")
+                raise CallTimeout(pending.method, timeout, rid, note)
+            return pending.result()
+        except trio.Cancelled:
+            if not pending.done.is_set() and cancellable:
+                self._abandoned.add(rid)
+                await self._send_cancel(rid, "cancelled by the caller")
             raise
         finally:
             self._pending.pop(rid, None)
-            if token is not None:
-                self._by_token.pop(token, None)
-            self.record.request(
-                method=method,
-                request_id=rid,
-                tool=tool,
-                arguments=logged_args,
-                seconds=time.monotonic() - t0,
-                outcome=outcome,
-                error_code=code,
-                error_message=message,
-                result_text=result_text,
-            )
+            if pending.progress_token is not None:
+                self._by_token.pop(pending.progress_token, None)
 
     def _problem_note(self, since_mono: float) -> str:
         # The stdout problems since the request was sent: an oversize or garbled line may
