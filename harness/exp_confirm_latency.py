@@ -25,7 +25,9 @@ import argparse
 import re
 import sys
 import time
+from typing import Any
 
+from drivers.irc import Message, Observer
 from faultnet.toxics import Latency
 from harness import runner
 from harness.experiment import BotHandle, Context, claims_delivery, pct
@@ -101,16 +103,7 @@ async def run(ctx: Context) -> None:
             await obs.wait_for(last, s.bound(5, floor=2))
             logged = w.events("post_confirm")[before:]
 
-    by_text = {}
-    for m in list(obs.messages):
-        if m.sender.lower() == nick.lower():
-            by_text.setdefault(m.text, m)
-    delivered = []
-    for p in posts:
-        m = next((m for t, m in by_text.items() if p["text"] in t), None)
-        p["observer_ms"] = None if m is None else (m.mono - p["t_call"]) * 1000
-        if m is not None:
-            delivered.append(p["observer_ms"])
+    delivered = _observer_arrivals(obs, nick, posts)
     unconfirmed_calls = sum(1 for p in posts if not claims_delivery(p["result"]))
     log_ms = [float(e.get("elapsed_ms", 0.0)) for e in logged]
     log_confirmed = [float(e["elapsed_ms"]) for e in logged if e.get("result") == "confirmed"]
@@ -180,6 +173,22 @@ async def run(ctx: Context) -> None:
     # Delivery time through the same proxy and server: machine noise only. 50 ms covers a
     # loaded CI box; a slower link in one arm than the other would exceed it.
     r.control("observer arrival p50", _r(pct(delivered, 50)), "ms", 50.0)
+
+
+def _observer_arrivals(obs: Observer, nick: str, posts: list[dict[str, Any]]) -> list[float]:
+    """Set each post's ``observer_ms`` (call to arrival at the observer, None if it never
+    arrived from *nick*); return the arrivals that happened, in post order."""
+    by_text: dict[str, Message] = {}
+    for m in list(obs.messages):
+        if m.sender.lower() == nick.lower():
+            by_text.setdefault(m.text, m)
+    delivered: list[float] = []
+    for p in posts:
+        m = next((m for t, m in by_text.items() if p["text"] in t), None)
+        p["observer_ms"] = None if m is None else (m.mono - p["t_call"]) * 1000
+        if m is not None:
+            delivered.append(p["observer_ms"])
+    return delivered
 
 
 async def _effective_budget(ctx: Context, w: BotHandle) -> tuple[float, str]:

@@ -329,45 +329,17 @@ class IrcLink:
         while True:
             line = parse(await self._read_line(s))
             cmd = line.command
+            refused = self._refusal(line)
+            if refused is not None:
+                raise ConnectFailed(refused)
             if cmd == "PING":
                 await self._write(s, render("PONG", *line.params))
             elif cmd == "CAP":
-                sub = line.arg(1).upper()
-                if sub == "LS":
-                    for item in line.arg(-1).split():
-                        key, _, value = item.partition("=")
-                        offered[key] = value
-                    if len(line.params) >= 4 and line.arg(2) == "*":
-                        continue  # more LS lines follow
-                    s.offered = dict(offered)
-                    s.auth = self._choose_auth(offered)
-                    requested = {c for c in wanted if c in offered}
-                    if s.auth != "sasl":
-                        requested.discard("sasl")
-                    ask = render("CAP", "REQ", " ".join(sorted(requested)))
-                    await self._write(s, self._hello(s.auth) + (ask if requested else _CAP_END))
-                elif sub == "ACK":
-                    for cap in line.arg(-1).split():
-                        if cap.startswith("-"):
-                            s.caps = s.caps - {cap[1:]}
-                        else:
-                            s.caps = s.caps | {cap}
-                    sasl = s.auth == "sasl" and "sasl" in s.caps
-                    await self._write(s, render("AUTHENTICATE", "PLAIN") if sasl else _CAP_END)
-                elif sub == "NAK":
-                    if s.auth != "sasl":
-                        await self._write(s, _CAP_END)  # go on without the extras
-                    elif requested == {"sasl"}:
-                        raise ConnectFailed("server refused CAP REQ sasl")
-                    else:
-                        requested = {"sasl"}  # ask for the one cap we cannot do without
-                        await self._write(s, render("CAP", "REQ", "sasl"))
+                requested = await self._on_cap(s, line, wanted, offered, requested)
             elif cmd == "AUTHENTICATE" and line.arg(0) == "+":
                 await self._write(s, self._sasl_plain())
             elif cmd == "903":
                 await self._write(s, _CAP_END)
-            elif cmd in _SASL_REFUSED:
-                raise ConnectFailed(f"SASL authentication refused ({cmd} {line.arg(-1)})")
             elif cmd in ("410", "421") and line.arg(1).upper() in ("CAP", "LS") and not s.auth:
                 s.auth = self._choose_auth({})  # a server without IRCv3 capabilities
                 await self._write(s, self._hello(s.auth))
@@ -379,14 +351,63 @@ class IrcLink:
                 if casefold(line.arg(0)) == casefold(cfg.channel):
                     s.joined = True
                     return
-            elif cmd in _NICK_REFUSED:
-                raise ConnectFailed(f"nick {cfg.nick} refused ({cmd} {line.arg(-1)})")
-            elif cmd in ("464", "465"):
-                raise ConnectFailed(f"refused by the server ({cmd} {line.arg(-1)})")
-            elif cmd in _JOIN_REFUSED:
-                raise ConnectFailed(f"cannot join {cfg.channel} ({cmd} {line.arg(-1)})")
-            elif cmd == "ERROR":
-                raise ConnectFailed(f"server closed the link: {line.arg(-1)}")
+
+    def _refusal(self, line: Line) -> str | None:
+        """Why the server refused the registration *line* answers, or None."""
+        cmd, cfg = line.command, self._cfg
+        if cmd in _SASL_REFUSED:
+            return f"SASL authentication refused ({cmd} {line.arg(-1)})"
+        if cmd in _NICK_REFUSED:
+            return f"nick {cfg.nick} refused ({cmd} {line.arg(-1)})"
+        if cmd in ("464", "465"):
+            return f"refused by the server ({cmd} {line.arg(-1)})"
+        if cmd in _JOIN_REFUSED:
+            return f"cannot join {cfg.channel} ({cmd} {line.arg(-1)})"
+        if cmd == "ERROR":
+            return f"server closed the link: {line.arg(-1)}"
+        return None
+
+    async def _on_cap(
+        self,
+        s: _Session,
+        line: Line,
+        wanted: tuple[str, ...],
+        offered: dict[str, str],
+        requested: set[str],
+    ) -> set[str]:
+        """One CAP answer during registration (LS, ACK or NAK); returns the caps now
+        requested. LS lines accumulate in *offered* until the last decides the login."""
+        sub = line.arg(1).upper()
+        if sub == "LS":
+            for item in line.arg(-1).split():
+                key, _, value = item.partition("=")
+                offered[key] = value
+            if len(line.params) >= 4 and line.arg(2) == "*":
+                return requested  # more LS lines follow
+            s.offered = dict(offered)
+            s.auth = self._choose_auth(offered)
+            requested = {c for c in wanted if c in offered}
+            if s.auth != "sasl":
+                requested.discard("sasl")
+            ask = render("CAP", "REQ", " ".join(sorted(requested)))
+            await self._write(s, self._hello(s.auth) + (ask if requested else _CAP_END))
+        elif sub == "ACK":
+            for cap in line.arg(-1).split():
+                if cap.startswith("-"):
+                    s.caps = s.caps - {cap[1:]}
+                else:
+                    s.caps = s.caps | {cap}
+            sasl = s.auth == "sasl" and "sasl" in s.caps
+            await self._write(s, render("AUTHENTICATE", "PLAIN") if sasl else _CAP_END)
+        elif sub == "NAK":
+            if s.auth != "sasl":
+                await self._write(s, _CAP_END)  # go on without the extras
+            elif requested == {"sasl"}:
+                raise ConnectFailed("server refused CAP REQ sasl")
+            else:
+                requested = {"sasl"}  # ask for the one cap we cannot do without
+                await self._write(s, render("CAP", "REQ", "sasl"))
+        return requested
 
     def _sasl_plain(self) -> bytes:
         """``AUTHENTICATE`` lines for PLAIN (authzid = authcid = nick), 400-byte chunks."""
