@@ -10,16 +10,25 @@ import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 import trio
 
-from faultnet.errors import EnvironmentProblem
+from faultnet.errors import EnvironmentProblem, UsageError
 from faultnet.procs import stop_exact
 from harness import env as envmod
 from harness.experiment import TimeScale
 
-__all__ = ["add_common_arguments", "build_parser", "environment"]
+__all__ = ["OneLineParser", "add_common_arguments", "build_parser", "environment"]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose mistakes raise :class:`UsageError` (the command prints it
+    as one line and exits 2) instead of printing the usage dump and exiting itself:
+    nothing is made (no run directory) before the arguments are known to be right."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (try --help)")
 
 
 # --------------------------------------------------------------------------- arguments
@@ -83,7 +92,8 @@ def add_common_arguments(p: argparse.ArgumentParser, *, pair: bool = False) -> N
 
 
 def build_parser(exp: ModuleType) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    """The command line of experiment *exp*: the common flags, then its own."""
+    p = OneLineParser(
         prog=f"python -m harness.exp_{exp.NAME}",
         description=exp.DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,

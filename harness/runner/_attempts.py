@@ -203,8 +203,10 @@ async def amain(exp: ModuleType, argv: Sequence[str] | None = None) -> int:
     parser = build_parser(exp)
     try:
         args = parser.parse_args(list(argv) if argv is not None else None)
-    except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
+    except SystemExit as exc:  # argparse: --help, --version
         return int(exc.code or 0)
+    except UsageError as exc:
+        return fail(parser.prog, exc)
     out = sys.stderr if args.json else sys.stdout
     prog = parser.prog
     try:

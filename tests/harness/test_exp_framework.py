@@ -176,6 +176,33 @@ async def test_every_experiment_usage_errors_exit_2_without_a_run(
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [["--bogus"], ["--repeat", "x"], ["--env", "manual"], ["--seed"]],
+    ids=["unknown flag", "bad int", "bad choice", "missing value"],
+)
+def test_an_experiment_usage_error_is_one_line_and_leaves_no_run_directory(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    """Issue 24 item 6: argparse's mistakes were its usage dump (8 lines); now one line,
+    exit 2, and nothing made under $TMPDIR."""
+    environ = {**os.environ, "TMPDIR": str(tmp_path), "BOT_BIN": f"{sys.executable} -m harness.bot"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.exp_silent_loss", *argv],
+        capture_output=True,
+        text=True,
+        env=environ,
+        cwd=REPO,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("python -m harness.exp_silent_loss: error: ")
+    assert "Traceback" not in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 # ----------------------------------------------------------------- results
 
 
