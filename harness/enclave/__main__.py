@@ -21,6 +21,7 @@ import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import trio
 
@@ -59,14 +60,31 @@ def _count(text: str) -> int:
     return int(value)
 
 
+def _port(text: str) -> int:
+    """A TCP port, 0 (pick a free one) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0 to 65535: {text!r}")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, not argparse's usage dump (the front-door rule).
+        self.exit(2, f"{self.prog}: error: {message} (try --help)\n")
+
+
 def _serve_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog=PROG,
         description="Run the enclave IRC server on loopback (subcommands: mint-leader, bots; "
         "see `%(prog)s mint-leader --help`).",
     )
     p.add_argument("--host", default="127.0.0.1", help="loopback address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=0, help="TCP port; 0 picks a free one (default)")
+    p.add_argument("--port", type=_port, default=0, help="TCP port; 0 picks a free one (default)")
     p.add_argument("--state", required=True, type=Path, help="state directory (registry)")
     p.add_argument(
         "--ping-interval",
@@ -118,16 +136,14 @@ def _serve_parser() -> argparse.ArgumentParser:
 
 def _admin_parser(command: str) -> argparse.ArgumentParser:
     if command == "mint-leader":
-        p = argparse.ArgumentParser(
+        p = _Parser(
             prog=f"{PROG} mint-leader",
             description="Create an owner and its leader bot NICK; print the new token "
             "(64 hex). Exit 1 if the nick is taken.",
         )
         p.add_argument("--nick", required=True)
     else:
-        p = argparse.ArgumentParser(
-            prog=f"{PROG} bots", description="List every bot in the registry."
-        )
+        p = _Parser(prog=f"{PROG} bots", description="List every bot in the registry.")
     p.add_argument("--state", required=True, type=Path, help="state directory (registry)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     return p

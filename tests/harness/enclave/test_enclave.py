@@ -670,6 +670,16 @@ def test_bad_usage_is_one_line_exit_2(tmp_path: Path) -> None:
     assert r.returncode == 2 and "--flood-rate" in r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("port", ["99999", "-1", "65536", "http"])
+def test_a_port_out_of_range_is_one_line_exit_2(tmp_path: Path, port: str) -> None:
+    """Issue 24 item 5: --port 99999 was an OverflowError in an ExceptionGroup, exit 1."""
+    r = enclave("--state", str(tmp_path), "--port", port)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--port" in lines[0], r.stderr
+
+
 async def test_client_behind_frozen_proxy_is_given_up_on(tmp_path: Path) -> None:
     """A real blackhole-like freeze (faultnet proxy): the server's keepalive drops the
     client, and its channel peers see the QUIT."""
