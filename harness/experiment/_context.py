@@ -38,16 +38,11 @@ from faultnet.eventlog import JsonlWriter
 from harness import enclave
 from harness.env import EnvState
 from harness.experiment._contract import parse_botevents
-from harness.experiment._helpers import unique_nick
+from harness.experiment._helpers import RunProblem, unique_nick
 from harness.experiment._result import Result
 from harness.experiment._timescale import TimeScale
 
-__all__ = ["BotHandle", "Context", "RunProblem"]
-
-
-class RunProblem(Exception):
-    """The bot under test could not do its job (exit 1): it never connected, a spawn
-    it needed failed. Recorded as the run's error; every check counts as failed."""
+__all__ = ["BotHandle", "Context"]
 
 
 @dataclass

@@ -1,5 +1,5 @@
-"""Helpers the experiment API and the runner share: percentiles, BOT_BIN as an argv,
-fresh nicks, attempt seeds."""
+"""Helpers the experiment API and the runner share: the RunProblem verdict,
+percentiles, BOT_BIN as an argv, fresh nicks, attempt seeds."""
 
 from __future__ import annotations
 
@@ -12,7 +12,19 @@ from collections.abc import Mapping, Sequence
 
 from faultnet.errors import EnvironmentProblem
 
-__all__ = ["attempt_seeds", "pct", "resolve_bot_argv", "resolved_program", "unique_nick"]
+__all__ = [
+    "RunProblem",
+    "attempt_seeds",
+    "pct",
+    "resolve_bot_argv",
+    "resolved_program",
+    "unique_nick",
+]
+
+
+class RunProblem(Exception):
+    """The bot under test could not do its job (exit 1): it never connected, a spawn
+    it needed failed. Recorded as the run's error; every check counts as failed."""
 
 
 def pct(values: Sequence[float], p: float) -> float | None:

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from drivers.irc import Observer
-from faultnet import Proxy
 from faultnet.errors import EnvironmentProblem
 from faultnet.eventlog import flatten
-from harness.experiment._context import BotHandle, Context, RunProblem
+from harness.experiment._helpers import RunProblem
+
+if TYPE_CHECKING:  # for the annotations only: see the package's docstring
+    from drivers.irc import Observer
+    from faultnet import Proxy
+    from harness.experiment._context import BotHandle, Context
 
 __all__ = [
     "FreezeRecord",

@@ -4,6 +4,8 @@ results and their drift, the freeze control."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import types
 
 import pytest
@@ -30,6 +32,7 @@ from harness.experiment import (
     resolve_bot_argv,
     time_scale_from,
 )
+from tests import REPO
 
 # ----------------------------------------------------------------- time scale
 
@@ -189,3 +192,26 @@ async def test_freeze_held_goes_red_when_bytes_cross_or_nothing_was_frozen() -> 
     empty = FreezeRecord(0.0, 0, {})
     ok, detail = freeze_held(types.SimpleNamespace(connections=lambda: []), empty)
     assert not ok and "no link was frozen" in detail
+
+
+# ----------------------------------------------------------------- what importing costs
+
+
+def test_reading_results_loads_no_trio_and_the_api_loads_on_first_use() -> None:
+    """The run report imports this package for Result and the contract reader alone:
+    that must not drag in trio and the drivers (0.3 s -> 2.0 s for `import
+    harness.report` when it did). Context and BotHandle still import as names."""
+    code = (
+        "import sys\n"
+        "import harness.report\n"
+        "from harness.experiment import Result, claims_delivery\n"
+        "print('trio' in sys.modules, 'drivers.mcp' in sys.modules)\n"
+        "from harness.experiment import BotHandle, Context\n"
+        "from harness.experiment._context import Context as Direct\n"
+        "print(Context is Direct, BotHandle.__name__)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "False", "True", "BotHandle"]
