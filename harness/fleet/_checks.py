@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness._contract import claims_delivery
+from harness.experiment import claims_delivery
 from harness.fleet._records import DOWN_ACTIONS, LINK_ACTIONS, Bot, Episode, Facts
 
 __all__ = [

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from faultnet.eventlog import CorruptLogError, read_jsonl
-from harness._contract import parse_botevents
+from harness.experiment import parse_botevents
 
 __all__ = [
     "DOWN_ACTIONS",

@@ -29,20 +29,21 @@ import trio
 from faultnet.chaos import JoinLog, Plan, PlanError, Runner, draw, make_plan
 from faultnet.errors import CommandError, EnvironmentProblem, UsageError, fail
 from faultnet.eventlog import JsonlWriter, read_jsonl
-from harness._contract import claims_delivery
-from harness._report import EXIT_ENV, EXIT_OK
-from harness._runner import (
+from faultnet.interrupts import cancel_on_signals
+from harness.experiment import (
+    EXIT_ENV,
+    EXIT_OK,
     BotHandle,
     Context,
     RunProblem,
-    cancel_on_signals,
-    default_run_dir,
+    TimeScale,
+    claims_delivery,
     resolve_bot_argv,
-    run_attempt,
+    time_scale_from,
     unique_nick,
 )
-from harness._timescale import TimeScale, time_scale_from
 from harness.fleet._plan import FAULT_PHASE, POST_INTERVAL, fleet_config, slots_json
+from harness.runner import default_run_dir, run_attempt
 
 __all__ = ["MODES", "amain", "build_parser", "main", "run"]
 
@@ -179,7 +180,7 @@ async def _workload(fleet: Fleet, spec: BotSpec, bot: BotHandle) -> None:
 
 
 async def run(ctx: Context) -> None:
-    """The runner's one attempt (called by :func:`harness._runner.run_attempt`)."""
+    """The runner's one attempt (called by :func:`harness.runner.run_attempt`)."""
     args, s = ctx.args, ctx.scale
     r = ctx.result
     labels = _labels(args.bots)

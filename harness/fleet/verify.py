@@ -3,7 +3,7 @@
 (``python -m harness.fleet_verify`` is the same command.) It reads the run directory
 through :mod:`harness.fleet._records` and judges it with the table of checks in
 :mod:`harness.fleet._checks`; it shares nothing with the runner but the run directory (and the bot
-contract's reader, :mod:`harness._contract`, as every consumer of a bot's output does):
+contract's reader, :mod:`harness.experiment`, as every consumer of a bot's output does):
 ``manifest.json`` names every file, and every verdict comes from what the bots' own records and the
 observer's transcript say, never from what a bot claimed. A post's reply is the claim
 under test; the observer's transcript is what happened.

@@ -24,7 +24,7 @@ observer's wall-clock receive times are mapped onto it through its record's own
 (wall, mono) pair.
 
 A post is scored the way the experiments score it (principle 3): *claimed* is what the
-bot's answer said (:func:`harness._contract.claims_delivery`), *received* is whether the
+bot's answer said (:func:`harness.experiment.claims_delivery`), *received* is whether the
 observer got the exact text. The answer is read from the call record (``result_text``);
 runs recorded before the call record kept it fall back to the experiment's own post
 table, then to the bot's ``post_confirm`` events, and say so in ``claim_source``.
