@@ -4,12 +4,16 @@ Everything that decides a datagram's fate lives here, so it is tested by tables 
 seed replays it exactly. faultnet owns the random on UDP (unlike TCP loss, where the
 kernel draws it): every decision is a number in [0, 1) derived by sha256 from
 
-    seed : session id : stream : datagram's sequence number : what is being decided
+    seed : stream : the datagram's index in its direction : what is being decided
 
-so the same seed, the same sessions (numbered in order of first contact from 1) and the
-same datagram order reproduce the exact same drops, duplicates and delays, whatever the
-timing. :func:`draw` is public so a test (or a user) can predict the fate of datagram
-*seq* without running the proxy.
+where the index counts the proxy's datagrams of that direction from 0, across all its
+sessions. So the same seed and the same datagram order reproduce the exact same drops,
+duplicates and delays, whatever the timing and whatever source ports the kernel picks:
+keyed by session, a client with a fresh socket per query (dnspython's default, like most
+stub resolvers) whose port the kernel reused within the idle time merged two queries into
+one session, and every later fate shifted (two same-seed runs differed in 32 of 200
+fates at 10 % loss). :func:`draw` is public so a test (or a user) can predict the fate of
+datagram *seq* without running the proxy.
 
 The order of the steps, per datagram, once it passed the freeze/blackhole gate (the
 proxy's business, not this module's):
@@ -38,9 +42,10 @@ SIZE_ACTIONS = ("truncate", "drop")
 _SCALE = float(2**64)
 
 
-def draw(seed: int, session: int, stream: str, seq: int, what: str) -> float:
-    """The seeded number in [0, 1) that decides *what* for one datagram."""
-    digest = hashlib.sha256(f"{seed}:{session}:{stream}:{seq}:{what}".encode()).digest()
+def draw(seed: int, stream: str, seq: int, what: str) -> float:
+    """The seeded number in [0, 1) that decides *what* for datagram *seq* (its index in
+    the proxy's *stream* direction, from 0)."""
+    digest = hashlib.sha256(f"{seed}:{stream}:{seq}:{what}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / _SCALE
 
 
@@ -118,15 +123,14 @@ class Fate:
     reorder: bool = False
 
 
-def _chance(percent: float, seed: int, session: int, stream: str, seq: int, what: str) -> bool:
+def _chance(percent: float, seed: int, stream: str, seq: int, what: str) -> bool:
     # 0 never fires and 100 always does (draw() < 1 always).
-    return percent > 0 and draw(seed, session, stream, seq, what) * 100.0 < percent
+    return percent > 0 and draw(seed, stream, seq, what) * 100.0 < percent
 
 
-def fate(
-    imp: Impairment, payload: bytes, *, seed: int, session: int, stream: str, seq: int
-) -> Fate:
-    """Decide the fate of datagram *seq* of *stream* in *session* under *imp*."""
+def fate(imp: Impairment, payload: bytes, *, seed: int, stream: str, seq: int) -> Fate:
+    """Decide the fate of datagram *seq* (its index in the proxy's *stream* direction)
+    under *imp*."""
     if not imp.active:
         return Fate(payload=payload)
     truncated = False
@@ -134,7 +138,7 @@ def fate(
         if imp.size_action == "drop":
             return Fate(dropped="oversize")
         payload, truncated = payload[: imp.size_limit], True
-    key = (seed, session, stream, seq)
+    key = (seed, stream, seq)
     if _chance(imp.loss, *key, "loss"):
         return Fate(dropped="loss", truncated=truncated)
     copies = 2 if _chance(imp.duplicate, *key, "duplicate") else 1

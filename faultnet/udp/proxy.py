@@ -16,7 +16,9 @@ Fault modes, each per direction (``stream``: ``upstream`` = client to server,
   nothing comes back;
 * impairments (:mod:`faultnet.udp.impairments`): ``loss``, ``latency`` with jitter,
   ``duplicate``, ``reorder`` and ``size_limit`` (truncate or drop), all seeded: the proxy's
-  ``seed`` reproduces the exact fate of every datagram. ``clear`` removes them.
+  ``seed`` reproduces the exact fate of every datagram, keyed by its index in its
+  direction across all sessions (so whatever source ports the kernel picks). ``clear``
+  removes them.
 
 Every fault call is total when it returns: the next datagram read is treated under the
 new state (datagrams already delayed in a lane keep the fate they were given).
@@ -134,7 +136,6 @@ class Session:
             "downstream": Lane(listener, lambda data: listener.sendto(data, peer)),
         }
         self.counts = {s: UdpCounts() for s in STREAMS}
-        self.seq = dict.fromkeys(STREAMS, 0)
         self.held: dict[str, deque[tuple[int, bytes]]] = {s: deque() for s in STREAMS}
         self.started = self.last_active = time.monotonic()
         self.scope = trio.CancelScope()
@@ -161,8 +162,10 @@ class Session:
         self.last_active = time.monotonic()
         counts = self.counts[stream]
         counts.received += 1
-        seq = self.seq[stream]
-        self.seq[stream] = seq + 1
+        # The index in the proxy's direction, not the session's: fates must not depend
+        # on how the kernel's choice of source ports cut the traffic into sessions.
+        seq = self.proxy._seq[stream]
+        self.proxy._seq[stream] = seq + 1
         gate = self.proxy._gates[stream]
         if gate == BLACKHOLED:
             counts.blackholed += 1
@@ -177,7 +180,7 @@ class Session:
 
     def _impair(self, stream: str, seq: int, payload: bytes) -> None:
         imp = self.proxy._impairments[stream]
-        f = fate(imp, payload, seed=self.proxy.seed, session=self.id, stream=stream, seq=seq)
+        f = fate(imp, payload, seed=self.proxy.seed, stream=stream, seq=seq)
         counts = self.counts[stream]
         counts.truncated += f.truncated
         if f.dropped == "loss":
@@ -306,6 +309,8 @@ class UdpProxy:
         self._nursery: trio.Nursery | None = None
         self._closed = trio.Event()
         self._gates = dict.fromkeys(STREAMS, OPEN)
+        #: Datagrams read so far per direction, all sessions: the index fates are keyed by.
+        self._seq = dict.fromkeys(STREAMS, 0)
         self._impairments = dict.fromkeys(STREAMS, Impairment())
 
     @property

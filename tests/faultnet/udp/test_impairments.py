@@ -7,7 +7,7 @@ import pytest
 
 from faultnet.udp.impairments import Fate, Impairment, draw, fate
 
-KEY = {"seed": 7, "session": 1, "stream": "upstream"}
+KEY = {"seed": 7, "stream": "upstream"}
 
 
 def fates(imp: Impairment, n: int = 1000, payload: bytes = b"x" * 50) -> list[Fate]:
@@ -51,17 +51,17 @@ def test_jitter_spans_its_whole_range() -> None:
 def test_a_seed_fixes_every_decision_and_another_seed_changes_them() -> None:
     imp = Impairment(loss=30, duplicate=20, reorder=10, latency_ms=10, jitter_ms=5)
     assert fates(imp) == fates(imp)
-    other = [fate(imp, b"x" * 50, seed=8, session=1, stream="upstream", seq=i) for i in range(1000)]
+    other = [fate(imp, b"x" * 50, seed=8, stream="upstream", seq=i) for i in range(1000)]
     assert other != fates(imp)
     # The drop of datagram seq is predictable from draw() alone.
-    predicted = [draw(7, 1, "upstream", i, "loss") < 0.3 for i in range(1000)]
+    predicted = [draw(7, "upstream", i, "loss") < 0.3 for i in range(1000)]
     assert predicted == [f.dropped == "loss" for f in fates(imp)]
 
 
-def test_streams_and_sessions_draw_independently() -> None:
-    a = [draw(1, 1, "upstream", i, "loss") for i in range(100)]
-    assert a != [draw(1, 1, "downstream", i, "loss") for i in range(100)]
-    assert a != [draw(1, 2, "upstream", i, "loss") for i in range(100)]
+def test_streams_and_decisions_draw_independently() -> None:
+    a = [draw(1, "upstream", i, "loss") for i in range(100)]
+    assert a != [draw(1, "downstream", i, "loss") for i in range(100)]
+    assert a != [draw(1, "upstream", i, "duplicate") for i in range(100)]
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ import dns.rrset
 import pytest
 import trio
 
-from faultnet.testing import udp_echo_server
+from faultnet.testing import udp_echo_server, wait_until
 from faultnet.udp import open_udp_proxy
 from tests.conftest import require_program
 
@@ -123,3 +123,55 @@ async def test_socat_as_a_udp_client_sees_its_line_truncated() -> None:
                 capture_stderr=True,
             )
         assert done.stdout == b"hello"
+
+
+async def _fates_of_fresh_socket_queries(seed: int, n: int, *, source_port: int) -> list[str]:
+    """*n* dnspython queries through 10 % loss each way, each from a fresh socket
+    (dnspython's default), one at a time: the fate of each, "answered" or "lost".
+
+    ``source_port`` 0 lets the kernel pick each socket's port; a fixed port makes every
+    query reuse it, so they all land in one session (the kernel's reuse, forced)."""
+    async with dns_responder() as (server, _), open_udp_proxy(server, seed=seed) as proxy:
+        await proxy.loss(10)
+
+        def lost() -> int:
+            return sum(c["lost"] for s in proxy.sessions() for c in s.counts.values())
+
+        fates: list[str] = []
+        for _ in range(n):
+            before = lost()
+            async with trio.open_nursery() as nursery:
+
+                async def query(nursery: trio.Nursery = nursery) -> None:
+                    query = dns.message.make_query("service.faultnet.test", "A")
+                    await dns.asyncquery.udp(
+                        query,
+                        proxy.address[0],
+                        port=proxy.address[1],
+                        timeout=10,
+                        source="127.0.0.1",
+                        source_port=source_port,
+                    )
+                    fates.append("answered")
+                    nursery.cancel_scope.cancel()
+
+                async def watch(nursery: trio.Nursery = nursery, before: int = before) -> None:
+                    # A lost query or answer is the proxy's count going up: no timeout
+                    # decides it.
+                    await wait_until(lambda: lost() > before, timeout=10)
+                    fates.append("lost")
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(query)
+                nursery.start_soon(watch)
+        return fates
+
+
+async def test_a_seed_replays_the_same_fates_whatever_source_ports_the_kernel_picks() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # free a moment ago; UDP rebinds it at once
+    kernel_ports = await _fates_of_fresh_socket_queries(5, 80, source_port=0)
+    one_port = await _fates_of_fresh_socket_queries(5, 80, source_port=port)
+    assert kernel_ports == one_port
+    assert 3 <= kernel_ports.count("lost") <= 35

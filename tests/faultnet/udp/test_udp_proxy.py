@@ -224,7 +224,7 @@ async def test_a_seed_reproduces_the_exact_drops_and_another_seed_does_not() -> 
     )
     assert first == again
     assert first != other
-    assert first == {i for i in range(300) if draw(11, 1, "upstream", i, "loss") < 0.3}
+    assert first == {i for i in range(300) if draw(11, "upstream", i, "loss") < 0.3}
     assert 50 < len(first) < 130
 
 
