@@ -115,6 +115,16 @@ EVENTS: dict[str, Event] = _table(
     Event("session_failed", ("peer", "error"), "a session could not get a socket"),
     Event("upstream_refused", ("session",), "the upstream answered ICMP port unreachable"),
     Event("receive_error", ("error",), "a receive on the UDP listener failed"),
+    Event(
+        "send_failed",
+        ("session", "stream", "bytes", "error"),
+        "the kernel refused a datagram (e.g. too long for the family): once per errno",
+    ),
+    Event(
+        "datagram_cut",
+        ("session", "stream", "bytes", "kept"),
+        "a datagram longer than the receive buffer, cut: once per session and stream",
+    ),
     # -- the server --
     Event("api_listening", ("url",), "the API is serving"),
     Event("api_error", ("method", "path", "error", "traceback"), "a request met a bug: 500"),

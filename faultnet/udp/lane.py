@@ -36,11 +36,19 @@ class _Deferred:
 class Lane:
     """Sends on *sock* through *send* (a non-blocking call that may raise
     ``BlockingIOError``). ``sent`` counts datagrams handed to the kernel; ``send_errors``
-    those the kernel refused (e.g. ECONNREFUSED left by an ICMP port unreachable)."""
+    those the kernel refused (e.g. ECONNREFUSED left by an ICMP port unreachable, or
+    EMSGSIZE for a payload the socket's family cannot carry), each also passed to
+    *on_error* with its payload, so that no datagram is lost silently."""
 
-    def __init__(self, sock: object, send: Callable[[bytes], object]) -> None:
+    def __init__(
+        self,
+        sock: object,
+        send: Callable[[bytes], object],
+        on_error: Callable[[OSError, bytes], object] = lambda exc, payload: None,
+    ) -> None:
         self._sock = sock
         self._send = send
+        self._on_error = on_error
         self._queue: deque[tuple[float, bytes]] = deque()
         self._last_due = -math.inf
         self._deferred: _Deferred | None = None
@@ -70,8 +78,9 @@ class Lane:
                 self._send(payload)
             except BlockingIOError:
                 pass  # queued below, for the sender task
-            except OSError:
+            except OSError as exc:
                 self.send_errors += 1
+                self._on_error(exc, payload)
                 return
             else:
                 self.sent += 1
@@ -105,8 +114,9 @@ class Lane:
                 self._send(queue[0][1])
             except BlockingIOError:
                 return False
-            except OSError:
+            except OSError as exc:
                 self.send_errors += 1
+                self._on_error(exc, queue[0][1])
             else:
                 self.sent += 1
             queue.popleft()

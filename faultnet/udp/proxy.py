@@ -53,8 +53,12 @@ Address = tuple[str, int]
 #: client to server, server to client (Toxiproxy's names, as on TCP).
 STREAMS = ("upstream", "downstream")
 _STREAM_CHOICES = ("both", *STREAMS)
-#: The largest UDP payload (65535 - 8 byte UDP header - 20 byte IPv4 header).
-MAX_DATAGRAM = 65507
+#: Bytes read per datagram: more than the largest UDP payload of either family (IPv4
+#: 65,507 = 65,535 - 20 - 8; IPv6 65,527 = 65,535 - 8, its length field not counting its
+#: own header). Sized for IPv4 alone it cut IPv6's largest (65,527 in, 65,508 out) and
+#: nothing said so. A longer datagram (none on loopback) is still seen: it is read with
+#: MSG_TRUNC, which returns its real length, and counted and logged as cut.
+RECV_BUFFER = 65536
 #: Datagrams a reader handles before it yields to other tasks when more keep coming.
 #: A checkpoint per datagram (a task switch each) held the proxy to ~7,400 echo round
 #: trips/s against ~47,000 direct; one per 16 is the copy path's fairness, as the thread plane's.
@@ -91,8 +95,11 @@ class UdpCounts:
     released: int = 0
     #: held beyond ``hold_limit``: dropped
     hold_overflow: int = 0
-    #: refused by the kernel (e.g. ECONNREFUSED after an ICMP port unreachable)
+    #: refused by the kernel (e.g. ECONNREFUSED after an ICMP port unreachable, EMSGSIZE
+    #: for a payload longer than the other side's family carries); logged as send_failed
     send_errors: int = 0
+    #: longer than the proxy's receive buffer, so cut to it; logged as datagram_cut
+    cut_on_receive: int = 0
 
 
 @dataclass(frozen=True)
@@ -132,10 +139,20 @@ class Session:
         assert proxy._sock is not None
         listener = proxy._sock
         self.lanes = {
-            "upstream": Lane(self.upstream, self._send_upstream),
-            "downstream": Lane(listener, lambda data: listener.sendto(data, peer)),
+            "upstream": Lane(
+                self.upstream,
+                self._send_upstream,
+                lambda exc, data: self._send_failed("upstream", exc, data),
+            ),
+            "downstream": Lane(
+                listener,
+                lambda data: listener.sendto(data, peer),
+                lambda exc, data: self._send_failed("downstream", exc, data),
+            ),
         }
         self.counts = {s: UdpCounts() for s in STREAMS}
+        #: (stream, errno) pairs and streams already logged: a flood logs once per session.
+        self._logged: set[object] = set()
         self.held: dict[str, deque[tuple[int, bytes]]] = {s: deque() for s in STREAMS}
         self.started = self.last_active = time.monotonic()
         self.scope = trio.CancelScope()
@@ -157,11 +174,32 @@ class Session:
             self._refused_logged = True
             self.proxy.log.write("upstream_refused", session=self.id)
 
-    def ingress(self, stream: str, payload: bytes) -> None:
-        """One datagram read from the client (``upstream``) or the server."""
+    def _send_failed(self, stream: str, exc: OSError, payload: bytes) -> None:
+        # Counted by the lane (send_errors); said once per session, stream and errno.
+        if isinstance(exc, ConnectionRefusedError) or (stream, exc.errno) in self._logged:
+            return  # refusals have their own record, upstream_refused
+        self._logged.add((stream, exc.errno))
+        self.proxy.log.write(
+            "send_failed",
+            session=self.id,
+            stream=stream,
+            bytes=len(payload),
+            error=exc.strerror or str(exc),
+        )
+
+    def ingress(self, stream: str, payload: bytes, length: int | None = None) -> None:
+        """One datagram read from the client (``upstream``) or the server. *length* is
+        its real length when the read cut it to *payload* (counted and logged)."""
         self.last_active = time.monotonic()
         counts = self.counts[stream]
         counts.received += 1
+        if length is not None and length > len(payload):
+            counts.cut_on_receive += 1
+            if stream not in self._logged:
+                self._logged.add(stream)
+                self.proxy.log.write(
+                    "datagram_cut", session=self.id, stream=stream, bytes=length, kept=len(payload)
+                )
         # The index in the proxy's direction, not the session's: fates must not depend
         # on how the kernel's choice of source ports cut the traffic into sessions.
         seq = self.proxy._seq[stream]
@@ -250,7 +288,7 @@ class Session:
         ops = 0
         while True:
             try:
-                n = sock.recv_into(buf)
+                n = sock.recv_into(buf, 0, socket.MSG_TRUNC)  # n: the datagram's real length
             except BlockingIOError:
                 ops = 0
                 await trio.lowlevel.wait_readable(sock)
@@ -259,7 +297,7 @@ class Session:
                 self._refused()
                 continue
             # No await between the read and the copy: tasks never share the buffer.
-            self.ingress("downstream", bytes(buf[:n]))
+            self.ingress("downstream", bytes(buf[:n]), n)
             ops += 1
             if ops >= _FAIRNESS:
                 ops = 0
@@ -303,7 +341,7 @@ class UdpProxy:
         self.address: Address | None = None
         self.fd_limit = raise_fd_limit()
         self._sock: socket.socket | None = None
-        self._recv_buf = memoryview(bytearray(MAX_DATAGRAM + 1))
+        self._recv_buf = memoryview(bytearray(RECV_BUFFER))
         self._sessions: dict[Address, Session] = {}
         self._next_id = 1
         self._nursery: trio.Nursery | None = None
@@ -372,7 +410,7 @@ class UdpProxy:
         ops = 0
         while True:
             try:
-                n, addr = sock.recvfrom_into(buf)
+                n, addr = sock.recvfrom_into(buf, 0, socket.MSG_TRUNC)  # n: its real length
             except BlockingIOError:
                 ops = 0
                 await trio.lowlevel.wait_readable(sock)
@@ -388,7 +426,7 @@ class UdpProxy:
             if session is None:
                 session = self._open_session(addr)
             if session is not None:
-                session.ingress("upstream", data)
+                session.ingress("upstream", data, n)
             ops += 1
             if ops >= _FAIRNESS:
                 ops = 0
