@@ -59,7 +59,18 @@ EVENTS: dict[str, Event] = _table(
     # -- a proxy's life (TCP and UDP) --
     Event(
         "listening",
-        ("listen", "upstream", "seed", "dataplane", "protocol", "idle_timeout"),
+        (
+            "listen",
+            "upstream",
+            "seed",
+            "dataplane",
+            "protocol",
+            "idle_timeout",
+            "hold_limit",
+            "session_bytes",
+            "proxy_bytes",
+            "max_sessions",
+        ),
         "a proxy is serving: its address, upstream, seed (and plane, for TCP)",
     ),
     Event("stopped", (), "a proxy has stopped"),

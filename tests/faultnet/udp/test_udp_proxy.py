@@ -355,14 +355,14 @@ async def test_a_session_that_fails_is_logged_and_closed_and_the_proxy_serves_on
     # The breakage is injected (a real upstream read cannot be made to raise on demand):
     # session 1's reader raises once; the containment must log it, close that session
     # with how="error", and let the next datagram open a working session 2.
-    real = Session._read_upstream
+    real = Session.read_upstream
 
-    async def fails_once(self: Session) -> None:
+    def fails_once(self: Session) -> None:
         if self.id == 1:
             raise RuntimeError("injected reader failure")
-        await real(self)
+        real(self)
 
-    monkeypatch.setattr(Session, "_read_upstream", fails_once)
+    monkeypatch.setattr(Session, "read_upstream", fails_once)
     log = tmp_path / "udp.jsonl"
     async with (
         udp_echo_server() as (up, _),
