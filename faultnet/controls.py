@@ -9,7 +9,9 @@ by ``faultnet proxy control-test`` and the tests, which break the mode it guards
 * positive controls: :func:`assert_syn_dropped`, :func:`assert_syn_lossy`,
   :func:`assert_refusing` (new connections), :func:`assert_frozen`,
   :func:`assert_blackholed`, :func:`assert_severed`, :func:`assert_reset`,
-  :func:`assert_lossy` (a live connection), :func:`assert_partitioned` (both).
+  :func:`assert_lossy` (a live connection), :func:`assert_partitioned` (both);
+* :func:`syn_retry_schedule`: when the running kernel retries a dropped SYN, and when a
+  connect gives up (what ``assert_syn_lossy`` and the ``syn_loss`` docs rest on).
 
 The stream controls take trio streams (``trio.SocketStream``): ``assert_frozen`` writes
 through one and watches another (pass the same echo stream twice when the far end
@@ -21,7 +23,9 @@ from __future__ import annotations
 import errno
 import os
 import time
+from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 import trio
@@ -42,6 +46,8 @@ __all__ = [
     "assert_syn_dropped",
     "assert_syn_lossy",
 ]
+# __all__ is the controls alone (tests/faultnet/test_modes.py holds it to the mode
+# table); syn_retry_schedule and SynRetrySchedule are public here by name.
 
 
 class ControlFailed(AssertionError):
@@ -301,10 +307,84 @@ async def assert_lossy(
     return baseline, lossy
 
 
-#: A dropped SYN is retried after the kernel's initial RTO, 1 s (TCP_TIMEOUT_INIT), and
-#: again 2 s later: connects complete at about 0, 1 or 3 s (reference/linux-faults.md).
+#: The kernel's SYN settings (per network namespace) and its constants: the initial RTO
+#: (TCP_TIMEOUT_INIT, 1 s) and the largest (TCP_RTO_MAX, 120 s).
+_SYSCTL = Path("/proc/sys/net/ipv4")
+_RTO_INIT_S = 1.0
+_RTO_MAX_S = 120.0
+
+
+@dataclass(frozen=True)
+class SynRetrySchedule:
+    """When a connect's SYN is sent again while none is answered, and when it gives up.
+
+    ``retries_at`` are seconds after the first SYN (every retry the kernel sends within
+    ``gives_up_at``); ``gives_up_at`` is when a blocking connect fails with ETIMEDOUT.
+    On this kernel (``tcp_syn_linear_timeouts=4``, ``tcp_syn_retries=6``): retries at 1,
+    2, 3, 4, 5, 7, 11, 19, 35, 67 s, ETIMEDOUT at about 131 s (measured: 1.01, 2.04,
+    3.06, 4.09, 5.11, 7.12, 11.25, 19.44 s; 134.9 s). Without linear timeouts (older
+    kernels): 1, 3, 7, 15, 31, 63 s, ETIMEDOUT at 127 s."""
+
+    linear_timeouts: int
+    retries: int
+    retries_at: tuple[float, ...]
+    gives_up_at: float
+
+
+def _read_sysctl(name: str) -> int | None:
+    try:
+        return int((_SYSCTL / name).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def syn_retry_schedule(
+    retries: int | None = None, linear_timeouts: int | None = None
+) -> SynRetrySchedule:
+    """The SYN retry schedule of the running kernel: *retries* (``tcp_syn_retries``, or a
+    socket's ``TCP_SYNCNT``) and *linear_timeouts* (``tcp_syn_linear_timeouts``; 0 where
+    the kernel has no such setting) are read from /proc/sys/net/ipv4 unless given.
+
+    The kernel's rules (tcp_timer.c; each checked against connects behind dropped SYNs
+    with TCP_SYNCNT 1-4, which gave up at 3.05, 7.12, 19.41 and 35.53 s): the first
+    ``linear_timeouts + 1`` retransmission timeouts are the initial RTO (1 s), then each
+    doubles, up to 120 s. The connect gives up not after *retries* retries but at the
+    first timeout that ends past the time *retries* doubling timeouts would take
+    (``2 ** (retries + 1) - 1`` s, then 120 s a retry), so linear timeouts mean more
+    retries within about the same time."""
+    if retries is None:
+        retries = _read_sysctl("tcp_syn_retries")
+        retries = 6 if retries is None else retries
+    if linear_timeouts is None:
+        linear_timeouts = _read_sysctl("tcp_syn_linear_timeouts") or 0
+    # The time-out tcp_model_timeout() gives: doubling RTOs until the largest, then flat.
+    threshold = 6  # ilog2(TCP_RTO_MAX / TCP_TIMEOUT_INIT)
+    if retries <= threshold:
+        limit = ((2 << retries) - 1) * _RTO_INIT_S
+    else:
+        limit = ((2 << threshold) - 1) * _RTO_INIT_S + (retries - threshold) * _RTO_MAX_S
+    times: list[float] = []
+    t, k = 0.0, 0
+    while True:
+        rto = min(_RTO_INIT_S * 2 ** max(0, k - linear_timeouts), _RTO_MAX_S)
+        t += rto
+        if t >= limit:
+            return SynRetrySchedule(linear_timeouts, retries, tuple(times), t)
+        times.append(t)
+        k += 1
+
+
+#: A connect faster than this got in on its first SYN.
 _FAST_S = 0.5
-_ONE_RETRY_S = (0.85, 1.7)
+
+
+def _first_retry_window(schedule: SynRetrySchedule) -> tuple[float, float]:
+    """When a connect that got in on the first SYN retry completes: from just before the
+    retry (timers fire a little early or late) to half-way to the second, at most 0.7 s
+    after (0.85-1.7 s without linear timeouts, 0.85-1.5 s with them)."""
+    first = schedule.retries_at[0] if schedule.retries_at else _RTO_INIT_S
+    gap = schedule.retries_at[1] - first if len(schedule.retries_at) > 1 else 2 * first
+    return first - 0.15, first + min(0.7, gap / 2)
 
 
 async def assert_syn_lossy(
@@ -312,9 +392,12 @@ async def assert_syn_lossy(
 ) -> dict[str, int]:
     """Positive control for syn_loss (at about 50 %): *probes* fresh connects made at
     once all connect or hang (none refused or reset), at least one completes at once
-    (under 0.5 s) and at least one on the kernel's first SYN retry (0.85-1.7 s): the
-    retry pattern of a lossy handshake. (At 50 % the chance that 32 probes show no
-    first retry is 0.75^32, 1 in 10,000.) Returns the counts by outcome."""
+    (under 0.5 s) and at least one on the running kernel's first SYN retry (1 s: the
+    window from :func:`syn_retry_schedule`, 0.85-1.5 s on a kernel with
+    ``tcp_syn_linear_timeouts``, 0.85-1.7 s without): the retry pattern of a lossy
+    handshake. (At 50 % the chance that 32 probes show no first retry is 0.75^32, 1 in
+    10,000.) Returns the counts by outcome."""
+    window = _first_retry_window(syn_retry_schedule())
     start = time.perf_counter()
     results: list[ProbeResult] = []
 
@@ -329,7 +412,7 @@ async def assert_syn_lossy(
         if r.kind is ProbeKind.CONNECTED:
             if r.elapsed_s < _FAST_S:
                 counts["fast"] += 1
-            elif _ONE_RETRY_S[0] <= r.elapsed_s <= _ONE_RETRY_S[1]:
+            elif window[0] <= r.elapsed_s <= window[1]:
                 counts["one_retry"] += 1
             else:
                 counts["later"] += 1
@@ -337,7 +420,10 @@ async def assert_syn_lossy(
             counts[r.kind.value] += 1
     seen = ", ".join(f"{n} {k}" for k, n in counts.items() if n)
     elapsed = time.perf_counter() - start
-    expected = "some connects at once and some on the 1 s SYN retry, none refused"
+    expected = (
+        f"some connects at once and some on the {window[0] + 0.15:g} s SYN retry"
+        f" ({window[0]:g}-{window[1]:g} s), none refused"
+    )
     if counts["refused"] or counts["reset"]:
         raise ControlFailed(
             "assert_syn_lossy", expected, seen, elapsed, "connects are refused, not lossy"

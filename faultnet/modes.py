@@ -315,7 +315,8 @@ MODES: dict[str, Mode] = {
             undone_by="restore",
             takes_percent=True,
             default_percent=20.0,
-            summary="slow, flaky connects: a dropped SYN is retried after ~1 s (3 s, 7 s ...)",
+            summary="slow, flaky connects: a dropped SYN is retried after ~1 s, then as the "
+            "kernel says (`syn_retry_schedule()`)",
             control="assert_syn_lossy",
             new_connections="each SYN dropped with p = percent",
         ),

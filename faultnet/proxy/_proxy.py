@@ -425,8 +425,10 @@ class Proxy:
     async def syn_loss(self, percent: float) -> None:
         """Lossy handshakes: each SYN to the listener is dropped with probability
         *percent* / 100, so that fraction of new connects succeeds only on the kernel's
-        SYN retry, about 1 s later (3 s, 7 s ... when the retry is dropped too): the
-        slow, flaky connect real clients meet. Undone by :meth:`restore`."""
+        SYN retry, about 1 s later, or on a later one when the retry is dropped too (when:
+        :func:`faultnet.controls.syn_retry_schedule`, from the running kernel's settings;
+        1, 2, 3, 4, 5, 7 s ... here): the slow, flaky connect real clients meet. Undone
+        by :meth:`restore`."""
         await self._call("syn_loss", percent=percent)
 
     async def refuse(self) -> None:

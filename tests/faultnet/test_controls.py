@@ -13,7 +13,7 @@ from faultnet.addresses import format_address, parse_address
 from faultnet.controls import ControlFailed
 from faultnet.probe import ProbeKind, probe
 from faultnet.proxy import open_proxy
-from faultnet.sockopts import attach_drop_all
+from faultnet.sockopts import attach_drop_all, tcp_retransmits
 from faultnet.testing import accept_server, echo_server, open_link, read_exactly
 
 #: Every test here runs on every data plane built here (tests/faultnet/conftest.py).
@@ -127,3 +127,75 @@ def test_parse_address() -> None:
             parse_address(bad)
     with pytest.raises(ValueError, match="range"):
         parse_address("h:0", port_zero=False)
+
+
+@pytest.mark.parametrize(
+    ("retries", "linear", "retries_at", "gives_up_at"),
+    [
+        # Without linear timeouts (older kernels): the README's old 1 s, 3 s, 7 s.
+        (6, 0, (1, 3, 7, 15, 31, 63), 127),
+        (2, 0, (1, 3), 7),
+        # tcp_syn_linear_timeouts=4: five 1 s timeouts, then doubling; giving up when a
+        # timeout ends past what retries doubling ones would take (the TCP_SYNCNT 1-4
+        # connects measured gave up at 3.05, 7.12, 19.41 and 35.53 s).
+        (6, 4, (1, 2, 3, 4, 5, 7, 11, 19, 35, 67), 131),
+        (1, 4, (1, 2), 3),
+        (2, 4, (1, 2, 3, 4, 5), 7),
+        (3, 4, (1, 2, 3, 4, 5, 7, 11), 19),
+        (4, 4, (1, 2, 3, 4, 5, 7, 11, 19), 35),
+        # Past the 120 s RTO ceiling the timeouts stop doubling.
+        (8, 0, (1, 3, 7, 15, 31, 63, 127, 247), 367),
+    ],
+)
+def test_the_syn_retry_schedule_follows_the_kernels_rules(
+    retries: int, linear: int, retries_at: tuple[int, ...], gives_up_at: int
+) -> None:
+    schedule = controls.syn_retry_schedule(retries, linear)
+    assert schedule.retries_at == retries_at and schedule.gives_up_at == gives_up_at
+
+
+def test_the_syn_retry_schedule_reads_the_running_kernels_settings() -> None:
+    def sysctl(name: str) -> int | None:
+        try:
+            with open(f"/proc/sys/net/ipv4/{name}") as f:
+                return int(f.read())
+        except OSError:
+            return None
+
+    schedule = controls.syn_retry_schedule()
+    assert schedule.retries == sysctl("tcp_syn_retries")
+    assert schedule.linear_timeouts == (sysctl("tcp_syn_linear_timeouts") or 0)
+
+
+async def test_the_syn_retry_schedule_is_what_the_kernel_does() -> None:
+    # A connect to a listener that drops every SYN: its retransmissions (TCP_INFO's
+    # total_retrans, a kernel counter with no event to wait on) land when the schedule
+    # says, within the first 2.5 s (on this kernel 1 s and 2 s; the old 1 s, 3 s said one).
+    expected = [t for t in controls.syn_retry_schedule().retries_at if t < 2.5]
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    attach_drop_all(listener)
+    client = socket.socket()
+    client.setblocking(False)
+    try:
+        start = trio.current_time()
+        with pytest.raises(BlockingIOError):
+            client.connect(listener.getsockname())
+        seen: list[float] = []
+        while trio.current_time() - start < 2.5:
+            if tcp_retransmits(client) > len(seen):
+                seen.append(trio.current_time() - start)
+            await trio.sleep(0.01)
+    finally:
+        client.close()
+        listener.close()
+    assert len(seen) == len(expected)
+    assert all(abs(s - e) < 0.3 for s, e in zip(seen, expected, strict=True)), seen
+
+
+def test_syn_lossys_first_retry_window_ends_before_the_second_retry() -> None:
+    for linear in (0, 4):
+        schedule = controls.syn_retry_schedule(6, linear)
+        low, high = controls._first_retry_window(schedule)
+        assert low < schedule.retries_at[0] < high < schedule.retries_at[1]
