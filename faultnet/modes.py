@@ -68,37 +68,58 @@ def _type_name(value: object) -> str:
 
 @dataclass(frozen=True)
 class Mode:
-    """One fault mode (or one undo)."""
+    """One fault mode (or one undo), of the TCP proxy (:data:`MODES`) or the UDP proxy
+    (:data:`faultnet.udp.modes.UDP_MODES`): one shape for both tables."""
 
-    #: The one spelling, also the :class:`faultnet.Proxy` method's name.
+    #: The one spelling, also the proxy method's name.
     name: str
     #: "connections": the connections open at the call (or named by id); "listener":
-    #: new connections; "undo": undoes the modes in ``undoes``.
-    acts_on: Literal["connections", "listener", "undo"]
+    #: new connections; "datagrams": a UDP proxy's datagrams; "undo": undoes the modes
+    #: in ``undoes``.
+    acts_on: Literal["connections", "listener", "datagrams", "undo"]
+    #: The keyword arguments it takes besides ``stream`` (TCP: include_new, only,
+    #: percent, peer; UDP: its impairment's attributes), and those it requires.
+    params: tuple[str, ...] = ()
+    required: tuple[str, ...] = ()
+    #: Takes ``stream=`` ("both", "upstream", "downstream").
+    takes_stream: bool = False
     #: For an undo: the modes it ends.
     undoes: tuple[str, ...] = ()
     #: The mode that ends this one, or None (sever and reset cannot be undone).
     undone_by: str | None = None
-    #: Takes ``stream=`` ("both", "upstream", "downstream").
-    takes_stream: bool = False
-    #: Takes ``include_new=`` (also catch connections accepted later, until the undo).
-    takes_include_new: bool = False
-    #: Takes ``only=[ids]`` (connection ids), and returns how many connections it acted on.
-    per_connection: bool = False
-    #: Takes ``percent=`` (0-100).
-    takes_percent: bool = False
     #: The percent used when none is given (felt, not fatal, as on a poor real link).
     default_percent: float | None = None
-    #: Takes ``peer="HOST[:PORT]"`` (the client's address), and returns how many
-    #: connections it acted on.
-    takes_peer: bool = False
     #: One line: what a client sees.
     summary: str = ""
-    #: The function in :mod:`faultnet.controls` that proves it is in force, or None.
+    #: The control that proves it is in force (in :mod:`faultnet.controls`, or
+    #: :mod:`faultnet.udp.controls`), or None.
     control: str | None = None
-    #: What it does to open connections, and to new ones (the README table's columns).
-    open_connections: str = "unchanged"
+    #: What it does to open connections (TCP) or to datagrams (UDP), and to new
+    #: connections: the README tables' columns.
+    effect: str = "unchanged"
     new_connections: str = "unchanged"
+    protocol: Literal["tcp", "udp"] = "tcp"
+
+    @property
+    def takes_include_new(self) -> bool:
+        """Takes ``include_new=`` (also catch connections accepted later, until the undo)."""
+        return "include_new" in self.params
+
+    @property
+    def per_connection(self) -> bool:
+        """Takes ``only=[ids]`` (connection ids), and returns how many it acted on."""
+        return "only" in self.params
+
+    @property
+    def takes_percent(self) -> bool:
+        """Takes ``percent=`` (0-100)."""
+        return "percent" in self.params
+
+    @property
+    def takes_peer(self) -> bool:
+        """Takes ``peer="HOST[:PORT]"`` (the client's address), and returns how many
+        connections it acted on."""
+        return "peer" in self.params
 
     @property
     def counts_connections(self) -> bool:
@@ -227,78 +248,90 @@ MODES: dict[str, Mode] = {
         Mode(
             "freeze",
             "connections",
-            takes_peer=True,
+            params=(
+                "include_new",
+                "only",
+                "peer",
+            ),
             undone_by="thaw",
             takes_stream=True,
-            takes_include_new=True,
-            per_connection=True,
             summary="writes succeed until buffers fill, reads hang",
             control="assert_frozen",
-            open_connections="nothing forwarded; FIN/RST held",
+            effect="nothing forwarded; FIN/RST held",
             new_connections="unchanged (`include_new=True` catches them)",
         ),
         Mode(
             "blackhole",
             "connections",
-            takes_peer=True,
+            params=(
+                "include_new",
+                "only",
+                "peer",
+            ),
             undone_by="thaw",
-            takes_include_new=True,
-            per_connection=True,
             summary="a dead route: keepalive and TCP_USER_TIMEOUT fire",
             control="assert_blackholed",
-            open_connections="freeze + a drop-all filter on the client's socket",
+            effect="freeze + a drop-all filter on the client's socket",
             new_connections="unchanged (`include_new`)",
         ),
         Mode(
             "thaw",
             "undo",
-            takes_peer=True,
+            params=(
+                "only",
+                "peer",
+            ),
             undoes=("freeze", "blackhole", "loss", "partition"),
             takes_stream=True,
-            per_connection=True,
             summary="held bytes delivered in order, then any held FIN or RST; loss and "
             "partitions end",
         ),
         Mode(
             "sever",
             "connections",
-            takes_peer=True,
-            per_connection=True,
+            params=(
+                "only",
+                "peer",
+            ),
             summary="EOF within ms",
             control="assert_severed",
-            open_connections="clean FIN both ways, even with unread bytes",
+            effect="clean FIN both ways, even with unread bytes",
         ),
         Mode(
             "reset",
             "connections",
-            takes_peer=True,
-            per_connection=True,
+            params=(
+                "only",
+                "peer",
+            ),
             summary="ECONNRESET within ms",
             control="assert_reset",
-            open_connections="RST both ways",
+            effect="RST both ways",
         ),
         Mode(
             "loss",
             "connections",
+            params=(
+                "only",
+                "percent",
+                "peer",
+            ),
             undone_by="thaw",
             takes_stream=True,
-            per_connection=True,
-            takes_percent=True,
             default_percent=5.0,
-            takes_peer=True,
             summary="real segment loss: its own TCP retransmits, bytes arrive intact but late",
             control="assert_lossy",
-            open_connections="each arriving segment dropped with p = percent "
+            effect="each arriving segment dropped with p = percent "
             "(a random socket filter); retransmits reported",
         ),
         Mode(
             "partition",
             "connections",
+            params=("peer",),
             undone_by="thaw",
-            takes_peer=True,
             summary="one client (or all) cut off as by a dead route, the others unaffected",
             control="assert_partitioned",
-            open_connections="the peer's (`peer=`) or all: blackholed",
+            effect="the peer's (`peer=`) or all: blackholed",
             new_connections="the peer's SYNs dropped (all, with no peer)",
         ),
         Mode(
@@ -312,8 +345,8 @@ MODES: dict[str, Mode] = {
         Mode(
             "syn_loss",
             "listener",
+            params=("percent",),
             undone_by="restore",
-            takes_percent=True,
             default_percent=20.0,
             summary="slow, flaky connects: a dropped SYN is retried after ~1 s, then as the "
             "kernel says (`syn_retry_schedule()`)",
@@ -379,5 +412,5 @@ def markdown_table() -> str:
         call = f"`{m.name}({', '.join(args)})`" if args else f"`{m.name}`"
         if m.undone_by:
             call += f" / `{m.undone_by}`"
-        rows.append(f"| {call} | {m.open_connections} | {m.new_connections} | {m.summary} |")
+        rows.append(f"| {call} | {m.effect} | {m.new_connections} | {m.summary} |")
     return "\n".join(rows)

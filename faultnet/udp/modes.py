@@ -4,49 +4,44 @@ fault dispatch and validation, and the UDP control test's real arms come from
 
 Every mode is a :class:`~faultnet.udp.UdpProxy` method of the same name, taking
 ``stream`` ("both", "upstream", "downstream") and the keyword arguments its row lists;
-``thaw`` and ``clear`` undo them. This module imports nothing else from faultnet.
+``thaw`` and ``clear`` undo them. The rows have the TCP table's shape
+(:class:`faultnet.modes.Mode`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["UDP_MODES", "UdpMode", "udp_markdown_table"]
+from faultnet.modes import Mode
 
-
-@dataclass(frozen=True)
-class UdpMode:
-    name: str
-    #: The undo that ends it ("thaw" or "clear"); None for the undos themselves.
-    undone_by: str | None
-    #: Its arguments besides ``stream``: the required ones first, as the method names them.
-    params: tuple[str, ...] = ()
-    required: tuple[str, ...] = ()
-    #: What it does to datagrams, and what a client sees.
-    effect: str = ""
-    summary: str = ""
-    #: The function in :mod:`faultnet.udp.controls` that proves it is in force.
-    control: str | None = None
+__all__ = ["UDP_MODES", "udp_markdown_table"]
 
 
-UDP_MODES: dict[str, UdpMode] = {
+def _udp(name: str, undone_by: str | None, **fields: Any) -> Mode:
+    """A row of the one mode shape (faultnet.modes.Mode) for the UDP proxy: every one
+    takes ``stream``; an undo has no ``undone_by``."""
+    acts_on = "datagrams" if undone_by is not None else "undo"
+    return Mode(name, acts_on, undone_by=undone_by, takes_stream=True, protocol="udp", **fields)
+
+
+UDP_MODES: dict[str, Mode] = {
     m.name: m
     for m in (
-        UdpMode(
+        _udp(
             "freeze",
             "thaw",
             effect="held (up to hold_limit per session and direction)",
             summary="requests unanswered; on thaw every held datagram arrives, in order",
             control="assert_udp_held",
         ),
-        UdpMode(
+        _udp(
             "blackhole",
             "thaw",
             effect="dropped, and any a freeze held",
             summary="silence, as from a dead route; nothing comes back after thaw",
             control="assert_udp_silent",
         ),
-        UdpMode(
+        _udp(
             "loss",
             "clear",
             params=("percent",),
@@ -55,7 +50,7 @@ UDP_MODES: dict[str, UdpMode] = {
             summary="some requests or answers never arrive",
             control="assert_udp_lossy",
         ),
-        UdpMode(
+        _udp(
             "latency",
             "clear",
             params=("latency_ms", "jitter_ms"),
@@ -64,7 +59,7 @@ UDP_MODES: dict[str, UdpMode] = {
             summary="answers late",
             control="assert_udp_delayed",
         ),
-        UdpMode(
+        _udp(
             "duplicate",
             "clear",
             params=("percent",),
@@ -73,7 +68,7 @@ UDP_MODES: dict[str, UdpMode] = {
             summary="some datagrams arrive twice",
             control="assert_udp_duplicated",
         ),
-        UdpMode(
+        _udp(
             "reorder",
             "clear",
             params=("percent", "gap_ms"),
@@ -82,7 +77,7 @@ UDP_MODES: dict[str, UdpMode] = {
             summary="datagrams arrive out of order",
             control="assert_udp_reordered",
         ),
-        UdpMode(
+        _udp(
             "size_limit",
             "clear",
             params=("limit", "action"),
@@ -91,8 +86,18 @@ UDP_MODES: dict[str, UdpMode] = {
             summary="long datagrams arrive cut short, or not at all",
             control="assert_udp_truncated",
         ),
-        UdpMode("thaw", None, summary="held datagrams released in order; freeze/blackhole end"),
-        UdpMode("clear", None, summary="loss, latency, duplicate, reorder and size limit end"),
+        _udp(
+            "thaw",
+            None,
+            undoes=("freeze", "blackhole"),
+            summary="held datagrams released in order; freeze/blackhole end",
+        ),
+        _udp(
+            "clear",
+            None,
+            undoes=("loss", "latency", "duplicate", "reorder", "size_limit"),
+            summary="loss, latency, duplicate, reorder and size limit end",
+        ),
     )
 }
 

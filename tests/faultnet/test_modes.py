@@ -16,7 +16,7 @@ import trio
 import faultnet
 import faultnet.controls
 from faultnet.controltest import BREAKAGES, NEGATIVE
-from faultnet.modes import MODES, ModeArgumentError, markdown_table, mode
+from faultnet.modes import MODES, Mode, ModeArgumentError, markdown_table, mode
 from faultnet.proxy import Proxy
 from faultnet.server import ApiError
 from faultnet.server.cli import _mode_name
@@ -166,3 +166,17 @@ def test_readme_and_fault_help_lead_with_the_fault_that_kills_the_route() -> Non
         "To kill the route for old and new connections alike: `partition`"
     )
     assert "--include-new" in description and "drop-syn" in description
+
+
+def test_tcp_and_udp_modes_are_rows_of_one_shape() -> None:
+    from faultnet.udp.modes import UDP_MODES
+
+    assert {(type(m), m.protocol) for m in MODES.values()} == {(Mode, "tcp")}
+    assert {(type(m), m.protocol, m.takes_stream) for m in UDP_MODES.values()} == {
+        (Mode, "udp", True)
+    }
+    for table in (MODES, UDP_MODES):
+        for m in table.values():
+            assert set(m.required) <= set(m.params), m.name
+            if m.acts_on == "undo":
+                assert set(m.undoes) == {n for n, r in table.items() if r.undone_by == m.name}
