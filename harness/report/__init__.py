@@ -22,7 +22,7 @@ from harness.report._build import (
     publish_run,
     replay_command,
 )
-from harness.report._evidence import load_run
+from harness.report._evidence import MalformedEvidence, load_run
 from harness.report._model import (
     DETECTIONS,
     OUTCOMES,
@@ -42,6 +42,7 @@ __all__ = [
     "Drawn",
     "FaultInterval",
     "Lane",
+    "MalformedEvidence",
     "Marker",
     "NotARunDir",
     "Post",

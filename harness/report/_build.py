@@ -30,7 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from harness.report._evidence import is_run_dir, load_run
+from harness.report._evidence import (
+    MalformedEvidence,
+    Shape,
+    check_shape,
+    is_run_dir,
+    load_run,
+)
 from harness.report._model import Report, Run
 from harness.report._timeline import Drawn
 
@@ -66,6 +72,42 @@ class Built:
 # --------------------------------------------------------------------------- loading
 
 
+def _arm_name(v: Any) -> bool:
+    """An arm's directory name: one path component inside the pair directory."""
+    return isinstance(v, str) and v not in ("", ".", "..") and "/" not in v
+
+
+def _drift_rows(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(d, dict) for d in v)
+
+
+#: pair.json as :func:`publish_pair` writes it (every field but ``names`` optional).
+PAIR_SHAPE: dict[str, Shape] = {
+    "names": (
+        "a non-empty list of arm directory names",
+        lambda v: isinstance(v, list) and bool(v) and all(map(_arm_name, v)),
+    ),
+    "command": ("a string or null", lambda v: v is None or isinstance(v, str)),
+    "title": ("a string or null", lambda v: v is None or isinstance(v, str)),
+    "verdict": (
+        "null or [passed, summary]",
+        lambda v: (
+            v is None
+            or (
+                isinstance(v, list)
+                and len(v) == 2
+                and isinstance(v[0], bool)
+                and isinstance(v[1], str)
+            )
+        ),
+    ),
+    "outcome": (
+        "null or an object whose drifts, if any, is a list of objects",
+        lambda v: v is None or (isinstance(v, dict) and _drift_rows(v.get("drifts", []))),
+    ),
+}
+
+
 def _first_mono(run: Run) -> float:
     return run.origin_mono
 
@@ -75,7 +117,8 @@ def _title(run: Run) -> str:
 
 
 def load_report(path: Path) -> Report:
-    """Load the report of *path* (a run or pair directory); NotARunDir otherwise."""
+    """Load the report of *path* (a run or pair directory); NotARunDir otherwise, and
+    MalformedEvidence for a pair.json, result.json or verdict.json of the wrong shape."""
     path = Path(path)
     if not path.is_dir():
         raise NotARunDir(f"{path}: not a directory")
@@ -85,6 +128,7 @@ def load_report(path: Path) -> Report:
             doc = json.loads(pair_doc.read_text())
         except (OSError, ValueError) as exc:
             raise NotARunDir(f"{pair_doc}: unreadable ({exc})") from None
+        doc = check_shape(doc, PAIR_SHAPE, str(pair_doc))
         names = [str(n) for n in doc.get("names", [])]
         arms = [path / n for n in names if is_run_dir(path / n)]
         if len(arms) != len(names) or not arms:
@@ -134,7 +178,11 @@ def _judge(runs: list[Run]) -> dict[str, Any]:
     which this module cannot import (harness.pair calls it), so it never passes."""
     from harness.experiment import Result, control_drift
 
-    a, b = (Result.from_json(r.result or {}) for r in runs)
+    try:
+        a, b = (Result.from_json(r.result or {}) for r in runs)
+    except (TypeError, ValueError) as exc:  # a field the report does not read is odd
+        where = " or ".join(str(r.path / "result.json") for r in runs)
+        raise MalformedEvidence(f"{where}: malformed: {exc}") from None
     drifts = control_drift(a, b)
     moved = [d.name for d in drifts if not d.steady]
     summary = "pair.json absent: the pair was not judged by the pair runner; " + (

@@ -18,7 +18,11 @@ A run directory (one arm of one attempt) holds, as the experiment runner writes 
 ==========================  ===========================================================
 
 Every file is optional: a directory kept from a killed attempt loads with what it has,
-and :attr:`Run.notes` says what was missing or truncated. Times from different processes
+and :attr:`Run.notes` says what was missing or truncated (a ``result.json`` that is not
+JSON at all is what a killed writer leaves: a note too). A ``result.json`` or
+``verdict.json`` that is JSON but not in the shape its writer gives it was not written
+by the runner, and the report does not guess at it: :class:`MalformedEvidence`, one line
+naming the file and the field (exit 2 on the command line). Times from different processes
 are comparable: every record's ``mono`` is CLOCK_MONOTONIC of the same host, and the
 observer's wall-clock receive times are mapped onto it through its record's own
 (wall, mono) pair.
@@ -35,7 +39,7 @@ from __future__ import annotations
 import json
 import shlex
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +48,15 @@ from faultnet.modes import MODES
 from harness.experiment import claims_delivery, parse_botevents
 from harness.report._model import FaultInterval, Lane, Marker, Post, Run
 
-__all__ = ["OUTPUT_FILES", "fault_intervals", "is_run_dir", "load_run", "score_post"]
+__all__ = [
+    "OUTPUT_FILES",
+    "MalformedEvidence",
+    "check_shape",
+    "fault_intervals",
+    "is_run_dir",
+    "load_run",
+    "score_post",
+]
 
 #: What the report builder itself writes into a run directory (never listed as evidence).
 OUTPUT_FILES = ("report.html", "report.json", "timeline.png", "timeline.svg")
@@ -59,6 +71,84 @@ INSTANT_MODES = (
     *(m.name for m in MODES.values() if m.acts_on != "undo" and m.undone_by is None),
     "severed",
 )
+
+
+class MalformedEvidence(Exception):
+    """A JSON file read as a whole (``result.json``, ``verdict.json``, ``pair.json``) is
+    not in the shape its writer gives it; the message is one line: the file, the field,
+    what it must be."""
+
+
+# --------------------------------------------------------------------------- shapes
+
+#: A field's shape: what it must be (said in the error) and the test of a value.
+Shape = tuple[str, Callable[[Any], bool]]
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _optional(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: v is None or test(v)
+
+
+def _list_of(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, list) and all(test(x) for x in v)
+
+
+def _str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _dict(v: Any) -> bool:
+    return isinstance(v, dict)
+
+
+def _named(v: Any) -> bool:
+    return isinstance(v, dict) and isinstance(v.get("name"), str)
+
+
+#: The fields of result.json the report reads, as ``Result.to_json`` writes them
+#: (harness/_report.py); a field may be absent, never of another shape.
+RESULT_SHAPE: dict[str, Shape] = {
+    "experiment": ("a string", _str),
+    "arm": ("a string", _str),
+    "seed": ("an integer or null", _optional(lambda v: isinstance(v, int) and _number(v))),
+    "time_scale": ("a number or null", _optional(_number)),
+    "duration_s": ("a number or null", _optional(_number)),
+    "bot_argv": ("a list of strings", _list_of(_str)),
+    "checks": ("a list of objects, each with a string name", _list_of(_named)),
+    "headline": ("an object", _dict),
+    "controls": ("a list of objects", _list_of(_dict)),
+    "error": ("a string or null", _optional(_str)),
+    "passed": ("true or false", lambda v: isinstance(v, bool)),
+    "details": (
+        "an object whose posts, if any, is a list",
+        lambda v: isinstance(v, dict) and isinstance(v.get("posts", []), list),
+    ),
+}
+
+#: verdict.json, as the fleet's verifier writes it (harness/fleet_verify.py).
+VERDICT_SHAPE: dict[str, Shape] = {
+    "ok": ("true or false", lambda v: isinstance(v, bool)),
+    "checks": ("a list of objects", _list_of(_dict)),
+}
+
+
+def check_shape(doc: Any, shape: dict[str, Shape], where: str) -> dict[str, Any]:
+    """*doc* if it is an object whose fields in *shape* (each optional) have their
+    shape; else :class:`MalformedEvidence` saying, in one line, which field of *where*."""
+    if not isinstance(doc, dict):
+        raise MalformedEvidence(
+            f"{where}: malformed: a JSON object expected, not {type(doc).__name__}"
+        )
+    for key, (what, test) in shape.items():
+        if key in doc and not test(doc[key]):
+            got = json.dumps(doc[key])
+            got = got if len(got) <= 40 else got[:37] + "..."
+            raise MalformedEvidence(f"{where}: malformed: {key} must be {what}, not {got}")
+    return doc
 
 
 def is_run_dir(path: Path) -> bool:
@@ -86,7 +176,9 @@ def _records(path: Path, notes: list[str]) -> list[dict[str, Any]]:
     return [r for r in read.records if isinstance(r, dict)]
 
 
-def _json_file(path: Path, notes: list[str]) -> dict[str, Any] | None:
+def _json_file(path: Path, notes: list[str], shape: dict[str, Shape]) -> dict[str, Any] | None:
+    """The object in *path*; None (and a note) if it is not JSON at all (a killed
+    writer's truncation); :class:`MalformedEvidence` if it is JSON of the wrong shape."""
     if not path.is_file():
         return None
     try:
@@ -94,7 +186,7 @@ def _json_file(path: Path, notes: list[str]) -> dict[str, Any] | None:
     except (OSError, ValueError) as exc:
         notes.append(f"{path.name}: unreadable ({exc})")
         return None
-    return doc if isinstance(doc, dict) else None
+    return check_shape(doc, shape, str(path))
 
 
 # --------------------------------------------------------------------------- faults
@@ -225,13 +317,14 @@ def score_post(
 
 def load_run(path: Path, *, title: str | None = None) -> Run:
     """Load everything one run directory holds. Never raises for missing or damaged
-    evidence: what could not be read is listed in ``run.notes``."""
+    evidence: what could not be read is listed in ``run.notes``. A result.json or
+    verdict.json of the wrong shape raises :class:`MalformedEvidence`."""
     path = Path(path)
     notes: list[str] = []
-    result = _json_file(path / "result.json", notes)
+    result = _json_file(path / "result.json", notes, RESULT_SHAPE)
     if result is None and not (path / "result.json").exists():
         notes.append("result.json: absent (the attempt was killed or is still running)")
-    result = _with_verdict(result, _json_file(path / "verdict.json", notes))
+    result = _with_verdict(result, _json_file(path / "verdict.json", notes, VERDICT_SHAPE))
     events = _records(path / "events.jsonl", notes)
 
     proxies: dict[str, list[dict[str, Any]]] = {}

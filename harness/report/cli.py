@@ -9,7 +9,8 @@ Writes timeline.png, timeline.svg, report.html and report.json into each directo
 prints each report.html's path.
 
 Exit codes: 0 every run shown passed; 1 a report was built and shows a failed check (or
-a run that did not complete); 2 RUN_DIR is not a run directory, or usage.
+a run that did not complete); 2 RUN_DIR is not a run directory, its result.json,
+verdict.json or pair.json is not in its writer's shape, or usage.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.report._build import NotARunDir, attempt_dirs, build
+from harness.report._evidence import MalformedEvidence
 
 __all__ = ["main", "register", "run"]
 
@@ -59,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     for target in targets:
         try:
             built = build(target)
-        except NotARunDir as exc:
+        except (NotARunDir, MalformedEvidence) as exc:
             if target is base:
                 print(f"faultnet report: error: {exc}", file=sys.stderr)
                 return EXIT_ENV
