@@ -22,10 +22,12 @@ drawing that fails must not change a run's verdict).
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -36,6 +38,7 @@ from harness.report._evidence import (
     check_shape,
     is_run_dir,
     load_run,
+    why_not_read,
 )
 from harness.report._model import Report, Run
 from harness.report._timeline import Drawn
@@ -49,6 +52,7 @@ __all__ = [
     "publish_pair",
     "publish_run",
     "replay_command",
+    "skipped_lines",
 ]
 
 
@@ -123,13 +127,19 @@ def load_report(path: Path) -> Report:
     if not path.is_dir():
         raise NotARunDir(f"{path}: not a directory")
     pair_doc = path / "pair.json"
-    if pair_doc.is_file():
+    why = why_not_read(path, "pair.json")
+    skipped = [] if why in (None, "absent") else [f"pair.json: {why}, not read"]
+    if why is None:
         try:
             doc = json.loads(pair_doc.read_text())
         except (OSError, ValueError) as exc:
             raise NotARunDir(f"{pair_doc}: unreadable ({exc})") from None
         doc = check_shape(doc, PAIR_SHAPE, str(pair_doc))
         names = [str(n) for n in doc.get("names", [])]
+        for n in names:
+            why_arm = why_not_read(path, n, directory=True)
+            if why_arm is not None and why_arm != "absent":
+                raise NotARunDir(f"{path}: pair.json names arm {n}: {why_arm}, not read")
         arms = [path / n for n in names if is_run_dir(path / n)]
         if len(arms) != len(names) or not arms:
             raise NotARunDir(f"{path}: pair.json names arms {names} but not all have evidence")
@@ -137,11 +147,22 @@ def load_report(path: Path) -> Report:
     if is_run_dir(path):
         run = load_run(path)
         run.title = _title(run) + (f" (seed {run.seed})" if run.seed is not None else "")
-        return Report(path, "attempt", run.title, [run], run.verdict() == "PASS", replay=run.replay)
-    arms = [d for d in sorted(path.iterdir()) if d.is_dir() and is_run_dir(d)]
+        return Report(
+            path,
+            "attempt",
+            run.title,
+            [run],
+            run.verdict() == "PASS",
+            replay=run.replay,
+            skipped=skipped,
+        )
+    arms = _real_dirs(path, sorted(path.iterdir()), skipped)
+    arms = [d for d in arms if is_run_dir(d)]
     if len(arms) >= 2:
         runs = sorted((load_run(a, title=a.name) for a in arms), key=_first_mono)
-        return _pair_report(path, runs, None)
+        report = _pair_report(path, runs, None)
+        report.skipped = skipped
+        return report
     raise NotARunDir(
         f"{path}: not a run directory (no result.json, events.jsonl or pair.json, and no two "
         "arms with evidence inside)"
@@ -191,9 +212,49 @@ def _judge(runs: list[Run]) -> dict[str, Any]:
     return {"drifts": [d.__dict__ for d in drifts], "summary": summary, "exit_code": None}
 
 
-def attempt_dirs(path: Path) -> list[Path]:
-    """The attempt directories under a ``--run-dir`` base, in order."""
-    return [d for d in sorted(Path(path).glob("attempt-*")) if d.is_dir()]
+def _real_dirs(base: Path, entries: list[Path], skipped: list[str]) -> list[Path]:
+    """The entries of *base* that are real directories; a linked one is said in
+    *skipped* (its evidence lies outside *base*)."""
+    out = []
+    for d in entries:
+        why = why_not_read(base, d.name, directory=True)
+        if why is None:
+            out.append(d)
+        elif why == "a symbolic link":
+            skipped.append(f"{d.name}: {why}, not read")
+    return out
+
+
+def attempt_dirs(path: Path, skipped: list[str] | None = None) -> list[Path]:
+    """The attempt directories under a ``--run-dir`` base, in order (real directories
+    only: a linked one is listed in *skipped*)."""
+    return _real_dirs(
+        Path(path), sorted(Path(path).glob("attempt-*")), [] if skipped is None else skipped
+    )
+
+
+def skipped_lines(report: Report) -> list[str]:
+    """Everything the report passed over, each path relative to the report's directory."""
+    out = list(report.skipped)
+    for run in report.runs:
+        prefix = "" if run.path == report.path else f"{run.path.name}/"
+        out += [prefix + line for line in run.skipped]
+    return out
+
+
+def _write_replacing(path: Path, write: Callable[[Path], None]) -> None:
+    """Write *path* through a new file of our own in its directory, then rename it into
+    place: a link already at *path* (to a file out of the directory, say) is replaced,
+    never written through."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=path.suffix)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 # --------------------------------------------------------------------------- building
@@ -212,11 +273,14 @@ def build(path: Path) -> Built:
         out / n for n in ("timeline.png", "timeline.svg", "report.html", "report.json")
     )
     fig, drawn = _timeline.draw(report)
-    _timeline.save(fig, png, svg)
-    html.write_text(_html.render(report, svg.read_text(), png.name, svg.name))
+    _write_replacing(png, lambda f: _timeline.save_png(fig, f))
+    _write_replacing(svg, lambda f: _timeline.save_svg(fig, f))
+    page = _html.render(report, svg.read_text(), png.name, svg.name)
+    _write_replacing(html, lambda f: f.write_text(page))
     doc = report.to_json()
     doc["drawn"] = [d.__dict__ for d in drawn]
-    js.write_text(json.dumps(doc, indent=1, default=str))
+    text = json.dumps(doc, indent=1, default=str)
+    _write_replacing(js, lambda f: f.write_text(text))
     return Built(report, html, png, svg, js, drawn, time.perf_counter() - t1, t1 - t0)
 
 
@@ -258,7 +322,7 @@ def _say(out: TextIO | None, msg: str) -> None:
 def _publish(run_dir: Path, command: str | None, out: TextIO | None, prefix: str) -> Path | None:
     try:
         if command:
-            (run_dir / "command.txt").write_text(command + "\n")
+            _write_replacing(run_dir / "command.txt", lambda f: f.write_text(command + "\n"))
         built = build(run_dir)
     except Exception as exc:  # never let a drawing change a run's verdict
         _say(out, f"{prefix}report: could not be built: {type(exc).__name__}: {exc}")
@@ -305,7 +369,8 @@ def publish_pair(
             "verdict": list(verdict) if verdict else None,
             "title": title,
         }
-        (run_dir / "pair.json").write_text(json.dumps(doc, indent=1, default=str))
+        text = json.dumps(doc, indent=1, default=str)
+        _write_replacing(run_dir / "pair.json", lambda f: f.write_text(text))
     except Exception as exc:
         _say(out, f"report: could not record the pair: {type(exc).__name__}: {exc}")
         return None

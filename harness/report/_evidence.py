@@ -17,6 +17,10 @@ A run directory (one arm of one attempt) holds, as the experiment runner writes 
                             run's own checks
 ==========================  ===========================================================
 
+Only regular files inside the directory are read, reached through real directories: a
+symbolic link (out of the directory or not), a FIFO or a socket is never opened, quoted
+or linked, and :attr:`Run.skipped` says which were passed over and why.
+
 Every file is optional: a directory kept from a killed attempt loads with what it has,
 and :attr:`Run.notes` says what was missing or truncated (a ``result.json`` that is not
 JSON at all is what a killed writer leaves: a note too). A ``result.json`` or
@@ -37,9 +41,12 @@ table, then to the bot's ``post_confirm`` events, and say so in ``claim_source``
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import stat
 import sys
 from collections.abc import Callable, Iterable
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +57,7 @@ from harness.report._model import FaultInterval, Lane, Marker, Post, Run
 
 __all__ = [
     "OUTPUT_FILES",
+    "EvidenceDir",
     "MalformedEvidence",
     "check_shape",
     "fault_intervals",
@@ -151,17 +159,123 @@ def check_shape(doc: Any, shape: dict[str, Shape], where: str) -> dict[str, Any]
     return doc
 
 
+# --------------------------------------------------------------------------- the directory
+
+
+def why_not_read(root: Path, rel: str, *, directory: bool = False) -> str | None:
+    """None if ``root/rel`` is a regular file (a directory, with *directory*) reached
+    from *root* through real directories only, no component a symbolic link; else why
+    it is not read: "absent", "a symbolic link", "not a regular file", "not a directory".
+    """
+    cur = root
+    parts = Path(rel).parts
+    for i, part in enumerate(parts):
+        cur = cur / part
+        try:
+            mode = os.lstat(cur).st_mode
+        except FileNotFoundError:
+            return "absent"
+        except OSError as exc:
+            return f"unreadable ({exc.strerror})"
+        if stat.S_ISLNK(mode):
+            return "a symbolic link"
+        if i == len(parts) - 1 and not directory:
+            return None if stat.S_ISREG(mode) else "not a regular file"
+        if not stat.S_ISDIR(mode):
+            return "not a directory"
+    return None
+
+
+class EvidenceDir:
+    """A run directory as the loader may read it: only regular files inside it, reached
+    through real directories. Whatever else is met where evidence is looked for (a
+    symbolic link, a FIFO, a socket) is not opened; :attr:`skipped` says what, once each.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        #: Relative path -> why it was not read, in the order met.
+        self.skipped: dict[str, str] = {}
+
+    def _ok(self, rel: str) -> bool:
+        why = why_not_read(self.root, rel)
+        if why is not None and why != "absent":
+            self.skipped.setdefault(rel, why)
+        return why is None
+
+    def file(self, rel: str) -> Path | None:
+        """``root/rel`` if it may be read (None if absent or skipped)."""
+        return self.root / rel if self._ok(rel) else None
+
+    def exists(self, rel: str) -> bool:
+        """Is there anything at all at ``root/rel`` (a link, even a broken one, counts)?"""
+        return os.path.lexists(self.root / rel)
+
+    def glob(self, *patterns: str) -> list[Path]:
+        """The readable files matching any of *patterns* (relative, no ``**``), sorted."""
+        hits = {f for pat in patterns for f in self.root.glob(pat)}
+        rels = sorted(f.relative_to(self.root).as_posix() for f in hits)
+        return [self.root / r for r in rels if self._ok(r)]
+
+    def subdirs(self, rel: str) -> list[Path]:
+        """The real directories directly inside ``root/rel`` (a linked one is skipped)."""
+        why = why_not_read(self.root, rel, directory=True)
+        if why is not None:
+            if why != "absent":
+                self.skipped.setdefault(rel, why)
+            return []
+        out = []
+        for d in sorted((self.root / rel).iterdir()):
+            r = d.relative_to(self.root).as_posix()
+            why = why_not_read(self.root, r, directory=True)
+            if why == "a symbolic link":
+                self.skipped.setdefault(r, why)
+            elif why is None:
+                out.append(d)
+        return out
+
+    def text(self, rel: str) -> str | None:
+        f = self.file(rel)
+        return None if f is None else f.read_text(errors="replace")
+
+    def listing(self, leave_out: Iterable[str] = ()) -> list[str]:
+        """Every regular file under the directory (relative paths, sorted), walked
+        without following links; what is not a regular file is skipped and said."""
+        leave = set(leave_out)
+        out = []
+        for top, dirs, files in os.walk(self.root, followlinks=False):
+            here = Path(top).relative_to(self.root)
+            for d in list(dirs):
+                if os.path.islink(os.path.join(top, d)):
+                    self.skipped.setdefault((here / d).as_posix(), "a symbolic link")
+                    dirs.remove(d)
+            for f in files:
+                rel = (here / f).as_posix()
+                if rel not in leave and self._ok(rel):
+                    out.append(rel)
+        return sorted(out)
+
+    def skipped_lines(self) -> list[str]:
+        """One line per skipped path: ``NAME: why, not read``."""
+        return [f"{rel}: {why}, not read" for rel, why in self.skipped.items()]
+
+
 def is_run_dir(path: Path) -> bool:
-    """Does *path* hold one run's evidence (a result, or at least the harness's log)?"""
-    return (path / "result.json").is_file() or (path / "events.jsonl").is_file()
+    """Does *path* hold one run's evidence (a result, or at least the harness's log) as
+    regular files? (Whether *path* itself may be a link is its caller's to say.)"""
+    path = Path(path)
+    if not path.is_dir():
+        return False
+    return any(why_not_read(path, f) is None for f in ("result.json", "events.jsonl"))
 
 
 # --------------------------------------------------------------------------- reading
 
 
-def _records(path: Path, notes: list[str]) -> list[dict[str, Any]]:
-    """The records of one JSONL file; a truncated tail or corruption becomes a note."""
-    if not path.is_file():
+def _records(path: Path | None, notes: list[str]) -> list[dict[str, Any]]:
+    """The records of one JSONL file (None: absent or skipped); a truncated tail or
+    corruption becomes a note."""
+    if path is None:
         return []
     try:
         read = read_jsonl(path)
@@ -176,10 +290,13 @@ def _records(path: Path, notes: list[str]) -> list[dict[str, Any]]:
     return [r for r in read.records if isinstance(r, dict)]
 
 
-def _json_file(path: Path, notes: list[str], shape: dict[str, Shape]) -> dict[str, Any] | None:
-    """The object in *path*; None (and a note) if it is not JSON at all (a killed
-    writer's truncation); :class:`MalformedEvidence` if it is JSON of the wrong shape."""
-    if not path.is_file():
+def _json_file(
+    path: Path | None, notes: list[str], shape: dict[str, Shape]
+) -> dict[str, Any] | None:
+    """The object in *path* (None: absent or skipped); None (and a note) if it is not
+    JSON at all (a killed writer's truncation); :class:`MalformedEvidence` if it is JSON
+    of the wrong shape."""
+    if path is None:
         return None
     try:
         doc = json.loads(path.read_text())
@@ -320,15 +437,16 @@ def load_run(path: Path, *, title: str | None = None) -> Run:
     evidence: what could not be read is listed in ``run.notes``. A result.json or
     verdict.json of the wrong shape raises :class:`MalformedEvidence`."""
     path = Path(path)
+    ed = EvidenceDir(path)
     notes: list[str] = []
-    result = _json_file(path / "result.json", notes, RESULT_SHAPE)
-    if result is None and not (path / "result.json").exists():
+    result = _json_file(ed.file("result.json"), notes, RESULT_SHAPE)
+    if result is None and not ed.exists("result.json"):
         notes.append("result.json: absent (the attempt was killed or is still running)")
-    result = _with_verdict(result, _json_file(path / "verdict.json", notes, VERDICT_SHAPE))
-    events = _records(path / "events.jsonl", notes)
+    result = _with_verdict(result, _json_file(ed.file("verdict.json"), notes, VERDICT_SHAPE))
+    events = _records(ed.file("events.jsonl"), notes)
 
     proxies: dict[str, list[dict[str, Any]]] = {}
-    for f in sorted({*path.glob("proxy*.jsonl"), *path.glob("proxies*.jsonl")}):
+    for f in ed.glob("proxy*.jsonl", "proxies*.jsonl"):
         for r in _records(f, notes):
             proxies.setdefault(str(r.get("proxy") or f.stem), []).append(r)
     for recs in proxies.values():
@@ -388,13 +506,14 @@ def load_run(path: Path, *, title: str | None = None) -> Run:
     # Bots: one lane per label (stderr file or call-record directory).
     started = {str(r.get("label")): r for r in events if r.get("event") == "bot_started"}
     labels = sorted(
-        {f.stem for f in path.glob("*.stderr")}
-        | {d.name for d in (path / "calls").glob("*") if d.is_dir()}
+        {f.stem for f in ed.glob("*.stderr")}
+        | {d.name for d in ed.subdirs("calls")}
         | set(started),
         key=lambda s: (list(started).index(s) if s in started else len(started), s),
     )
-    observer = _records(path / "observer.jsonl", notes)
-    has_observer = (path / "observer.jsonl").is_file()
+    observer_file = ed.file("observer.jsonl")
+    observer = _records(observer_file, notes)
+    has_observer = observer_file is not None
     if not has_observer:
         notes.append("observer.jsonl: absent, so no post can be scored as received or lost")
     received = []  # (rel time, sender, text)
@@ -426,10 +545,10 @@ def load_run(path: Path, *, title: str | None = None) -> Run:
         if via_proxy:
             title_ += " (via proxy)" if via_proxy == "proxy" else f" (via proxy {via_proxy})"
         run.lanes.append(Lane(lane_id, title_, "bot", via_proxy))
-        stderr_path = path / f"{label}.stderr"
+        stderr_text = ed.text(f"{label}.stderr")
         botevents: list[dict[str, Any]] = []
-        if stderr_path.is_file():
-            botevents = parse_botevents(stderr_path.read_text(errors="replace"))
+        if stderr_text is not None:
+            botevents = parse_botevents(stderr_text)
         else:
             notes.append(f"{label}.stderr: absent, so the bot's own events are not drawn")
         for ev in botevents:
@@ -438,7 +557,7 @@ def load_run(path: Path, *, title: str | None = None) -> Run:
                 run.markers.append(Marker(lane_id, rel(ev["mono"]), mk2[0], mk2[1]))
         confirms = [e for e in botevents if e.get("event") == "post_confirm" and "mono" in e]
         lane_faults = [f for f in run.faults if f.proxy == via_proxy and not f.instant]
-        for rec in _call_records(path / "calls" / label, notes):
+        for rec in _call_records(ed, label, notes):
             run.posts.append(
                 _post(
                     lane_id, rec, rel, confirms, posted_by_text, received, has_observer, lane_faults
@@ -447,7 +566,7 @@ def load_run(path: Path, *, title: str | None = None) -> Run:
 
     # Decision logs (faultnet chaos's join log; the fleet's faults.jsonl in its shape):
     # one marker per decision on the lane of the proxy it targets.
-    for f in sorted({*path.glob("faults*.jsonl"), *path.glob("chaos*.jsonl")}):
+    for f in ed.glob("faults*.jsonl", "chaos*.jsonl"):
         for r in _records(f, notes):
             kind = _DECISIONS.get(
                 str(r.get("action") if r.get("action") == "skip" else r.get("event"))
@@ -485,8 +604,9 @@ def load_run(path: Path, *, title: str | None = None) -> Run:
     times += [rel(r["mono"]) for r in events if "mono" in r]
     run.end = max(times)
 
-    run.replay, run.replay_recorded = _replay(path, run)
-    run.files = _evidence_files(path)
+    run.replay, run.replay_recorded = _replay(path, run, ed)
+    run.files = ed.listing(leave_out=(*OUTPUT_FILES, *_NOT_EVIDENCE, "pair.json"))
+    run.skipped = ed.skipped_lines()
     return run
 
 
@@ -515,9 +635,11 @@ def _with_verdict(
     return doc
 
 
-def _call_records(directory: Path, notes: list[str]) -> list[dict[str, Any]]:
-    out = []
-    for f in sorted(directory.glob("*.jsonl")):
+def _call_records(ed: EvidenceDir, label: str, notes: list[str]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if why_not_read(ed.root, f"calls/{label}", directory=True) is not None:
+        return out  # absent, or a link (skipped when the labels were listed)
+    for f in ed.glob(f"calls/{glob_escape(label)}/*.jsonl"):
         for r in _records(f, notes):
             if (
                 r.get("event") == "request"
@@ -578,15 +700,17 @@ def _post(
     return Post(lane_id, t, t_end, text, answer, claimed, received_t, outcome, source)
 
 
-def _replay(path: Path, run: Run) -> tuple[str, bool]:
+def _replay(path: Path, run: Run, ed: EvidenceDir) -> tuple[str, bool]:
     """The command that replays *run*: recorded (``command.txt`` here or in the pair
-    directory above), else rebuilt from result.json."""
-    for d in (path, path.parent):
-        f = d / "command.txt"
-        if f.is_file():
-            text = f.read_text().strip()
+    directory above, a regular file either way), else rebuilt from result.json."""
+    for root, shown in ((path, "command.txt"), (path.parent, "../command.txt")):
+        why = why_not_read(root, "command.txt")
+        if why is None:
+            text = (root / "command.txt").read_text(errors="replace").strip()
             if text:
                 return text, True
+        elif why != "absent":
+            ed.skipped.setdefault(shown, why)
     if not run.experiment or run.seed is None:
         return "", False
     argv = [sys.executable, "-m", f"harness.exp_{run.experiment}"]
@@ -597,15 +721,3 @@ def _replay(path: Path, run: Run) -> tuple[str, bool]:
         argv += ["--time-scale", f"{run.time_scale:g}"]
     argv += ["--seed", str(run.seed)]
     return shlex.join(argv), False
-
-
-def _evidence_files(path: Path) -> list[str]:
-    out = []
-    for f in sorted(path.rglob("*")):
-        if not f.is_file():
-            continue
-        relp = f.relative_to(path).as_posix()
-        if relp in OUTPUT_FILES or relp in _NOT_EVIDENCE or relp == "pair.json":
-            continue
-        out.append(relp)
-    return out

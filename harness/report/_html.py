@@ -184,6 +184,12 @@ def _run_section(run: Run, page_dir: Path, heading: bool, page_replay: str) -> s
         out.append(
             "<h3>Notes</h3><ul>" + "".join(f"<li>{escape(n)}</li>" for n in run.notes) + "</ul>"
         )
+    if run.skipped:
+        out.append(
+            "<h3>Not read</h3><p>Only regular files inside the run directory are read.</p><ul>"
+            + "".join(f"<li>{escape(n)}</li>" for n in run.skipped)
+            + "</ul>"
+        )
     out.append("<h3>Evidence</h3><ul>")
     for f in run.files:
         href = (
@@ -207,6 +213,12 @@ def render(report: Report, svg_text: str, png_name: str, svg_name: str) -> str:
     ]
     if report.summary:
         parts.append(f"<p>{escape(report.summary)}</p>")
+    if report.skipped:
+        parts.append(
+            "<p>Not read (only regular files and real directories inside are): "
+            + "; ".join(escape(n) for n in report.skipped)
+            + "</p>"
+        )
     if report.replay:
         parts.append(f"<h3>Replay</h3><pre>{escape(report.replay)}</pre>")
     seeds = sorted({str(r.seed) for r in report.runs if r.seed is not None})

@@ -174,6 +174,9 @@ class Run:
     files: list[str] = field(default_factory=list)
     #: Things the loader noticed: a truncated log, a missing transcript...
     notes: list[str] = field(default_factory=list)
+    #: What was there but not read, one line each (``NAME: why, not read``): a symbolic
+    #: link, a FIFO, anything but a regular file reached through real directories.
+    skipped: list[str] = field(default_factory=list)
 
     @property
     def checks(self) -> list[dict[str, Any]]:
@@ -229,6 +232,8 @@ class Report:
     #: For a pair: the internal controls' drift rows (name, a, b, drift, tolerance, steady).
     drifts: list[dict[str, Any]] = field(default_factory=list)
     replay: str = ""
+    #: What the directory itself held but was not read (its runs say their own).
+    skipped: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -239,5 +244,6 @@ class Report:
             "summary": self.summary,
             "drifts": self.drifts,
             "replay": self.replay,
+            "skipped": self.skipped,
             "runs": [r.to_json() for r in self.runs],
         }

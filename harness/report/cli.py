@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness.report._build import NotARunDir, attempt_dirs, build
+from harness.report._build import NotARunDir, attempt_dirs, build, skipped_lines
 from harness.report._evidence import MalformedEvidence
 
 __all__ = ["main", "register", "run"]
@@ -54,8 +54,11 @@ def run(args: argparse.Namespace) -> int:
     """The command: exit code as the module docstring says; errors are one line."""
     base: Path = args.run_dir
     targets = [base]
-    if base.is_dir() and attempt_dirs(base) and not (base / "result.json").exists():
-        targets = attempt_dirs(base)
+    not_attempts: list[str] = []
+    if base.is_dir() and not (base / "result.json").exists():
+        targets = attempt_dirs(base, not_attempts) or [base]
+    for line in not_attempts:
+        print(f"faultnet report: {base}: {line}", file=sys.stderr)
     docs = []
     code = EXIT_OK
     for target in targets:
@@ -86,9 +89,12 @@ def run(args: argparse.Namespace) -> int:
                 "verdicts": {r.title: r.verdict() for r in rep.runs},
                 "posts": counts,
                 "faults": sum(len(r.faults) for r in rep.runs),
+                "skipped": skipped_lines(rep),
                 "render_s": round(built.render_s, 4),
             }
         )
+        for line in skipped_lines(rep):
+            print(f"faultnet report: {rep.path}: {line}", file=sys.stderr)
         if not args.json:
             print(f"{'PASS' if rep.passed else 'FAIL'}: {rep.title}")
             print(f"report: {built.html}")
