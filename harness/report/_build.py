@@ -275,7 +275,7 @@ def build(path: Path) -> Built:
     fig, drawn = _timeline.draw(report)
     _write_replacing(png, lambda f: _timeline.save_png(fig, f))
     _write_replacing(svg, lambda f: _timeline.save_svg(fig, f))
-    page = _html.render(report, svg.read_text(), png.name, svg.name)
+    page = _html.render(report, svg.read_text(), png.name, svg.name, drawn=drawn)
     _write_replacing(html, lambda f: f.write_text(page))
     doc = report.to_json()
     doc["drawn"] = [d.__dict__ for d in drawn]

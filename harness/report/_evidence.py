@@ -309,22 +309,81 @@ def _json_file(
 # --------------------------------------------------------------------------- faults
 
 
+#: A connection's client has left it: it closed its end (its FIN or RST held by the
+#: fault, on the stream from the client), the peer reset it, or it closed.
+def _left_by_client(r: dict[str, Any]) -> bool:
+    ev = r.get("event")
+    if ev in ("held_fin", "held_rst"):
+        return r.get("stream") == "upstream"
+    return ev in ("conn_close", "peer_reset")
+
+
+def _holds_only_open_connections(r: dict[str, Any]) -> bool:
+    """Does this fault_applied record act on the connections it lists and on no new
+    ones? (``include_new`` off, and a mode that leaves new connections unchanged, from
+    faultnet's table of modes; a partition, say, also drops new SYNs.)"""
+    m = MODES.get(str(r.get("mode", "")))
+    return (
+        m is not None
+        and m.acts_on == "connections"
+        and m.new_connections.startswith("unchanged")
+        and not r.get("include_new")
+        and bool(r.get("connections"))
+    )
+
+
+def released_at(iv: FaultInterval, leaves: dict[Any, list[float]]) -> float | None:
+    """When every connection *iv* held had been left by its client (*leaves*: each
+    connection's leaving times), if before *iv* ended; else None."""
+    times = []
+    for c in iv.connections or []:
+        after = [t for t in leaves.get(c, []) if t >= iv.start]
+        if not after:
+            return None
+        times.append(min(after))
+    if not times:
+        return None
+    last = max(times)
+    return last if iv.end is None or last < iv.end else None
+
+
+def mark_left(f: FaultInterval, lane_id: str, drops: Iterable[float]) -> None:
+    """Record on *f* when the bot of *lane_id* left the connection it held: its first
+    drop (*drops*: its ``disconnected`` times) while *f* was in force, if *f* held open
+    connections only (whatever it connects next is new, so not behind *f*)."""
+    if f.catches_new:
+        return
+    inside = [t for t in drops if f.start <= t and (f.end is None or t < f.end)]
+    if inside:
+        f.left[lane_id] = min(inside)
+
+
 def fault_intervals(
     records: Iterable[dict[str, Any]], proxy: str, t0: float
 ) -> list[FaultInterval]:
     """Fault intervals of one proxy from its event records (in time order).
 
     A fault never removed has ``end=None``; sever/reset are instants (``end == start``).
+    A fault on open connections only has ``released`` set when its clients left them
+    all before it ended (see :class:`FaultInterval`).
     """
+    records = list(records)
     out: list[FaultInterval] = []
     open_: list[FaultInterval] = []
     toxics: dict[str, FaultInterval] = {}
+    scoped: list[FaultInterval] = []
+    leaves: dict[Any, list[float]] = {}
     for r in records:
+        if _left_by_client(r):
+            leaves.setdefault(r.get("conn"), []).append(float(r.get("mono", 0.0)) - t0)
         ev, t = r.get("event"), float(r.get("mono", 0.0)) - t0
         mode = str(r.get("mode", ""))
         if ev == "fault_applied":
             conns = r.get("connections")
             iv = FaultInterval(proxy, mode, t, None, str(r.get("stream", "both")), conns)
+            if _holds_only_open_connections(r):
+                iv.catches_new = False
+                scoped.append(iv)
             if mode in INSTANT_MODES:
                 iv.end = t
                 # The connections it closed take their freeze or blackhole with them.
@@ -357,6 +416,8 @@ def fault_intervals(
             iv = toxics.pop(str(r.get("toxic")), None)
             if iv is not None:
                 iv.end, iv.removed_by = t, "toxic_removed"
+    for iv in scoped:
+        iv.released = released_at(iv, leaves)
     return out
 
 
@@ -414,8 +475,8 @@ def score_post(
     """The outcome name of one post (see :data:`harness.report._model.OUTCOMES`).
 
     *observed*: the run has an observer transcript at all (without one nothing can be
-    said about delivery). *fault_end*: the end of the fault interval the post was made
-    in, if any (a claimed post received only after it is "late", not delivered).
+    said about delivery). *fault_end*: the end (on the proxy) of the fault interval the
+    post was made in, if any (a claimed post received only after it is "late", not delivered).
     """
     if claimed is None or not observed:
         return "unknown"
@@ -557,6 +618,11 @@ def load_run(path: Path, *, title: str | None = None) -> Run:
                 run.markers.append(Marker(lane_id, rel(ev["mono"]), mk2[0], mk2[1]))
         confirms = [e for e in botevents if e.get("event") == "post_confirm" and "mono" in e]
         lane_faults = [f for f in run.faults if f.proxy == via_proxy and not f.instant]
+        drops = [
+            rel(e["mono"]) for e in botevents if e.get("event") == "disconnected" and "mono" in e
+        ]
+        for f in lane_faults:
+            mark_left(f, lane_id, drops)
         for rec in _call_records(ed, label, notes):
             run.posts.append(
                 _post(
@@ -695,7 +761,10 @@ def _post(
             answer, claimed, source = f"<{rec.get('outcome')}>", False, "the call record"
     got = [rt for rt, _s, body in received if text and text in body]
     received_t = min(got) if got else None
-    fault = next((f for f in lane_faults if f.covers(t)), None)
+    # The fault the post was made in: one still holding what its bot uses (a post made
+    # after the bot reconnected round it is not in it). "Late" is measured from the
+    # fault's end on the proxy, when what it held was let go.
+    fault = next((f for f in lane_faults if f.holds(lane_id, t)), None)
     outcome = score_post(claimed, received_t, has_observer, fault.end if fault else None)
     return Post(lane_id, t, t_end, text, answer, claimed, received_t, outcome, source)
 

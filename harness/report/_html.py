@@ -10,11 +10,13 @@ the loader noticed, and relative links to the raw evidence files.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from html import escape
 from pathlib import Path
 from typing import Any
 
 from harness.report._model import DETECTIONS, OUTCOMES, Report, Run
+from harness.report._timeline import Drawn
 
 __all__ = ["render"]
 
@@ -117,6 +119,13 @@ def _run_section(run: Run, page_dir: Path, heading: bool, page_replay: str) -> s
             escape(f.stream),
             f"{f.start:.3f}",
             "never removed" if f.end is None else f"{f.end:.3f}",
+            escape(
+                ", ".join(
+                    f"{lane_title.get(ln, ln)} {t:.3f}"
+                    for ln, t in sorted(f.left.items(), key=lambda x: x[1])
+                )
+                or ("-" if f.released is None else f"all {f.released:.3f}")
+            ),
             escape(str(f.removed_by or ("instant" if f.instant else "-"))),
             escape(", ".join(map(str, f.connections or []))) or "-",
         ]
@@ -124,7 +133,17 @@ def _run_section(run: Run, page_dir: Path, heading: bool, page_replay: str) -> s
     ]
     out.append(
         _table(
-            ["mode", "proxy", "stream", "from t+ s", "to t+ s", "removed by", "connections"], frows
+            [
+                "mode",
+                "proxy",
+                "stream",
+                "from t+ s",
+                "to t+ s",
+                "left by its clients at t+ s",
+                "removed by",
+                "connections",
+            ],
+            frows,
         )
         if frows
         else "<p>none applied</p>"
@@ -202,8 +221,37 @@ def _run_section(run: Run, page_dir: Path, heading: bool, page_replay: str) -> s
     return "\n".join(out)
 
 
-def render(report: Report, svg_text: str, png_name: str, svg_name: str) -> str:
-    """The whole page for *report*, the timeline's SVG inlined."""
+def caption(drawn: Sequence[Drawn], png_name: str, svg_name: str) -> str:
+    """The timeline's caption: links to its PNG and SVG, and what is in it, from what
+    :func:`~harness.report._timeline.draw` drew (never a marker it did not draw)."""
+    kinds = {(d.kind, d.what) for d in drawn}
+    modes = list(dict.fromkeys(d.what for d in drawn if d.kind == "fault"))
+    parts = [
+        f'The timeline as <a href="{escape(png_name)}">PNG</a> and '
+        f'<a href="{escape(svg_name)}">SVG</a>.'
+    ]
+    if modes:
+        parts.append(
+            "Bands: the faults ("
+            + ", ".join(escape(m) for m in modes)
+            + "), on the proxy's lane from applied to removed; on a bot's lane a fault "
+            "on the connections open when it was applied ends where the bot dropped "
+            "the connection it held (a reconnect round it is outside the band)."
+        )
+    posts = [oc.label for name, oc in OUTCOMES.items() if ("post", name) in kinds]
+    if posts:
+        parts.append("Posts: " + "; ".join(escape(x) for x in posts) + ".")
+    marks = [v[0] for k, v in DETECTIONS.items() if ("marker", k) in kinds]
+    if marks:
+        parts.append("Markers: " + "; ".join(escape(x) for x in marks) + ".")
+    return f'<p class="muted">{" ".join(parts)}</p>'
+
+
+def render(
+    report: Report, svg_text: str, png_name: str, svg_name: str, *, drawn: Sequence[Drawn]
+) -> str:
+    """The whole page for *report*, the timeline's SVG inlined; *drawn* is what the
+    timeline drew (its caption lists that and nothing else)."""
     page_dir = report.path
     parts = [
         "<!DOCTYPE html>",
@@ -225,12 +273,7 @@ def render(report: Report, svg_text: str, png_name: str, svg_name: str) -> str:
     if seeds:
         parts.append(f"<p>seed {escape(', '.join(seeds))}</p>")
     parts.append(f'<div class="timeline">{_inline_svg(svg_text)}</div>')
-    parts.append(
-        f'<p class="muted">The timeline as <a href="{escape(png_name)}">PNG</a> and '
-        f'<a href="{escape(svg_name)}">SVG</a>. Markers: '
-        + "; ".join(escape(label) for label, _c, _m in DETECTIONS.values())
-        + ".</p>"
-    )
+    parts.append(caption(drawn, png_name, svg_name))
     if report.drifts:
         parts.append("<h2>Internal controls between the arms</h2>")
         names = [r.title for r in report.runs]

@@ -42,8 +42,12 @@ class Outcome:
     label: str
     color: str
     marker: str
-    #: Drawn larger and annotated: the failure the picture exists to show.
+    #: Drawn larger: the failure the picture exists to show.
     loud: bool = False
+    #: The count written beside the first such post of a panel, singular and plural
+    #: ("" for none): the two answers a pair is read by, a silent loss in one arm and
+    #: an honest UNCONFIRMED in the other, are both counted on the picture.
+    tally: tuple[str, str] = ("", "")
 
 
 #: Post outcomes, in legend order. Scored by the independent observer, never by the
@@ -52,21 +56,36 @@ OUTCOMES: dict[str, Outcome] = {
     o.name: o
     for o in (
         Outcome("delivered", "claimed and received", "#2e7d32", "o"),
-        Outcome("unconfirmed", "reported UNCONFIRMED (not received)", "#f9a825", "s"),
+        Outcome(
+            "unconfirmed",
+            "reported UNCONFIRMED (not received)",
+            "#f9a825",
+            "s",
+            tally=("UNCONFIRMED", "UNCONFIRMED"),
+        ),
         Outcome("unconfirmed_received", "reported UNCONFIRMED, received anyway", "#9ccc65", "s"),
         Outcome("late", "claimed, received only after the fault was lifted", "#ef6c00", "D"),
-        Outcome("silent_loss", "SILENT LOSS: claimed, never received", "#d50000", "X", True),
+        Outcome(
+            "silent_loss",
+            "SILENT LOSS: claimed, never received",
+            "#d50000",
+            "X",
+            True,
+            ("SILENT LOSS", "SILENT LOSSES"),
+        ),
         Outcome("unknown", "outcome unknown (no claim or no observer record)", "#9e9e9e", "."),
     )
 }
 
-#: Marker kinds drawn on a lane: kind -> (label, colour, matplotlib marker).
+#: Marker kinds drawn on a lane: kind -> (label, colour, matplotlib marker). No two
+#: kinds (and no kind and outcome) share a colour and a marker: each has its own entry
+#: in the legend.
 DETECTIONS: dict[str, tuple[str, str, str]] = {
     "pong_timeout": ("PONG timeout (own detection)", "#000000", "v"),
     "connection_lost": ("connection lost (EOF / error)", "#6a1b9a", "v"),
     "reconnected": ("reconnected", "#1565c0", "^"),
     "connect_failed": ("connect attempt failed", "#757575", "x"),
-    "connected": ("connected", "#90a4ae", "|"),
+    "connected": ("connected", "#00838f", "2"),
     "conn_open": ("proxy: connection opened", "#90a4ae", "|"),
     "conn_close": ("proxy: connection closed", "#546e7a", "|"),
     "held_close": ("proxy: FIN/RST held by the fault", "#8d6e63", "4"),
@@ -94,7 +113,17 @@ class Lane:
 @dataclass
 class FaultInterval:
     """A fault in force on a proxy from *start* to *end* (``end`` None: never removed
-    before the run ended; ``end == start``: an instantaneous fault such as sever)."""
+    before the run ended; ``end == start``: an instantaneous fault such as sever).
+
+    A fault on the connections open when it was applied and on no new ones
+    (``catches_new`` False: a freeze, blackhole or loss without ``include_new``) stops
+    mattering to a client once it has left the connection the fault held: a bot that
+    dropped it and reconnected is no longer behind the fault, though the proxy still
+    holds the old connection until *end*. Where that happened, it is recorded: *left*
+    per bot lane (the bot's own ``disconnected`` event), and *released* when every
+    connection it held had been left by its client (its FIN or RST held, a peer reset,
+    the connection closed), for lanes whose bot said nothing.
+    """
 
     proxy: str
     mode: str
@@ -103,13 +132,33 @@ class FaultInterval:
     stream: str = "both"
     connections: list[int] | None = None
     removed_by: str | None = None
+    #: Acts on connections opened after it was applied too (a listener fault, a
+    #: partition, ``include_new``); False: only on those open when it was applied.
+    catches_new: bool = True
+    released: float | None = None
+    left: dict[str, float] = field(default_factory=dict)
 
     @property
     def instant(self) -> bool:
         return self.end is not None and self.end == self.start
 
     def covers(self, t: float) -> bool:
+        """Is the fault in force on the proxy at *t*?"""
         return self.start <= t and (self.end is None or t <= self.end)
+
+    def end_on(self, lane: str) -> float | None:
+        """Where the fault ends on *lane*: on a proxy's lane, its *end*; on a client's,
+        where it stopped holding that client (*left*, else *released*, else *end*)."""
+        if lane.startswith("proxy:"):
+            return self.end
+        if lane in self.left:
+            return self.left[lane]
+        return self.released if self.released is not None else self.end
+
+    def holds(self, lane: str, t: float) -> bool:
+        """Does the fault hold what *lane* uses at *t*?"""
+        end = self.end_on(lane)
+        return self.start <= t and (end is None or t <= end)
 
 
 @dataclass

@@ -3,9 +3,16 @@
 Layout: one panel per run, stacked on a shared time axis (so a pair's two arms line up
 on their fault); in each panel one lane per proxy, bot and observer. Fault intervals are
 shaded bands across the lanes they act on (the proxy and every bot behind it), labelled
-with their mode; posts are marks coloured by outcome (:data:`OUTCOMES`; a silent loss is
-large, red and annotated); detections and reconnects are markers (:data:`DETECTIONS`).
-Each panel's title carries its checks' verdict.
+with their mode. On the proxy's lane a band runs from the fault applied to the fault
+removed; on a bot's lane it ends where the fault stopped mattering to the clients: a
+fault on the connections open when it was applied (not on new ones) ends there when the
+bot dropped the connection it held
+(:meth:`~harness.report._model.FaultInterval.end_on`), so a bot that reconnected round a
+freeze is drawn outside the band from its reconnect on. Posts are marks coloured by
+outcome (:data:`OUTCOMES`; a silent loss is large and red), and the outcomes with a
+``tally`` are counted beside the first of them ("9 SILENT LOSSES", "4 UNCONFIRMED");
+detections and reconnects are markers (:data:`DETECTIONS`). Each panel's title carries
+its checks' verdict.
 
 :func:`draw` returns the figure and the list of everything it drew (:class:`Drawn`), so
 tests can hold the picture to the evidence without reading pixels. Every group of
@@ -52,6 +59,12 @@ class Drawn:
     what: str  # the fault's mode, the post's outcome, the marker's kind
     end: float | None = None
     gid: str = ""
+
+
+def _darker(color: str, by: float = 0.6) -> str:
+    """*color* (``#rrggbb``) darkened: a light outcome colour read as text on white."""
+    rgb = [int(color[i : i + 2], 16) for i in (1, 3, 5)]
+    return "#" + "".join(f"{int(c * by):02x}" for c in rgb)
 
 
 def _panel_title(run: Run) -> tuple[str, str]:
@@ -105,7 +118,8 @@ def draw(report: Report) -> tuple[Any, list[Drawn]]:
                 continue
             col = _MODE_COLORS.get(f.mode, _TOXIC_COLOR)
             gid = f"fault-{ri}-{fi}-{f.mode.replace(' ', '_')}"
-            end = t_max if f.end is None else f.end
+            # The proxy holds it until removed; a client behind it, until it left.
+            ends = {ln: f.end_on(ln) for ln in lanes}
             label = f.mode + ("" if f.stream == "both" else f" ({f.stream})")
             if f.end is None:
                 label += " (never removed)"
@@ -122,7 +136,11 @@ def draw(report: Report) -> tuple[Any, list[Drawn]]:
             else:
                 art = PatchCollection(
                     [
-                        Rectangle((f.start, ys[ln] - 0.45), max(end - f.start, 1e-6), 0.9)
+                        Rectangle(
+                            (f.start, ys[ln] - 0.45),
+                            max((t_max if ends[ln] is None else ends[ln]) - f.start, 1e-6),
+                            0.9,
+                        )
                         for ln in lanes
                     ],
                     facecolors=col,
@@ -144,7 +162,7 @@ def draw(report: Report) -> tuple[Any, list[Drawn]]:
                 zorder=5,
             )
             for ln in lanes:
-                drawn.append(Drawn("fault", ri, ln, f.start, f.mode, f.end, gid))
+                drawn.append(Drawn("fault", ri, ln, f.start, f.mode, ends[ln], gid))
 
         # Posts: the call's duration as a thin line, the post as a mark by outcome.
         for p in run.posts:
@@ -171,18 +189,19 @@ def draw(report: Report) -> tuple[Any, list[Drawn]]:
             seen.setdefault(oc.label, (oc.color, oc.marker, "post"))
             for p in pts:
                 drawn.append(Drawn("post", ri, p.lane, p.t, name, p.t_end, gid))
-            if oc.loud:
+            if oc.tally[0]:
                 first = pts[0]
-                ax.annotate(
-                    f"{len(pts)} SILENT LOSS{'ES' if len(pts) > 1 else ''}",
+                tally = ax.annotate(
+                    f"{len(pts)} {oc.tally[len(pts) > 1]}",
                     (first.t, ys[first.lane]),
-                    xytext=(0, 14),
+                    xytext=(0, 14 if oc.loud else 10),
                     textcoords="offset points",
                     fontsize=9,
                     fontweight="bold",
-                    color=oc.color,
+                    color=oc.color if oc.loud else _darker(oc.color),
                     zorder=7,
                 )
+                tally.set_gid(f"tally-{ri}-{name}")
 
         # Markers: detections, reconnects, proxy connections, observer receipts.
         for kind, (label, col, mk) in DETECTIONS.items():
