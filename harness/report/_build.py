@@ -32,12 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from harness.report._evidence import (
+from harness.report._evidence import load_run
+from harness.report._files import (
     MalformedEvidence,
     Shape,
     check_shape,
     is_run_dir,
-    load_run,
     why_not_read,
 )
 from harness.report._model import Report, Run

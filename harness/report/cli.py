@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.report._build import NotARunDir, attempt_dirs, build, skipped_lines
-from harness.report._evidence import MalformedEvidence
+from harness.report._files import MalformedEvidence
 
 __all__ = ["main", "register", "run"]
 

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from harness.report import replay_command
-from harness.report._evidence import fault_intervals, score_post
+from harness.report._evidence import score_post
+from harness.report._faults import fault_intervals
 
 
 def rec(mono: float, event: str, **fields) -> dict:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.report import DETECTIONS, OUTCOMES, FaultInterval, build, load_report
-from harness.report._evidence import fault_intervals, mark_left, released_at
+from harness.report import DETECTIONS, OUTCOMES, FaultInterval, build
+from harness.report._evidence import Call, score_call
+from harness.report._faults import fault_intervals, mark_left, released_at
 from harness.report._html import caption
 from harness.report._timeline import Drawn, draw
 
@@ -136,14 +137,15 @@ def test_a_bot_lane_band_ends_where_that_bot_dropped_the_held_connection() -> No
     assert wide.left == {} and wide.end_on("bot:a") == 9.0
 
 
-def test_a_post_made_after_its_client_left_the_fault_is_not_late(
-    pair_dir: Path,
-) -> None:
-    """Scored by the fault that still held its client: a post on the new connection,
-    received at once, is delivered, whatever the proxy still held."""
-    run = load_report(pair_dir / "fixed").runs[0]
-    freeze = run.faults[0]
-    left = freeze.left["bot:worker"]
-    assert left < freeze.end
-    after = [p for p in run.posts if left < p.t < freeze.end]
-    assert after and all(p.outcome == "delivered" for p in after)
+def test_a_post_made_after_its_bot_left_the_fault_is_not_in_it() -> None:
+    """Scored by the fault that still held its bot: a post made on the new connection
+    after the bot reconnected round a freeze, received after the thaw, is delivered (not
+    late), while one made on the frozen connection and received after it is late."""
+    freeze = FaultInterval("p", "freeze", 0.0, 4.0, connections=[1], catches_new=False)
+    freeze.left["bot:w"] = 1.8
+    rec = {"result_text": "Broadcast to #c", "outcome": "ok"}
+    after = Call(rec, 2.0, 2.01, "after")
+    before = Call(rec, 1.0, 1.01, "before")
+    got = [(4.5, "w", "after"), (4.6, "w", "before")]
+    assert score_call("bot:w", after, got, True, [freeze]).outcome == "delivered"
+    assert score_call("bot:w", before, got, True, [freeze]).outcome == "late"
