@@ -4,21 +4,24 @@ inline; no script, no network), readable from the run directory or copied elsewh
 Sections: the verdict and summary; the timeline; then per run: the command that replays
 it (with its seed), the checks with PASS/FAIL and the numbers behind each, the headline
 numbers and internal controls, every fault interval, detection and post drawn, anything
-the loader noticed, and relative links to the raw evidence files.
+the loader noticed, and relative links to the raw evidence files. A run's section is a
+table of named parts (:data:`RUN_SECTIONS`), each a small function of one
+:class:`Section`.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from html import escape
 from pathlib import Path
 from typing import Any
 
-from harness.report._model import DETECTIONS, OUTCOMES, Report, Run
+from harness.report._model import DETECTIONS, OUTCOMES, FaultInterval, Report, Run
 from harness.report._timeline import Drawn
 
-__all__ = ["render"]
+__all__ = ["RUN_SECTIONS", "Section", "caption", "render", "run_section"]
 
 _STYLE = """
 body{font:14px/1.4 system-ui,sans-serif;margin:1.5em auto;max-width:1200px;color:#212121}
@@ -60,11 +63,30 @@ def _inline_svg(svg_text: str) -> str:
     return re.sub(r"^.*?(<svg\b)", r"\1", svg_text, count=1, flags=re.S)
 
 
-def _run_section(run: Run, page_dir: Path, heading: bool, page_replay: str) -> str:
-    out: list[str] = []
-    if heading:
-        out.append(f"<h2>{escape(run.title)}: {_badge(run.verdict() == 'PASS')}</h2>")
-    res = run.result or {}
+@dataclass(frozen=True)
+class Section:
+    """What a run's section of the page is drawn from: the run, the page's directory
+    (links are relative to it), whether the run gets its own heading, and the page's
+    replay command (a run's own is shown only if it differs)."""
+
+    run: Run
+    page_dir: Path
+    heading: bool = False
+    page_replay: str = ""
+
+    @property
+    def lane_title(self) -> dict[str, str]:
+        return {ln.id: ln.title for ln in self.run.lanes}
+
+
+def _heading(s: Section) -> list[str]:
+    if not s.heading:
+        return []
+    return [f"<h2>{escape(s.run.title)}: {_badge(s.run.verdict() == 'PASS')}</h2>"]
+
+
+def _facts(s: Section) -> list[str]:
+    run, res = s.run, s.run.result or {}
     facts = [
         ["experiment", _fmt(run.experiment)],
         ["arm", _fmt(run.arm)],
@@ -74,14 +96,24 @@ def _run_section(run: Run, page_dir: Path, heading: bool, page_replay: str) -> s
         ["duration", _fmt(res.get("duration_s")) + " s"],
         ["t = 0", escape(run.origin)],
     ]
-    out.append(_table(["", "value"], facts))
-    if run.replay and run.replay != page_replay:
-        how = "recorded" if run.replay_recorded else "rebuilt from result.json"
-        out.append(f"<h3>Replay ({how})</h3><pre>{escape(run.replay)}</pre>")
-    if run.error:
-        out.append(f'<p class="FAIL">Did not complete: {escape(run.error)}</p>')
+    return [_table(["", "value"], facts)]
 
-    out.append("<h3>Checks</h3>")
+
+def _replay(s: Section) -> list[str]:
+    run = s.run
+    if not run.replay or run.replay == s.page_replay:
+        return []
+    how = "recorded" if run.replay_recorded else "rebuilt from result.json"
+    return [f"<h3>Replay ({how})</h3><pre>{escape(run.replay)}</pre>"]
+
+
+def _error(s: Section) -> list[str]:
+    if not s.run.error:
+        return []
+    return [f'<p class="FAIL">Did not complete: {escape(s.run.error)}</p>']
+
+
+def _checks(s: Section) -> list[str]:
     rows = [
         [
             _badge(bool(c.get("passed"))),
@@ -89,136 +121,168 @@ def _run_section(run: Run, page_dir: Path, heading: bool, page_replay: str) -> s
             escape(str(c.get("name", ""))),
             escape(str(c.get("detail", ""))),
         ]
-        for c in run.checks
+        for c in s.run.checks
     ]
-    out.append(
-        _table(["", "role", "check", "the numbers behind it"], rows) if rows else "<p>none</p>"
-    )
+    header = ["", "role", "check", "the numbers behind it"]
+    return ["<h3>Checks</h3>", _table(header, rows) if rows else "<p>none</p>"]
+
+
+def _control_value(c: dict[str, Any]) -> str:
+    unit = " " + escape(str(c.get("unit"))) if c.get("unit") else ""
+    return _fmt(c.get("value")) + unit + f" (tolerance {_fmt(c.get('tolerance'))})"
+
+
+def _numbers(s: Section) -> list[str]:
+    res = s.run.result or {}
     headline = res.get("headline") or {}
     controls = res.get("controls") or []
-    if headline or controls:
-        out.append("<h3>Numbers</h3>")
-        nrows = [[escape(str(k)), _fmt(v)] for k, v in headline.items()]
-        nrows += [
-            [
-                "internal control: " + escape(str(c.get("name"))),
-                _fmt(c.get("value"))
-                + (" " + escape(str(c.get("unit"))) if c.get("unit") else "")
-                + f" (tolerance {_fmt(c.get('tolerance'))})",
-            ]
-            for c in controls
-        ]
-        out.append(_table(["measure", "value"], nrows))
+    if not (headline or controls):
+        return []
+    rows = [[escape(str(k)), _fmt(v)] for k, v in headline.items()]
+    rows += [
+        ["internal control: " + escape(str(c.get("name"))), _control_value(c)] for c in controls
+    ]
+    return ["<h3>Numbers</h3>", _table(["measure", "value"], rows)]
 
-    lane_title = {ln.id: ln.title for ln in run.lanes}
-    out.append("<h3>Faults</h3>")
-    frows = [
+
+def _left_by(f: FaultInterval, lane_title: dict[str, str]) -> str:
+    """When each client left the fault (its lane and time), else when all had, else -."""
+    left = sorted(f.left.items(), key=lambda x: x[1])
+    shown = ", ".join(f"{lane_title.get(ln, ln)} {t:.3f}" for ln, t in left)
+    return shown or ("-" if f.released is None else f"all {f.released:.3f}")
+
+
+_FAULT_HEADER = [
+    "mode",
+    "proxy",
+    "stream",
+    "from t+ s",
+    "to t+ s",
+    "left by its clients at t+ s",
+    "removed by",
+    "connections",
+]
+
+
+def _faults(s: Section) -> list[str]:
+    lane_title = s.lane_title
+    rows = [
         [
             escape(f.mode),
             escape(f.proxy),
             escape(f.stream),
             f"{f.start:.3f}",
             "never removed" if f.end is None else f"{f.end:.3f}",
-            escape(
-                ", ".join(
-                    f"{lane_title.get(ln, ln)} {t:.3f}"
-                    for ln, t in sorted(f.left.items(), key=lambda x: x[1])
-                )
-                or ("-" if f.released is None else f"all {f.released:.3f}")
-            ),
+            escape(_left_by(f, lane_title)),
             escape(str(f.removed_by or ("instant" if f.instant else "-"))),
             escape(", ".join(map(str, f.connections or []))) or "-",
         ]
-        for f in run.faults
+        for f in s.run.faults
     ]
-    out.append(
-        _table(
-            [
-                "mode",
-                "proxy",
-                "stream",
-                "from t+ s",
-                "to t+ s",
-                "left by its clients at t+ s",
-                "removed by",
-                "connections",
-            ],
-            frows,
-        )
-        if frows
-        else "<p>none applied</p>"
-    )
-    out.append("<h3>Detections and reconnects</h3>")
-    drows = [
+    return ["<h3>Faults</h3>", _table(_FAULT_HEADER, rows) if rows else "<p>none applied</p>"]
+
+
+def _detections(s: Section) -> list[str]:
+    lane_title = s.lane_title
+    rows = [
         [f"{m.t:.3f}", escape(lane_title.get(m.lane, m.lane)), escape(m.kind), escape(m.label)]
-        for m in run.markers
+        for m in s.run.markers
         if m.kind not in ("received", "conn_open")
     ]
-    out.append(_table(["t+ s", "lane", "kind", "what"], drows) if drows else "<p>none</p>")
+    table = _table(["t+ s", "lane", "kind", "what"], rows) if rows else "<p>none</p>"
+    return ["<h3>Detections and reconnects</h3>", table]
 
-    counts = run.outcome_counts()
-    out.append("<h3>Posts</h3><p>")
-    out.append(
-        " &nbsp; ".join(
-            f'<span class="swatch" style="background:{OUTCOMES[k].color}"></span>'
-            f"{escape(OUTCOMES[k].label)}: <b>{n}</b>"
-            for k, n in counts.items()
-        )
-        or "no posts"
+
+_POST_HEADER = [
+    "t+ s",
+    "call ms",
+    "lane",
+    "text",
+    "answer",
+    "received t+ s",
+    "outcome",
+    "claim from",
+]
+
+
+def _posts(s: Section) -> list[str]:
+    counts = s.run.outcome_counts()
+    summary = " &nbsp; ".join(
+        f'<span class="swatch" style="background:{OUTCOMES[k].color}"></span>'
+        f"{escape(OUTCOMES[k].label)}: <b>{n}</b>"
+        for k, n in counts.items()
     )
-    out.append("</p>")
-    prow, pcls = [], []
-    for p in run.posts:
-        prow.append(
-            [
-                f"{p.t:.3f}",
-                f"{(p.t_end - p.t) * 1000:.0f}",
-                escape(lane_title.get(p.lane, p.lane)),
-                escape(p.text),
-                escape(p.answer or "-"),
-                "-" if p.received_t is None else f"{p.received_t:.3f}",
-                f"<b>{escape(p.outcome)}</b>",
-                escape(p.claim_source),
-            ]
-        )
-        pcls.append(p.outcome)
-    if prow:
-        out.append(
-            _table(
-                [
-                    "t+ s",
-                    "call ms",
-                    "lane",
-                    "text",
-                    "answer",
-                    "received t+ s",
-                    "outcome",
-                    "claim from",
-                ],
-                prow,
-                pcls,
-            )
-        )
-    if run.notes:
-        out.append(
-            "<h3>Notes</h3><ul>" + "".join(f"<li>{escape(n)}</li>" for n in run.notes) + "</ul>"
-        )
-    if run.skipped:
-        out.append(
-            "<h3>Not read</h3><p>Only regular files inside the run directory are read.</p><ul>"
-            + "".join(f"<li>{escape(n)}</li>" for n in run.skipped)
-            + "</ul>"
-        )
-    out.append("<h3>Evidence</h3><ul>")
+    out = ["<h3>Posts</h3><p>", summary or "no posts", "</p>"]
+    lane_title = s.lane_title
+    rows = [
+        [
+            f"{p.t:.3f}",
+            f"{(p.t_end - p.t) * 1000:.0f}",
+            escape(lane_title.get(p.lane, p.lane)),
+            escape(p.text),
+            escape(p.answer or "-"),
+            "-" if p.received_t is None else f"{p.received_t:.3f}",
+            f"<b>{escape(p.outcome)}</b>",
+            escape(p.claim_source),
+        ]
+        for p in s.run.posts
+    ]
+    if rows:
+        out.append(_table(_POST_HEADER, rows, [p.outcome for p in s.run.posts]))
+    return out
+
+
+def _notes(s: Section) -> list[str]:
+    if not s.run.notes:
+        return []
+    return ["<h3>Notes</h3><ul>" + "".join(f"<li>{escape(n)}</li>" for n in s.run.notes) + "</ul>"]
+
+
+def _not_read(s: Section) -> list[str]:
+    if not s.run.skipped:
+        return []
+    return [
+        "<h3>Not read</h3><p>Only regular files inside the run directory are read.</p><ul>"
+        + "".join(f"<li>{escape(n)}</li>" for n in s.run.skipped)
+        + "</ul>"
+    ]
+
+
+def _evidence(s: Section) -> list[str]:
+    """Relative links to the raw evidence files (absolute if the run is elsewhere)."""
+    run, out = s.run, ["<h3>Evidence</h3><ul>"]
     for f in run.files:
+        target = run.path / f
         href = (
-            (run.path / f).relative_to(page_dir).as_posix()
-            if run.path.is_relative_to(page_dir)
-            else (run.path / f).as_posix()
+            target.relative_to(s.page_dir).as_posix()
+            if run.path.is_relative_to(s.page_dir)
+            else target.as_posix()
         )
         out.append(f'<li><a href="{escape(href)}">{escape(href)}</a></li>')
-    out.append("</ul>")
-    return "\n".join(out)
+    return [*out, "</ul>"]
+
+
+#: A run's section of the page, in order: each part a small function of the
+#: :class:`Section`, returning its lines of HTML (none if it has nothing to say).
+RUN_SECTIONS: tuple[tuple[str, Callable[[Section], list[str]]], ...] = (
+    ("heading", _heading),
+    ("facts", _facts),
+    ("replay", _replay),
+    ("did not complete", _error),
+    ("checks", _checks),
+    ("numbers", _numbers),
+    ("faults", _faults),
+    ("detections and reconnects", _detections),
+    ("posts", _posts),
+    ("notes", _notes),
+    ("not read", _not_read),
+    ("evidence", _evidence),
+)
+
+
+def run_section(s: Section) -> str:
+    """One run's section of the page."""
+    return "\n".join(line for _what, part in RUN_SECTIONS for line in part(s))
 
 
 def caption(drawn: Sequence[Drawn], png_name: str, svg_name: str) -> str:
@@ -293,6 +357,6 @@ def render(
         )
     for run in report.runs:
         heading = len(report.runs) > 1 or report.kind != "attempt"
-        parts.append(_run_section(run, page_dir, heading, report.replay))
+        parts.append(run_section(Section(run, page_dir, heading, report.replay)))
     parts.append("</body></html>")
     return "\n".join(parts)
