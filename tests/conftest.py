@@ -8,9 +8,11 @@ import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from types import TracebackType
 from typing import Any
 
 import pytest
+from _pytest.outcomes import Skipped
 
 # Every event a proxy or the server writes is checked against faultnet.events (in this
 # process and in every child it starts): an undeclared event or field raises.
@@ -30,6 +32,53 @@ def require_program(path: str | None, what: str) -> str:
     if in_ci():
         pytest.fail(f"{what} is missing; .ci/run installs it")
     pytest.skip(f"{what} is not installed (.ci/run installs it in CI)")
+
+
+def _leaf_skip(exc: BaseException | None) -> Skipped | None:
+    """The one Skipped inside the exception group *exc* (pytest-trio's context), if any."""
+    queue = [exc]
+    leaves: list[BaseException] = []
+    while queue:
+        ex = queue.pop()
+        if isinstance(ex, BaseExceptionGroup):
+            queue.extend(ex.exceptions)
+        elif ex is not None:
+            leaves.append(ex)
+    if len(leaves) == 1 and isinstance(leaves[0], Skipped):
+        return leaves[0]
+    return None
+
+
+def _caller_of_skip(tb: TracebackType | None) -> tuple[str, int] | None:
+    """Where the code that skipped is: the innermost frame outside pytest's own files."""
+    found = None
+    while tb is not None:
+        path = tb.tb_frame.f_code.co_filename
+        if "/_pytest/" not in path and "/pytest_trio/" not in path:
+            found = (path, tb.tb_lineno)
+        tb = tb.tb_next
+    return found
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """Give a skip raised in a trio test its own reason and place in the report.
+
+    pytest-trio 0.8 catches the exception group trio raises around a test's one
+    ``Skipped`` and calls ``pytest.skip()`` again with no reason, so ``pytest -rs``
+    printed ``_pytest/python.py:187: Skipped`` for every trio test skipped by
+    :func:`require_program`. The original ``Skipped`` is that bare one's context: its
+    message and the line that skipped are put back.
+    """
+    report = yield
+    excinfo = call.excinfo
+    if report.skipped and excinfo is not None and isinstance(excinfo.value, Skipped):
+        leaf = _leaf_skip(excinfo.value.__context__)
+        if leaf is not None and leaf.msg:
+            where = _caller_of_skip(leaf.__traceback__)
+            path, line = where if where else (str(item.path), 0)
+            report.longrepr = (path, line, f"Skipped: {leaf.msg}")
+    return report
 
 
 def run_module(module: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
