@@ -13,13 +13,18 @@ agent never interleave. Fields:
   of COMMAND;
 * ``argv``: the command line as ONE line: newlines, carriage returns and TABs become
   spaces (a multi-line argument such as a commit message must not tear the record, and
-  a raw TAB is as invalid inside a JSON string as a raw newline);
+  a raw TAB is as invalid inside a JSON string as a raw newline); bytes that are not
+  UTF-8 are written as ``\\xNN`` (an argument is bytes to the kernel, a record is text);
 * ``secs``: wall time from start to exit; ``exit``: the exit code as a shell reports it
   (128+N for death by signal N, 127 not found, 126 not executable);
 * ``sigpipe``: true for 141 (SIGPIPE, e.g. the caller's own ``| head`` closed the pipe).
   ``ok`` is ``exit == 0 or sigpipe``: a SIGPIPE is the reader leaving, not the tool
   failing, so it is not counted as a failure;
 * ``stderr``: the last :data:`STDERR_TAIL_BYTES` bytes of the command's stderr.
+
+A record is one line for every reader: besides what JSON escapes anyway (every control
+character below U+0020), U+0085, U+2028 and U+2029 are written as ``\\u`` escapes, since
+Python's ``str.splitlines`` (and every reader built on it) ends a line at each.
 
 The command's stdin and stdout are the caller's own (so a SIGPIPE reaches the command
 as it would without pw); its stderr is copied through as it arrives. pw exits with the
@@ -51,6 +56,8 @@ __all__ = [
     "LOG_DIR_ENV",
     "STDERR_TAIL_BYTES",
     "append_record",
+    "as_text",
+    "encode_record",
     "flatten_argv",
     "main",
     "run",
@@ -66,9 +73,34 @@ SIGPIPE_EXIT = 128 + signal.SIGPIPE  # 141
 PROG = "pw"
 
 
+def as_text(arg: str) -> str:
+    """*arg* as printable UTF-8 text: the bytes of a command-line argument that are not
+    UTF-8 (Python holds them as lone surrogates, ``surrogateescape``) become ``\\xNN``."""
+    try:
+        raw = arg.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate no byte decodes to: not from the kernel
+        return arg.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
+
+
 def flatten_argv(argv: Sequence[str]) -> str:
-    """The command line as one line: CR, LF and TAB inside arguments become spaces."""
-    return " ".join(argv).translate({0x0A: " ", 0x0D: " ", 0x09: " "})
+    """The command line as one line: CR, LF and TAB inside arguments become spaces, bytes
+    that are not UTF-8 become ``\\xNN`` (:func:`as_text`)."""
+    return " ".join(as_text(a) for a in argv).translate({0x0A: " ", 0x0D: " ", 0x09: " "})
+
+
+#: Line ends to some readers that JSON does not escape by itself (U+0085 NEL, U+2028
+#: LINE SEPARATOR, U+2029 PARAGRAPH SEPARATOR); they can only occur inside strings.
+_UNICODE_LINE_ENDS = {0x85: "\\u0085", 0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
+def encode_record(record: dict[str, Any]) -> bytes:
+    """*record* as one JSON line (UTF-8, ending in a newline, no other line end of any
+    reader's inside it). Strings holding lone surrogates are written via
+    :func:`as_text`, so encoding never fails."""
+    clean = {k: as_text(v) if isinstance(v, str) else v for k, v in record.items()}
+    text = json.dumps(clean, separators=(",", ":"), ensure_ascii=False)
+    return (text.translate(_UNICODE_LINE_ENDS) + "\n").encode("utf-8", "backslashreplace")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,7 +139,7 @@ def append_record(path: Path, record: dict[str, Any]) -> bool:
 
     Returns False, after one warning line, when it could not be written whole.
     """
-    data = (json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+    data = encode_record(record)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -180,7 +212,7 @@ def run(command: Sequence[str], log: Path | None, agent: str) -> int:
             {
                 "at": at,
                 "agent": agent,
-                "tool": os.path.basename(command[0]),
+                "tool": as_text(os.path.basename(command[0])),
                 "argv": flatten_argv(command),
                 "secs": round(secs, 4),
                 "exit": code,

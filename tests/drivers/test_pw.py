@@ -139,3 +139,33 @@ def test_concurrent_writers_never_interleave(tmp_path: Path) -> None:
     seen = sorted(r["argv"].split(" ")[-1].split("-y")[0] for r in recs)
     assert seen == sorted(f"w{w}-{i}" for w in range(writers) for i in range(1, calls + 1))
     assert all(len(json.dumps(r)) > 4096 for r in recs)
+
+
+def test_an_argument_that_is_not_utf8_passes_its_exit_code_and_is_recorded_escaped(
+    tmp_path: Path,
+) -> None:
+    # The kernel's argv is bytes: `pw -- /bin/sh -c 'exit 3' $'\xff'` crashed with
+    # UnicodeEncodeError (exit 1, no record) writing the record.
+    r = subprocess.run(
+        [*PW, "--", "/bin/sh", "-c", "exit 3", b"\xff-caf\xc3\xa9"],
+        env=_env(tmp_path),
+        capture_output=True,
+        timeout=30,
+    )
+    assert (r.returncode, r.stderr) == (3, b"")
+    (rec,) = _records(tmp_path)
+    assert rec["argv"] == "/bin/sh -c exit 3 \\xff-café"
+    assert rec["exit"] == 3
+
+
+def test_unicode_line_ends_are_escaped_so_a_record_is_one_line_for_every_reader(
+    tmp_path: Path,
+) -> None:
+    ends = "a\u2028b\u2029c\u0085d\x0be\x1cf"
+    r = _pw(tmp_path, sys.executable, "-c", "import sys; sys.stderr.write(sys.argv[1])", ends)
+    assert r.returncode == 0
+    raw = (tmp_path / "tester.jsonl").read_text(encoding="utf-8")
+    assert len(raw.splitlines()) == 1, raw
+    (rec,) = _records(tmp_path)
+    assert rec["stderr"] == ends  # escaped on the line, intact once decoded
+    assert rec["argv"].endswith(ends)
