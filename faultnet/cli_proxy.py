@@ -1,21 +1,20 @@
-"""``faultnet proxy control-test`` and ``faultnet probe``."""
+"""``faultnet proxy control-test`` and ``faultnet probe``.
+
+Registering costs nothing: trio, the proxy and the controls are imported by the handler
+of the command that runs (every ``faultnet`` call registers every command).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import trio
-
-from faultnet.addresses import parse_address
-from faultnet.controltest import Step, run_control_test
 from faultnet.errors import UsageError
-from faultnet.interrupts import cancel_on_signals
-from faultnet.probe import probe
-from faultnet.udp.controltest import run_udp_control_test
-from faultnet.udp.probe import udp_probe
+
+if TYPE_CHECKING:
+    from faultnet.controltest import Step
 
 __all__ = ["register"]
 
@@ -74,6 +73,12 @@ def _help(parser: argparse.ArgumentParser) -> int:
 
 
 def _control_test(args: argparse.Namespace) -> int:
+    import trio
+
+    from faultnet.controltest import run_control_test
+    from faultnet.interrupts import cancel_on_signals
+    from faultnet.udp.controltest import run_udp_control_test
+
     def progress(step: Step) -> None:
         if not args.json:
             mark = "ok " if step.ok else "BAD"
@@ -119,6 +124,12 @@ def _control_test(args: argparse.Namespace) -> int:
 
 
 def _probe(args: argparse.Namespace) -> int:
+    import trio
+
+    from faultnet.addresses import parse_address
+    from faultnet.probe import probe
+    from faultnet.udp.probe import udp_probe
+
     try:
         address = parse_address(args.address, port_zero=False)
     except ValueError as exc:

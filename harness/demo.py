@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from faultnet.errors import UsageError
-from harness import pair, report, runner
 from harness.experiment import TimeScale, attempt_seeds
 
 __all__ = ["demo_verdict", "register"]
@@ -97,6 +96,10 @@ def _replay(seed: int, scale: TimeScale) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    # Here, not at the top: `register` runs on every `faultnet` call, and these import
+    # trio, the proxy and the environment (0.2 s, measured with -X importtime).
+    from harness import pair, report, runner
+
     try:
         scale = TimeScale(args.time_scale)
     except ValueError as exc:

@@ -33,36 +33,53 @@ log then says what was applied and not undone, and :func:`recover` (``faultnet c
 undo``) undoes it.
 """
 
-from faultnet.chaos._allowlist import Allowlist, register_process
-from faultnet.chaos._catalogue import EPISODES, Fault, PlanError, catalogue
-from faultnet.chaos._draws import Draws, choose_seed, draw
-from faultnet.chaos._joinlog import JoinLog
-from faultnet.chaos._plan import LOCAL, Plan, PlanConfig, Slot, load_config, make_plan
-from faultnet.chaos._rails import RAILS
-from faultnet.chaos._recover import recover
-from faultnet.chaos._run import CATCHABLE_SIGNALS, Runner, RunResult, run_with_signals
+import importlib
+from typing import Any
 
-__all__ = [
-    "CATCHABLE_SIGNALS",
-    "EPISODES",
-    "LOCAL",
-    "RAILS",
-    "Allowlist",
-    "Draws",
-    "Fault",
-    "JoinLog",
-    "Plan",
-    "PlanConfig",
-    "PlanError",
-    "RunResult",
-    "Runner",
-    "Slot",
-    "catalogue",
-    "choose_seed",
-    "draw",
-    "load_config",
-    "make_plan",
-    "recover",
-    "register_process",
-    "run_with_signals",
-]
+# Imported on first use (PEP 562), so that `faultnet --help`, which imports
+# faultnet.chaos.cli to register `faultnet chaos`, does not import trio, the proxy and
+# the server client with it (0.27 s, measured with -X importtime).
+#: Public name -> the private module that defines it.
+_EXPORTS = {
+    "Allowlist": "_allowlist",
+    "register_process": "_allowlist",
+    "EPISODES": "_catalogue",
+    "Fault": "_catalogue",
+    "PlanError": "_catalogue",
+    "catalogue": "_catalogue",
+    "Draws": "_draws",
+    "choose_seed": "_draws",
+    "draw": "_draws",
+    "JoinLog": "_joinlog",
+    "LOCAL": "_plan",
+    "Plan": "_plan",
+    "PlanConfig": "_plan",
+    "Slot": "_plan",
+    "load_config": "_plan",
+    "make_plan": "_plan",
+    "RAILS": "_rails",
+    "recover": "_recover",
+    "CATCHABLE_SIGNALS": "_run",
+    "Runner": "_run",
+    "RunResult": "_run",
+    "run_with_signals": "_run",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"faultnet.chaos.{_EXPORTS[name]}"), name)
+    elif name.startswith("__"):
+        raise AttributeError(f"module 'faultnet.chaos' has no attribute {name!r}")
+    else:
+        try:  # a submodule, as the eager imports made it an attribute before
+            value = importlib.import_module(f"faultnet.chaos.{name}")
+        except ModuleNotFoundError:
+            raise AttributeError(f"module 'faultnet.chaos' has no attribute {name!r}") from None
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

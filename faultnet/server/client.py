@@ -7,9 +7,7 @@ routes too.
 from __future__ import annotations
 
 import json
-import urllib.error
 import urllib.parse
-import urllib.request
 from typing import Any
 
 __all__ = [
@@ -73,6 +71,11 @@ class ApiClient:
         self.token = token
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
+        # Here, not at the top: urllib.request brings http.client and email (29 ms), which
+        # `faultnet --help` and `--version` need not pay (they import this module).
+        import urllib.error
+        import urllib.request
+
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(
             self.base_url + path,

@@ -15,20 +15,46 @@ internals (only its :class:`~faultnet.proxy.ProxyError`).
 """
 
 # The controls are the ones faultnet.udp.controls.__all__ lists: declared there, once.
-from faultnet.udp import controls as _controls
-from faultnet.udp.controls import *  # noqa: F403
-from faultnet.udp.impairments import Impairment
-from faultnet.udp.probe import UdpProbeKind, UdpProbeResult, udp_probe
-from faultnet.udp.proxy import SessionInfo, UdpCounts, UdpProxy, open_udp_proxy
+import importlib
+from typing import Any
 
-__all__ = [
-    "Impairment",
-    "SessionInfo",
-    "UdpCounts",
-    "UdpProbeKind",
-    "UdpProbeResult",
-    "UdpProxy",
-    *_controls.__all__,
-    "open_udp_proxy",
-    "udp_probe",
-]
+# Imported on first use (PEP 562), so that importing faultnet.udp.modes (the mode table,
+# which the CLI's parser reads) does not import trio and the proxy (0.18 s, measured
+# with -X importtime). The controls are faultnet.udp.controls.__all__.
+#: Public name -> the module that defines it.
+_EXPORTS = {
+    "Impairment": "faultnet.udp.impairments",
+    "UdpProbeKind": "faultnet.udp.probe",
+    "UdpProbeResult": "faultnet.udp.probe",
+    "udp_probe": "faultnet.udp.probe",
+    "SessionInfo": "faultnet.udp.proxy",
+    "UdpCounts": "faultnet.udp.proxy",
+    "UdpProxy": "faultnet.udp.proxy",
+    "open_udp_proxy": "faultnet.udp.proxy",
+}
+
+
+def _controls() -> list[str]:
+    return list(importlib.import_module("faultnet.udp.controls").__all__)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "__all__":
+        value: Any = sorted([*_EXPORTS, *_controls()])
+    elif name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name.startswith("__"):
+        raise AttributeError(f"module 'faultnet.udp' has no attribute {name!r}")
+    elif name in _controls():
+        value = getattr(importlib.import_module("faultnet.udp.controls"), name)
+    else:
+        try:  # a submodule, as the eager imports made it an attribute before
+            value = importlib.import_module(f"faultnet.udp.{name}")
+        except ModuleNotFoundError:
+            raise AttributeError(f"module 'faultnet.udp' has no attribute {name!r}") from None
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__getattr__("__all__")})
