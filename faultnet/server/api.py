@@ -9,9 +9,14 @@ Toxiproxy's codes and messages. A client's mistake is always a 4xx; the only 5xx
 client can cause is Toxiproxy's 500 for a listen address in use. An unexpected failure
 in a handler answers 500 with its message and is logged; the server goes on serving.
 
-As Toxiproxy does, requests whose User-Agent starts with ``Mozilla/`` are refused (403):
-a web page must not be able to drive the API from a developer's browser. Only
-``GET /openapi.json`` is exempt.
+A web page must not be able to drive the API from a developer's browser, so three
+checks answer 403 (:class:`BrowserBlock`; only ``GET /openapi.json`` is exempt): a
+User-Agent starting with ``Mozilla/`` (as Toxiproxy does); a ``Host`` that is neither
+the address the request reached, nor a loopback name (``localhost``, ``*.localhost``,
+127.0.0.0/8, ``::1``), nor a name the server was told to answer to (DNS rebinding: a
+page at ``evil.example`` whose name was re-pointed at 127.0.0.1 sends ``Host:
+evil.example``, whatever agent it claims); and an ``Origin`` other than the API's own
+(a cross-origin request from a page, which the API never serves).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import inspect
 import json
 import threading
 import traceback
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +42,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from faultnet._version import __version__
+from faultnet.addresses import is_loopback
 from faultnet.server.openapi import openapi_document
 from faultnet.server.registry import ApiError, ProxyRegistry, bad_body, open_registry
 from faultnet.server.toxic_codec import toxic_to_json
@@ -137,19 +143,69 @@ class TokenRequired:
         await self.app(scope, receive, send)
 
 
-class BrowserBlock:
-    """Refuse browsers (User-Agent ``Mozilla/...``) as Toxiproxy does: 403."""
+_AGENT_REFUSED = "User agent not allowed"  # Toxiproxy's words
 
-    def __init__(self, app: ASGIApp) -> None:
+
+def _host_name(host: str) -> str:
+    """The name or address of a ``Host`` header value, without port or brackets."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host[1:]
+    if host.count(":") == 1:
+        host = host.partition(":")[0]
+    return host.rstrip(".")
+
+
+def _is_loopback_name(host: str) -> bool:
+    return is_loopback(host) or host.endswith(".localhost")
+
+
+class BrowserBlock:
+    """Refuse what only a browser sends (403, one JSON error saying which check): a
+    ``Mozilla/`` User-Agent, a ``Host`` that is not this server's (DNS rebinding) and a
+    cross-origin ``Origin``. Toxiproxy's clients send none of these."""
+
+    def __init__(self, app: ASGIApp, allow_hosts: Iterable[str] = ()) -> None:
         self.app = app
+        self.allow_hosts = {_host_name(h) for h in allow_hosts}
+
+    def refusal(self, scope: Scope) -> str | None:
+        """Why the request in *scope* is refused, or None."""
+        headers = dict(scope.get("headers", []))
+        agent = headers.get(b"user-agent", b"")
+        if agent.startswith(b"Mozilla/"):
+            return _AGENT_REFUSED
+        raw_host = headers.get(b"host")
+        if raw_host is not None:
+            host_text = raw_host.decode("latin-1")
+            host = _host_name(host_text)
+            here = scope.get("server") or (None, None)
+            if not (
+                _is_loopback_name(host) or host == str(here[0]).lower() or host in self.allow_hosts
+            ):
+                return (
+                    f"Host {host_text!r} is not this server's address nor a loopback name "
+                    "(refused as DNS rebinding; faultnet server --allow-host NAME admits it)"
+                )
+        origin = headers.get(b"origin")
+        if origin is not None:
+            own = b"http://" + (raw_host or b"")
+            if raw_host is None or origin.lower().rstrip(b"/") != own.lower():
+                text = origin.decode("latin-1")
+                return f"cross-origin request refused: Origin {text!r} is not this API's own"
+        return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope.get("path") != "/openapi.json":
-            for key, value in scope.get("headers", []):
-                if key == b"user-agent" and value.startswith(b"Mozilla/"):
-                    response = PlainTextResponse("User agent not allowed\n", status_code=403)
-                    await response(scope, receive, send)
-                    return
+            why = self.refusal(scope)
+            if why is not None:
+                response: Response = (
+                    PlainTextResponse(f"{why}\n", status_code=403)  # Toxiproxy's answer
+                    if why is _AGENT_REFUSED
+                    else JSONResponse({"error": why, "status": 403}, status_code=403)
+                )
+                await response(scope, receive, send)
+                return
         await self.app(scope, receive, send)
 
 
@@ -167,10 +223,16 @@ async def _here(op: Callable[[], Any]) -> Any:
 
 
 def create_app(
-    registry: ProxyRegistry, token: str | None = None, *, on_registry: OnRegistry = _here
+    registry: ProxyRegistry,
+    token: str | None = None,
+    *,
+    on_registry: OnRegistry = _here,
+    allow_hosts: Iterable[str] = (),
 ) -> Starlette:
     """The ASGI app for *registry* (which must be running: see :func:`open_registry`).
     With *token*, every request but the OpenAPI document must carry it (401 otherwise).
+    *allow_hosts* are the names, besides its address and loopback's, that a request's
+    ``Host`` may give (:class:`BrowserBlock`).
 
     Everything a handler does to the registry, reads included, goes through
     *on_registry*: served in the registry's loop that is a plain call; served from the
@@ -417,7 +479,7 @@ def create_app(
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     # "/proxies/" is not "/proxies": a 404, not a redirect (Toxiproxy's router agrees).
     app.router.redirect_slashes = False
-    app.add_middleware(BrowserBlock)
+    app.add_middleware(BrowserBlock, allow_hosts=allow_hosts)
     if token:
         app.add_middleware(TokenRequired, token=token)
     return app
@@ -430,6 +492,7 @@ async def serve_api(
     *,
     token: str | None = None,
     on_registry: OnRegistry = _here,
+    allow_hosts: Iterable[str] = (),
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the API with hypercorn's trio worker until cancelled; report the base URL.
@@ -453,7 +516,7 @@ async def serve_api(
         def started(self, binds: Any = None) -> None:
             task_status.started(binds[0] if binds else None)
 
-    app = create_app(registry, token, on_registry=on_registry)
+    app = create_app(registry, token, on_registry=on_registry, allow_hosts=allow_hosts)
     await serve(app, config, task_status=Started())  # type: ignore[arg-type]
 
 
@@ -483,8 +546,10 @@ class _ApiThread:
         host: str,
         port: int,
         token: str | None,
+        allow_hosts: Iterable[str],
     ) -> None:
         self.registry, self.host, self.port, self.token = registry, host, port, token
+        self.allow_hosts = tuple(allow_hosts)
         self.home = trio.lowlevel.current_trio_token()  # the registry's loop
         self.api: trio.lowlevel.TrioToken | None = None
         self.stop_scope = trio.CancelScope()
@@ -540,6 +605,7 @@ class _ApiThread:
                         serve_api,
                         token=self.token,
                         on_registry=self.on_registry,
+                        allow_hosts=self.allow_hosts,
                     ),
                     self.registry,
                     self.host,
@@ -569,6 +635,7 @@ async def open_server(
     *,
     populate: list[Any] | None = None,
     token: str | None = None,
+    allow_hosts: Iterable[str] = (),
     **registry_kwargs: Any,
 ) -> AsyncIterator[RunningServer]:
     """Run the whole server (proxies and API) for the block.
@@ -576,7 +643,8 @@ async def open_server(
     The proxies run in the caller's trio loop, the API in a thread of its own (see
     :class:`_ApiThread`): the control plane answers whatever the proxies carry.
     *populate* is a ``/populate`` body applied before the API starts answering;
-    its first error is raised as :class:`ApiError`. *registry_kwargs* go to
+    its first error is raised as :class:`ApiError`. *token* and *allow_hosts*: see
+    :func:`create_app`. *registry_kwargs* go to
     :class:`ProxyRegistry` (seed, event_log, listen_hosts). An address the API cannot
     listen on is raised as the :class:`OSError`.
     """
@@ -585,7 +653,7 @@ async def open_server(
             _, err = await registry.populate(populate)
             if err is not None:
                 raise err
-        api = _ApiThread(registry, host, port, token)
+        api = _ApiThread(registry, host, port, token, allow_hosts)
         api.thread.start()
         try:
             with trio.CancelScope(shield=True):

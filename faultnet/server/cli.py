@@ -36,6 +36,9 @@ from faultnet.udp.modes import UDP_MODES
 
 __all__ = ["register"]
 
+#: The environment variable holding the bearer token (server and client commands).
+TOKEN_ENV = "FAULTNET_TOKEN"
+
 
 #: The UDP proxy's modes that are not TCP modes too, and their arguments besides percent.
 _UDP_ONLY = [m for m in UDP_MODES if m not in MODES]
@@ -52,6 +55,56 @@ def _mode_name(text: str) -> str:
         return mode(text).name
     except ModeArgumentError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _token(text: str) -> str:
+    """A bearer token: not empty (an empty ``--token`` turned authentication off)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty (it would turn the token off)")
+    if text != text.strip() or any(c in text for c in "\r\n"):
+        raise argparse.ArgumentTypeError("must not begin or end with spaces or hold a newline")
+    return text
+
+
+def _token_file(path: str) -> str:
+    """The token held by the file at *path* (its first line; a final newline is not
+    part of it)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise argparse.ArgumentTypeError(
+            f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}"
+        ) from None
+    lines = text.splitlines()
+    if not lines or not lines[0].strip():
+        raise argparse.ArgumentTypeError(f"{path} holds no token (its first line is empty)")
+    try:
+        return _token(lines[0])
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"the token in {path} {exc}") from None
+
+
+def _add_token_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--token`` and ``--token-file`` (one of them), default ``$FAULTNET_TOKEN``: both
+    end in ``args.token``. A token on the command line is visible to every user in
+    ``ps``; a file or the environment is not."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--token",
+        type=_token,
+        default=os.environ.get(TOKEN_ENV) or None,
+        metavar="TOKEN",
+        help=f"{what} (default ${TOKEN_ENV}; on the command line it shows in `ps`: "
+        "prefer --token-file or the environment)",
+    )
+    group.add_argument(
+        "--token-file",
+        type=_token_file,
+        dest="token",
+        metavar="FILE",
+        help="read the token from the first line of FILE",
+    )
 
 
 def _err(message: str) -> None:
@@ -348,6 +401,7 @@ async def _serve_forever(args: argparse.Namespace, populate: Any) -> None:
             listen_hosts=listen_hosts,
             beyond_loopback=args.proxies_beyond_loopback,
             token=args.token,
+            allow_hosts=args.allow_host,
         ) as server:
             n = len(server.registry.proxies)
             print(
@@ -376,11 +430,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help=f"the server's URL (default $FAULTNET_API or {DEFAULT_API})",
     )
     common.add_argument("--json", action="store_true", help="print the API's JSON answer")
-    common.add_argument(
-        "--token",
-        default=os.environ.get("FAULTNET_TOKEN") or None,
-        help="bearer token for a server started with --token (default $FAULTNET_TOKEN)",
-    )
+    _add_token_options(common, "bearer token for a server started with a token")
 
     def client(name: str, func: Callable[..., Any], help: str, parent: Any = sub) -> Any:
         p = parent.add_parser(name, parents=[common], help=help, description=help)
@@ -417,11 +467,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="allow --host beyond loopback (the API can then drive every proxy from the "
         "network: prints a warning; use --token)",
     )
+    _add_token_options(
+        s, "require 'Authorization: Bearer TOKEN' on every request but GET /openapi.json"
+    )
     s.add_argument(
-        "--token",
-        default=os.environ.get("FAULTNET_TOKEN") or None,
-        help="require 'Authorization: Bearer TOKEN' on every request but GET /openapi.json "
-        "(default $FAULTNET_TOKEN)",
+        "--allow-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a name requests may give in their Host header besides the API's address and "
+        "loopback's (repeatable; other names are refused with 403, as DNS rebinding)",
     )
     s.set_defaults(func=_server)
 

@@ -552,8 +552,9 @@ def openapi_document(version: str) -> dict[str, Any]:
             "version": version,
             "description": "Toxiproxy's HTTP API (v2.12.0 routes, bodies and errors), plus "
             "faultnet's fault modes, connection listing and event log as extensions. Every "
-            "error body is {error, status}. Requests from browsers (User-Agent Mozilla/...) "
-            "are refused with 403, except this document.",
+            "error body is {error, status}. Requests from browsers (User-Agent Mozilla/...), "
+            "with a Host that is not this server's address or a loopback name, or with a "
+            "cross-origin Origin are refused with 403, except this document.",
         },
         "paths": paths,
         "components": {"schemas": _schemas()},

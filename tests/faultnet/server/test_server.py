@@ -727,7 +727,7 @@ async def test_a_stalled_request_body_is_answered_408_and_closed(
     monkeypatch.setattr(faultnet.server.api, "BODY_TIMEOUT_S", 0.5)
     s = await _raw_request(
         faultnet_server,
-        b"POST /proxies HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{",
+        b"POST /proxies HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{",
     )
     answer = b""
     with trio.fail_after(5):
@@ -746,7 +746,7 @@ async def test_a_client_that_leaves_mid_request_is_one_record_without_a_tracebac
     events = faultnet_server.registry.events
     s = await _raw_request(
         faultnet_server,
-        b'POST /proxies HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\n{"na',
+        b'POST /proxies HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{"na',
     )
     await s.aclose()
     await wait_until(lambda: any(r["event"] == "client_disconnected" for r in events.read()))
