@@ -1,6 +1,24 @@
 """The bot contract, read: a delivery claim and a ``BOTEVENT`` line, as every consumer of a
 bot's output reads them (the experiments while they run, the report afterwards from the
-run directory). See DESIGN.md "The reference subject" for the contract itself.
+run directory).
+
+The contract itself, what any bot under test (``BOT_BIN``) must offer for the
+experiments to measure it:
+
+* it is an MCP server on stdio, configured by its environment: the IRC server's host and
+  port, its token, nick and channel, and its timings (keepalive idle, PONG timeout,
+  confirmation budget, reconnect ceiling), so that a run can be real time or scaled;
+* its tools are ``status``, ``send-channel {text}``, ``spawn-worker {nick, expires-in}``
+  and ``revoke-worker {nick}``; a ``send-channel`` result that claims delivery says
+  ``Broadcast to #chan`` (:func:`claims_delivery`), one that could not confirm it says
+  ``UNCONFIRMED``;
+* every channel message it receives reaches its MCP client as a notification;
+* each transport event (connected, PONG timeout, reconnected, a post confirmed or
+  unconfirmed with its elapsed milliseconds) is one ``BOTEVENT {json}`` line on its
+  stderr (:func:`parse_botevents`).
+
+``harness.bot`` is the reference implementation, with defect switches that break one
+promise each (``python -m harness.bot --help``).
 """
 
 from __future__ import annotations
