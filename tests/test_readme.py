@@ -25,6 +25,8 @@ def test_every_markdown_file_the_tree_cites_is_in_the_tree() -> None:
     for path in _tracked():
         if path.suffix not in (".py", ".toml", ".md", ".json", ".sh") or not path.is_file():
             continue
+        if path == Path(__file__).resolve():
+            continue  # this file names the one that was missing
         text = path.read_text(encoding="utf-8", errors="replace")
         for name in re.findall(r"\b([A-Z][A-Z_]+\.md)\b", text):
             cited.setdefault(name, []).append(str(path.relative_to(ROOT)))
@@ -46,3 +48,25 @@ def test_the_chaos_toolkit_sample_is_preceded_by_making_the_proxy_it_acts_on() -
     at = README.index("chaos run example-experiment.json")
     before = README[max(0, at - 600) : at]
     assert f"faultnet create {proxy} --upstream" in before
+
+
+def _setup_commands() -> list[str]:
+    """The indented command lines of the README's "Two commands on a fresh machine"."""
+    section = README.split("## Two commands on a fresh machine", 1)[1].split("\n## ", 1)[0]
+    return [line[4:] for line in section.splitlines() if line.startswith("    ") and line[4:5]]
+
+
+def test_ci_runs_exactly_the_readmes_test_command() -> None:
+    demo, tests = _setup_commands()
+    assert demo.endswith("-m faultnet demo") and tests.endswith("-m pytest")
+    ci = (ROOT / ".ci/run").read_text(encoding="utf-8").splitlines()
+    assert tests in ci, "the README's test command is not a line of .ci/run"
+
+
+def test_each_setup_command_makes_or_reuses_a_virtual_environment_itself() -> None:
+    # Debian's python3 refuses `pip install` outside a virtual environment
+    # (externally-managed-environment): neither command may run pip on python3 itself.
+    for command in _setup_commands():
+        assert command.startswith('V="${VIRTUAL_ENV:-.venv}"; [ -x "$V/bin/python" ] ||')
+        assert "python3 -m venv" in command and "python3 -m pip" not in command
+        assert '"$V/bin/python" -m pip install' in command
