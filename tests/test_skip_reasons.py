@@ -39,7 +39,8 @@ def test_pytest_rs_reports_a_trio_tests_skip_reason_and_the_line_that_skipped(
     sample = tmp_path / "test_sample.py"
     sample.write_text(_SAMPLE)
     repo = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "CI"}  # skip, not fail
+    # Skip, not fail (CI), and no options meant for the outer run (PYTEST_ADDOPTS).
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_ADDOPTS")}
     env["PYTHONPATH"] = os.pathsep.join([str(repo), env.get("PYTHONPATH", "")])
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "tests.conftest"]
