@@ -61,6 +61,8 @@ def _registrars() -> Iterator[Callable[[Any], None]]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    # The command line as given, for a command that starts itself again (server --detach).
+    args.command_line = list(sys.argv[1:] if argv is None else argv)
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help(sys.stderr)

@@ -4,9 +4,19 @@ match its flags, its samples run as written."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import signal
+import socket
 import subprocess
+import sys
+import time
 from pathlib import Path
+
+import pytest
+
+from tests.conftest import require_program
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
@@ -70,3 +80,66 @@ def test_each_setup_command_makes_or_reuses_a_virtual_environment_itself() -> No
         assert command.startswith('V="${VIRTUAL_ENV:-.venv}"; [ -x "$V/bin/python" ] ||')
         assert "python3 -m venv" in command and "python3 -m pip" not in command
         assert '"$V/bin/python" -m pip install' in command
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ping(port: int, timeout: float) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(b"PING\r\n")
+        return s.recv(64)
+
+
+def test_the_one_minute_sample_blackholes_a_redis_connection_and_brings_it_back(
+    tmp_path: Path,
+) -> None:
+    redis = require_program(shutil.which("redis-server"), "Debian's redis-server")
+    section = README.split("## One minute:", 1)[1].split("\n## ", 1)[0]
+    lines = [line[4:] for line in section.splitlines() if line.startswith("    ") and line[4:5]]
+    assert 3 <= len(lines) <= 4, lines
+    # Free ports instead of the sample's, and the processes' files in tmp_path so that
+    # exactly what was started can be stopped; otherwise the lines run as written.
+    redis_port, proxy_port, api_port = _free_port(), _free_port(), _free_port()
+    pid_file = tmp_path / "redis.pid"
+    swaps = {
+        "16379": str(proxy_port),
+        "6379": str(redis_port),
+        "--daemonize yes": f"--daemonize yes --pidfile {pid_file} --dir {tmp_path}",
+        "faultnet server --detach": f"faultnet server --detach --port {api_port}",
+    }
+    env = {**os.environ, "FAULTNET_API": f"http://127.0.0.1:{api_port}"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    shim = f'faultnet() {{ "{sys.executable}" -m faultnet "$@"; }}\nredis-server() {{ "{redis}" "$@"; }}\n'
+    server_pid = None
+    try:
+        for i, line in enumerate(lines):
+            for old, new in swaps.items():
+                line = re.sub(rf"(?<![0-9]){re.escape(old)}(?![0-9])", new, line)
+            done = subprocess.run(
+                ["bash", "-c", shim + line], capture_output=True, text=True, timeout=60, env=env
+            )
+            assert done.returncode == 0, (line, done.stdout, done.stderr)
+            started = re.search(r"left running as pid (\d+)", done.stdout)
+            if started:
+                server_pid = int(started.group(1))
+            if i == 0:
+                # redis up: wait for its answer, bounded (it daemonizes before listening).
+                for _ in range(100):
+                    try:
+                        assert _ping(redis_port, 1) == b"+PONG\r\n"
+                        break
+                    except OSError:
+                        time.sleep(0.05)
+            if "partition" in line:
+                with pytest.raises(TimeoutError):  # connect hangs: the SYN is dropped
+                    _ping(proxy_port, 1.0)
+        assert _ping(proxy_port, 5) == b"+PONG\r\n"  # thawed: back
+    finally:
+        if server_pid is not None:
+            os.kill(server_pid, signal.SIGTERM)
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)

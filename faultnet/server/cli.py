@@ -333,6 +333,8 @@ def _server(args: argparse.Namespace) -> int:
             flush=True,
         )
 
+    if args.detach:
+        return _detach(args)
     if args.event_log:
         # Opened here first, so a path that cannot be a log is reported as that, not as
         # the API's address failing (each proxy opens its own writer on it later).
@@ -366,6 +368,51 @@ def _server(args: argparse.Namespace) -> int:
             return 0
         raise
     return 0
+
+
+#: How long ``--detach`` waits for the server it started to say it listens.
+DETACH_TIMEOUT_S = 30.0
+
+
+def _detach(args: argparse.Namespace) -> int:
+    """Start this same command without ``--detach`` as a process of its own (a new
+    session: the terminal's hang-up does not reach it), wait until it says it listens,
+    print that line and its PID, and return 0, leaving it running; if it exits first,
+    pass its error line and exit code on."""
+    import selectors
+    import subprocess
+
+    argv = [sys.executable, "-m", "faultnet", *[a for a in args.command_line if a != "--detach"]]
+    proc = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        ready = sel.select(DETACH_TIMEOUT_S)
+    line = proc.stdout.readline().decode(errors="replace").strip() if ready else ""
+    if "listening on" in line:
+        print(f"{line}; left running as pid {proc.pid} (stop it: kill {proc.pid})", flush=True)
+        # The server's own warnings (stderr) went to this pipe; it is not read after this.
+        return 0
+    try:
+        # Its stdout ended (or said something else): it is exiting; wait for it, bounded.
+        if not ready:
+            raise subprocess.TimeoutExpired(argv, DETACH_TIMEOUT_S)
+        proc.wait(timeout=DETACH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:  # stop exactly what was started
+        proc.kill()
+        proc.wait()
+        _err(f"the server did not say it listens within {DETACH_TIMEOUT_S:g} s")
+        return 2
+    err = proc.stderr.read().decode(errors="replace").strip()
+    print(err or f"faultnet: error: the server exited {proc.returncode}", file=sys.stderr)
+    return proc.returncode or 2
 
 
 def _find(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
@@ -450,6 +497,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--seed", type=int, help="seed for every random choice (chosen and logged if absent)"
     )
     s.add_argument("--event-log", help="append every event to this JSONL file")
+    s.add_argument(
+        "--detach",
+        action="store_true",
+        help="start the server as a process of its own and return once it listens, "
+        "printing its address and PID (stop it with kill PID); without it the server "
+        "runs in the foreground until SIGINT or SIGTERM",
+    )
     s.add_argument(
         "--loopback-only",
         action="store_true",

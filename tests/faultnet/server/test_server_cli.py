@@ -324,3 +324,18 @@ async def test_a_fault_on_a_connection_that_does_not_exist_is_not_a_success(
     await cli.ok("create", "web", "--upstream", upstream)
     code, _, err = await cli("fault", "web", "freeze", "--connection", "999")
     assert code == 2 and "connection not found: 999" in err
+
+
+def test_server_detach_returns_once_listening_and_passes_a_startup_error_on() -> None:
+    r = _run("server", "--detach", "--port", "0")
+    assert r.returncode == 0, r.stderr
+    pid = int(r.stdout.rsplit("left running as pid ", 1)[1].split()[0])
+    try:
+        url = r.stdout.split(" listening on ")[1].split()[0]
+        assert _run("proxies", "--api", url).stdout.strip() == "no proxies"
+        port = url.rpartition(":")[2]
+        taken = _run("server", "--detach", "--port", port)
+        assert taken.returncode == 2 and len(taken.stderr.splitlines()) == 1, taken
+        assert taken.stderr.startswith(f"faultnet: error: cannot serve the API on 127.0.0.1:{port}")
+    finally:
+        os.kill(pid, signal.SIGTERM)  # the server this test detached, by its PID
