@@ -40,7 +40,7 @@ from faultnet.sockopts import (
     tcp_state,
 )
 from faultnet.toxics.base import STREAMS, Toxic
-from faultnet.toxics.chain import ChainLink, ToxicChain
+from faultnet.toxics.chain import ChainLink, Sink, ToxicChain, chain_of
 
 __all__ = ["CONNECTION_STATES", "Connection", "ConnectionInfo", "Host"]
 
@@ -295,17 +295,20 @@ class Connection:
 
     def wants_copy(self, stream: str) -> bool:
         """True once any toxic applies to *stream* here (the plane hands it to trio)."""
-        return any(link is not None and link.stream == stream for link in self.links.values())
+        return any(link is not None and stream in link.streams for link in self.links.values())
 
     def chain(self, stream: str) -> ToxicChain:
-        """The toxics that apply to *stream* here, in the order they were added."""
-        return ToxicChain(
-            [
-                link
-                for t in self.proxy.toxics
-                if (link := self.links.get(t.name)) is not None and link.stream == stream
-            ]
-        )
+        """The toxics that apply to *stream* here, in the order they were added (both-
+        stream toxics as layers: see :func:`faultnet.toxics.chain.chain_of`)."""
+        return chain_of((self.links.get(t.name) for t in self.proxy.toxics), stream)
+
+    def sink(self, stream: str) -> Sink | None:
+        """What writes *stream*'s bytes now, for a both-stream toxic's own writes."""
+        return self._toxic_lanes.get(stream)
+
+    @property
+    def seed(self) -> int:
+        return self.proxy.seed
 
     def attach_toxic(self, toxic: Toxic) -> None:
         if toxic.name in self.links:  # already decided for this connection: kept
@@ -316,17 +319,21 @@ class Connection:
         if not rng.random() < toxic.toxicity:
             self.links[toxic.name] = None
             return
-        link = ChainLink(toxic, self.id, toxic.stream, rng, self.sever, self.reset)
+        link = ChainLink(toxic, self.id, toxic.stream, rng, self.sever, self.reset, self)
+        if toxic.both_streams:
+            link.pair()
         self.links[toxic.name] = link
         self._signal_chain_changed()
         # From now on the stream's bytes go to trio; its chain runs in the host task.
         if self.link is not None:
-            self.link.to_trio(toxic.stream)
+            for s in link.streams:
+                self.link.to_trio(s)
             self._ensure_host()
         if self._nursery is not None:
             self._start_toxic(link)
             if self.link is not None:
-                self._start_toxic_lane(toxic.stream)
+                for s in link.streams:
+                    self._start_toxic_lane(s)
 
     def detach_toxic(self, name: str) -> None:
         if self.links.pop(name, None) is not None:

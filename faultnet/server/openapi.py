@@ -15,7 +15,7 @@ from typing import Any
 from faultnet.modes import MODES, STREAM_CHOICES, modes_that
 from faultnet.proxy import CONNECTION_STATES
 from faultnet.server.names import MAX_NAME_CHARS
-from faultnet.toxics import INT64_MIN, TOXICS
+from faultnet.toxics import INT64_MAX, INT64_MIN, TOXICS, TextAttribute
 from faultnet.udp.modes import UDP_MODES
 
 __all__ = ["openapi_document"]
@@ -107,12 +107,19 @@ def _toxic_attributes() -> dict[str, Any]:
     properties: dict[str, dict[str, Any]] = {}
     for cls in TOXICS.values():
         for attr in cls.ATTRIBUTES:
-            prop = properties.setdefault(attr.name, {"type": "integer", "minimum": attr.minimum})
-            prop["minimum"] = min(prop["minimum"], attr.minimum)
+            if isinstance(attr, TextAttribute):
+                prop = properties.setdefault(attr.name, {"type": "string"})
+            else:
+                prop = properties.setdefault(
+                    attr.name, {"type": "integer", "minimum": attr.minimum}
+                )
+                prop["minimum"] = min(prop["minimum"], attr.minimum)
+                if attr.maximum < INT64_MAX:
+                    prop["maximum"] = max(prop.get("maximum", attr.maximum), attr.maximum)
             said = prop.get("description")
             prop["description"] = (said + "; " if said else "") + f"{cls.type}: {attr.doc}"
     for prop in properties.values():
-        if prop["minimum"] <= INT64_MIN:  # no lower bound worth stating (bandwidth's rate)
+        if prop.get("minimum", 0) <= INT64_MIN:  # no lower bound worth stating (bandwidth's rate)
             del prop["minimum"]
     return {
         "type": "object",

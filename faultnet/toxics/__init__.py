@@ -30,7 +30,13 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from faultnet.toxics._attributes import INT64_MAX, INT64_MIN, Attribute, AttributeToxic
+from faultnet.toxics._attributes import (
+    INT64_MAX,
+    INT64_MIN,
+    Attribute,
+    AttributeToxic,
+    TextAttribute,
+)
 from faultnet.toxics.base import STREAMS, Toxic, ToxicContext
 from faultnet.toxics.registry import TOXICS, register
 
@@ -47,6 +53,7 @@ __all__ = [  # the toxic classes are found, not listed
     "INT64_MIN",
     "STREAMS",
     "TOXICS",
+    "TextAttribute",
     "Attribute",
     "AttributeToxic",
     "Toxic",

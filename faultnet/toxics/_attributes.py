@@ -6,7 +6,8 @@ the constructor, :meth:`~AttributeToxic.attributes` and :meth:`~AttributeToxic.u
 
 Values are JSON integers, as Toxiproxy's (Go ``int64``) are: a bool, a float, a string
 or a number outside the int64 range is a :class:`TypeError`/:class:`ValueError`, which the
-HTTP API answers with 400. An update is atomic: every value is checked before any is
+HTTP API answers with 400. Protocol toxics also take strings (:class:`TextAttribute`: a
+method, a path glob, a body), which Toxiproxy's clients send as they are. An update is atomic: every value is checked before any is
 applied, so a rejected update changes nothing.
 """
 
@@ -20,7 +21,7 @@ import trio
 
 from faultnet.toxics.base import Toxic, ToxicContext
 
-__all__ = ["INT64_MAX", "INT64_MIN", "Attribute", "AttributeToxic"]
+__all__ = ["INT64_MAX", "INT64_MIN", "Attribute", "AttributeToxic", "TextAttribute"]
 
 INT64_MAX = 2**63 - 1
 INT64_MIN = -(2**63)
@@ -37,6 +38,10 @@ class Attribute:
     #: Smallest accepted value. Toxiproxy checks nothing; negative delays and sizes are
     #: meaningless, so they are refused here (bandwidth's rate keeps ``<= 0`` = unlimited).
     minimum: int = 0
+    #: Largest accepted value.
+    maximum: int = INT64_MAX
+    #: The JSON Schema type the OpenAPI document gives it.
+    json_type: ClassVar[str] = "integer"
 
     def check(self, value: Any) -> int:
         """Return *value* as this attribute's int, or raise TypeError/ValueError."""
@@ -46,9 +51,30 @@ class Attribute:
                 f"attribute {self.name} must be an integer ({self.doc}), "
                 f"not {type(value).__name__} {value!r}"
             )
-        if not self.minimum <= value <= INT64_MAX:
+        if not self.minimum <= value <= self.maximum:
             raise ValueError(
-                f"attribute {self.name} must be between {self.minimum} and {INT64_MAX}, not {value}"
+                f"attribute {self.name} must be between {self.minimum} and {self.maximum}, "
+                f"not {value}"
+            )
+        return value
+
+
+@dataclass(frozen=True)
+class TextAttribute:
+    """One string attribute of a toxic (a method, a glob, a body). *check* may be given
+    to refuse malformed text (it raises ValueError) when the toxic is made or updated."""
+
+    name: str
+    default: str
+    doc: str
+    json_type: ClassVar[str] = "string"
+
+    def check(self, value: Any) -> str:
+        """Return *value* as this attribute's str, or raise TypeError."""
+        if not isinstance(value, str):
+            raise TypeError(
+                f"attribute {self.name} must be a string ({self.doc}), "
+                f"not {type(value).__name__} {value!r}"
             )
         return value
 
@@ -60,7 +86,7 @@ class AttributeToxic(Toxic):
     deadline takes effect at once, not when the old one expires.
     """
 
-    ATTRIBUTES: ClassVar[tuple[Attribute, ...]] = ()
+    ATTRIBUTES: ClassVar[tuple[Attribute | TextAttribute, ...]] = ()
 
     def __init__(
         self,
@@ -76,7 +102,7 @@ class AttributeToxic(Toxic):
         self.update(attributes)
 
     @classmethod
-    def check_attributes(cls, attributes: Any) -> dict[str, int]:
+    def check_attributes(cls, attributes: Any) -> dict[str, Any]:
         """Validate a JSON ``attributes`` value; return the known keys, checked.
 
         Unknown keys are ignored and a ``null`` value leaves its attribute unchanged (both
@@ -85,12 +111,18 @@ class AttributeToxic(Toxic):
         super().check_attributes(attributes)  # the shape: an object or null
         if attributes is None:
             return {}
-        checked: dict[str, int] = {}
+        checked: dict[str, Any] = {}
         for attr in cls.ATTRIBUTES:
             value = attributes.get(attr.name)
             if value is not None:
                 checked[attr.name] = attr.check(value)
+        cls.check_values(checked)
         return checked
+
+    @classmethod
+    def check_values(cls, values: Mapping[str, Any]) -> None:
+        """Refuse (ValueError) given values that are well-typed but mean nothing (a
+        header line without a colon...). The default accepts everything."""
 
     def update(self, attributes: Mapping[str, Any]) -> None:
         """Merge *attributes* into this toxic, all or nothing; live for every connection."""

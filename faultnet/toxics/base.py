@@ -21,6 +21,10 @@ Rules for implementers:
 * Attributes are read at use, so an update applies to the next chunk.
 * Toxicity is decided by the proxy once per connection and kept; a toxic never sees a
   connection it does not apply to.
+* A toxic that must see both streams (a protocol's: requests go upstream, answers come
+  downstream) sets ``both_streams``: it then gets a context on each stream, the two
+  sharing ``state``, whatever its ``stream`` says, and sits in the chains as a layer
+  (``layer``: lower is nearer the client; see :mod:`faultnet.toxics.chain`).
 """
 
 from __future__ import annotations
@@ -64,6 +68,11 @@ class Toxic(ABC):
 
     #: Toxiproxy's type name, e.g. ``"latency"``.
     type: ClassVar[str]
+    #: True: the toxic sees both streams of a connection (see the module docstring).
+    both_streams: ClassVar[bool] = False
+    #: Where a both-stream toxic sits, lowest nearest the client: TLS termination 0,
+    #: protocol toxics 1, TLS towards the upstream 2.
+    layer: ClassVar[int] = 1
 
     def __init__(self, name: str, stream: str = "downstream", toxicity: float = 1.0) -> None:
         self.name = name

@@ -25,6 +25,7 @@ from faultnet.server.toxic_codec import (
 )
 from faultnet.toxics import (
     TOXICS,
+    Attribute,
     Bandwidth,
     Latency,
     LimitData,
@@ -81,7 +82,7 @@ async def update_while_waiting(
 
 
 def test_registry_has_toxiproxy_types() -> None:
-    assert set(TOXICS) == {
+    assert set(TOXICS) >= {
         "latency",
         "bandwidth",
         "slicer",
@@ -90,10 +91,18 @@ def test_registry_has_toxiproxy_types() -> None:
         "timeout",
         "reset_peer",
     }
+    # The rest are faultnet's protocol toxics (faultnet.toxics.http...).
+    assert all(
+        name.startswith(("http_", "tls_"))
+        for name in set(TOXICS)
+        - {"latency", "bandwidth", "slicer", "limit_data", "slow_close", "timeout", "reset_peer"}
+    )
+    units = ("millisecond", "KB/s", "bytes", "microsecond", "percent", "requests", "status code")
     for name, cls in TOXICS.items():
         assert cls.type == name
-        for attr in cls.ATTRIBUTES:  # every attribute documents its unit
-            assert any(u in attr.doc for u in ("millisecond", "KB/s", "bytes", "microsecond"))
+        for attr in cls.ATTRIBUTES:  # every number documents its unit
+            if isinstance(attr, Attribute):
+                assert any(u in attr.doc for u in units), (name, attr)
 
 
 def test_defaults_as_toxiproxy() -> None:
@@ -397,14 +406,14 @@ def test_a_registered_toxic_is_known_to_the_codec_and_the_openapi_document(
     @register
     class Drop(AttributeToxic):
         type = "test_drop"
-        ATTRIBUTES = (Attribute("percent", 0, "share of chunks dropped, in percent (bytes)"),)
+        ATTRIBUTES = (Attribute("drop_percent", 0, "share of chunks dropped, in percent (bytes)"),)
 
-    t = toxic_from_json({"type": "test_drop", "attributes": {"percent": 5}})
-    assert isinstance(t, Drop) and toxic_to_json(t)["attributes"] == {"percent": 5}
+    t = toxic_from_json({"type": "test_drop", "attributes": {"drop_percent": 5}})
+    assert isinstance(t, Drop) and toxic_to_json(t)["attributes"] == {"drop_percent": 5}
     schemas = openapi_document("x")["components"]["schemas"]
     assert "test_drop" in schemas["ToxicCreate"]["properties"]["type"]["enum"]
-    percent = schemas["Toxic"]["properties"]["attributes"]["properties"]["percent"]
-    assert percent == {
+    drop = schemas["Toxic"]["properties"]["attributes"]["properties"]["drop_percent"]
+    assert drop == {
         "type": "integer",
         "minimum": 0,
         "description": "test_drop: share of chunks dropped, in percent (bytes)",
