@@ -1,0 +1,31 @@
+"""Protocol-aware faults: one module per protocol, below the toxics that use it.
+
+A protocol module holds what it takes to fault a protocol's messages rather than its
+bytes: the parsing (a well-kept sans-I/O parser, never one written here), the pairing of
+requests with their answers, and a per-connection session that moves the original bytes
+on, untouched unless a fault says otherwise. It does no I/O of its own and imports
+nothing of :mod:`faultnet.toxics`: the session writes through the small interfaces it
+declares, which a both-stream toxic's links satisfy (:mod:`faultnet.toxics.chain`).
+
+* :mod:`faultnet.protocols.http` -- HTTP/1.1 (h11): abort, delay, slow body, truncate,
+  reset, hold, header changes, each per request.
+* :mod:`faultnet.protocols.tls` -- TLS: termination with a throwaway CA (trustme),
+  re-origination towards the upstream, and faults on the handshake itself.
+
+Adding a protocol (Redis's RESP, PostgreSQL's wire protocol...) touches:
+
+1. ``faultnet/protocols/resp.py``: a session with ``upstream(data)``, ``upstream_eof()``,
+   ``downstream(data)``, ``downstream_eof()``, which parses each stream with the
+   protocol's parser, pairs each request with its reply (in order, as HTTP/1.1 and RESP
+   do, or by tag as PostgreSQL's extended protocol does), forwards the bytes as they came
+   and asks a *decide* callback what to do with each request (a plan with hooks on the
+   request and on its reply, as :class:`faultnet.protocols.http.Plan`);
+2. ``faultnet/toxics/resp.py``: toxic types with ``both_streams = True`` whose attributes
+   say which requests to match (command, key glob, percent, count) and what to do, each
+   building the session on its connection's first bytes (see
+   :mod:`faultnet.toxics.http` for the pattern), registered with ``@register``;
+3. tests against a real server with a real client, as ``tests/faultnet/test_http.py``.
+
+Nothing else: the server, the CLI, the OpenAPI document and the chaos catalogue find
+the toxic types in :data:`faultnet.toxics.TOXICS`.
+"""
