@@ -113,3 +113,29 @@ async def test_toxiproxy_python_end_to_end(
     await call(client.destroy_all)
     assert await call(client.proxies) == {}
     await assert_refusing(where)
+
+
+async def test_toxiproxy_python_adds_and_removes_an_http_toxic_unchanged(
+    client: toxiproxy.Toxiproxy, nursery: trio.Nursery, faultnet_server: RunningServer
+) -> None:
+    import httpx
+
+    from tests.faultnet.http_app import serve_app
+
+    host, port = await serve_app(nursery)
+    proxy = await call(client.create, upstream=f"{host}:{port}", name="web")
+    base = "http://{}:{}".format(*parse_address(proxy.listen))
+    attributes = {"path": "/api/*", "status": 503, "body": "busy", "count": 1}
+    await call(proxy.add_toxic, type="http_abort", name="api503", attributes=attributes)
+    listed = (await call(proxy.toxics))["api503"]
+    assert listed.type == "http_abort"
+    assert {k: listed.attributes[k] for k in attributes} == attributes
+    async with httpx.AsyncClient(timeout=10) as http:
+        r = await http.get(base + "/api/x")
+        assert (r.status_code, r.text) == (503, "busy")
+        assert (await http.get(base + "/api/x")).status_code == 200  # count=1
+        await call(proxy.destroy_toxic, "api503")
+        assert await call(proxy.toxics) == {}
+    # An attribute of the wrong type is Toxiproxy's 400, which the client raises.
+    with pytest.raises(InvalidToxic):
+        await call(proxy.add_toxic, type="http_abort", attributes={"status": "x"})
