@@ -53,12 +53,15 @@ async def app(scope: dict[str, Any], receive: Callable[..., Any], send: Callable
     await send({"type": "http.response.body", "body": out})
 
 
-async def serve_app(nursery: trio.Nursery) -> Address:
-    """hypercorn serving :func:`app` on a free loopback port, in *nursery*."""
+async def serve_app(nursery: trio.Nursery, tls: tuple[str, str] | None = None) -> Address:
+    """hypercorn serving :func:`app` on a free loopback port, in *nursery*; over TLS
+    with *tls* = (certificate file, key file)."""
     from hypercorn.config import Config
     from hypercorn.trio import serve
 
     config = Config()
+    if tls is not None:
+        config.certfile, config.keyfile = tls
     config.bind = ["127.0.0.1:0"]
     config.accesslog = None
     config.errorlog = None
@@ -75,7 +78,7 @@ async def serve_app(nursery: trio.Nursery) -> Address:
         await serve(app, config, task_status=Started(task_status))  # type: ignore[arg-type]
 
     url: str = await nursery.start(run)
-    host, port = url.removeprefix("http://").rsplit(":", 1)
+    host, port = url.split("://", 1)[1].rsplit(":", 1)
     return host, int(port)
 
 

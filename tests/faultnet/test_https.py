@@ -1,0 +1,158 @@
+"""HTTPS: the HTTP toxics inside TLS terminated with the throwaway CA (curl --cacert,
+httpx verify=), TLS re-originated towards an HTTPS upstream (verified against its CA,
+or refused when it cannot be), and the handshake faults without termination."""
+
+from __future__ import annotations
+
+import shutil
+import ssl
+import subprocess
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+import trustme
+
+from faultnet.eventlog import read_jsonl
+from faultnet.proxy import Proxy
+from faultnet.toxics import (
+    HttpAbort,
+    HttpTruncate,
+    TlsHandshake,
+    TlsOriginate,
+    TlsTerminate,
+)
+from tests.conftest import require_program
+from tests.faultnet.http_app import BIG, Address, serve_app
+
+Factory = Callable[..., Awaitable[Proxy]]
+
+
+def https(proxy: Proxy, path: str) -> str:
+    assert proxy.address is not None
+    return f"https://localhost:{proxy.address[1]}{path}"
+
+
+async def curl(*args: str) -> subprocess.CompletedProcess[bytes]:
+    exe = require_program(shutil.which("curl"), "curl")
+    with trio.fail_after(30):
+        return await trio.run_process(
+            [exe, "-sS", "--max-time", "10", *args],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+
+
+@pytest.fixture
+async def app(nursery: trio.Nursery) -> Address:
+    return await serve_app(nursery)
+
+
+@pytest.fixture
+async def tls_app(nursery: trio.Nursery, tmp_path: Path) -> tuple[Address, str]:
+    """hypercorn over TLS with its own CA (not the proxy's); returns (address, CA file)."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("localhost")
+    certfile, keyfile, cafile = (str(tmp_path / n) for n in ("c.pem", "k.pem", "ca.pem"))
+    cert.cert_chain_pems[0].write_to_path(certfile)
+    cert.private_key_pem.write_to_path(keyfile)
+    ca.cert_pem.write_to_path(cafile)
+    return await serve_app(nursery, tls=(certfile, keyfile)), cafile
+
+
+async def test_curl_with_the_throwaway_ca_gets_http_faults_inside_https(
+    faultnet_proxy: Factory, app: Address, tmp_path: Path
+) -> None:
+    log = tmp_path / "events.jsonl"
+    proxy = await faultnet_proxy(app, event_log=str(log))
+    terminate = TlsTerminate()
+    proxy.add_toxic(terminate)
+    proxy.add_toxic(HttpAbort("api", path="/api/*", status=503, body="busy", count=1))
+    cacert = terminate.attributes()["ca_cert"]
+    assert (await trio.Path(cacert).read_text()).startswith("-----BEGIN CERTIFICATE-----")
+    first = await curl("--cacert", cacert, "-w", " %{http_code}", https(proxy, "/api/x"))
+    assert first.stdout == b"busy 503", first.stderr
+    again = await curl("--cacert", cacert, https(proxy, "/api/x"))
+    assert again.stdout == b"GET /api/x ok", again.stderr
+    # Without the CA, curl refuses the certificate (exit 60): it is not a public one.
+    assert (await curl(https(proxy, "/"))).returncode == 60
+    faults = [r for r in read_jsonl(log).records if r["event"] == "http_fault"]
+    assert [(r["method"], r["path"], r["action"]) for r in faults] == [("GET", "/api/x", "abort")]
+
+
+async def test_httpx_verifying_the_ca_sees_a_truncated_body_over_https(
+    faultnet_proxy: Factory, app: Address
+) -> None:
+    proxy = await faultnet_proxy(app)
+    terminate = TlsTerminate()
+    proxy.add_toxic(terminate)
+    proxy.add_toxic(HttpTruncate("cut", path="/big", bytes=1000, count=1))
+    verify = ssl.create_default_context(cafile=terminate.attributes()["ca_cert"])
+    async with httpx.AsyncClient(verify=verify, timeout=10) as client:
+        assert (await client.get(https(proxy, "/small"))).text == "GET /small ok"
+        with pytest.raises(httpx.RemoteProtocolError):
+            await client.get(https(proxy, "/big"))
+        r = await client.get(https(proxy, "/big"))  # count=1: whole, on a new connection
+        assert r.content == BIG
+
+
+async def test_tls_is_re_originated_to_an_https_upstream_verified_against_its_ca(
+    faultnet_proxy: Factory, tls_app: tuple[Address, str]
+) -> None:
+    address, upstream_ca = tls_app
+    proxy = await faultnet_proxy(address)
+    terminate = TlsTerminate()
+    proxy.add_toxic(terminate)
+    proxy.add_toxic(HttpAbort("api", path="/api/*", status=502))
+    proxy.add_toxic(TlsOriginate(ca=upstream_ca, server_name="localhost"))
+    cacert = terminate.attributes()["ca_cert"]
+    verify = ssl.create_default_context(cafile=cacert)
+    async with httpx.AsyncClient(verify=verify, timeout=10) as client:
+        r = await client.get(https(proxy, "/through"))
+        assert (r.status_code, r.text) == (200, "GET /through ok")
+        assert (await client.post(https(proxy, "/echo"), content=BIG)).content == BIG
+        assert (await client.get(https(proxy, "/api/x"))).status_code == 502
+
+
+async def test_an_upstream_the_system_cas_cannot_verify_is_refused(
+    faultnet_proxy: Factory, tls_app: tuple[Address, str], tmp_path: Path
+) -> None:
+    address, _ = tls_app
+    log = tmp_path / "events.jsonl"
+    proxy = await faultnet_proxy(address, event_log=str(log))
+    terminate = TlsTerminate()
+    proxy.add_toxic(terminate)
+    proxy.add_toxic(TlsOriginate(server_name="localhost"))  # the system's CAs
+    done = await curl("--cacert", terminate.attributes()["ca_cert"], https(proxy, "/"))
+    assert done.returncode != 0 and done.stdout == b""
+    failed = [r for r in read_jsonl(log).records if r["event"] == "tls_failed"]
+    assert failed and "CERTIFICATE_VERIFY_FAILED" in failed[0]["reason"]
+
+
+async def test_a_stalled_handshake_hangs_the_client_until_its_own_timeout(
+    faultnet_proxy: Factory, tls_app: tuple[Address, str]
+) -> None:
+    address, upstream_ca = tls_app
+    proxy = await faultnet_proxy(address)
+    proxy.add_toxic(TlsHandshake("stall", action="stall"))
+    t0 = trio.current_time()
+    done = await curl("--cacert", upstream_ca, "--max-time", "1", https(proxy, "/"))
+    assert done.returncode == 28, done.stderr  # CURLE_OPERATION_TIMEDOUT
+    assert trio.current_time() - t0 >= 1.0
+
+
+async def test_a_reset_during_the_handshake_is_a_connection_reset(
+    faultnet_proxy: Factory, tls_app: tuple[Address, str]
+) -> None:
+    address, upstream_ca = tls_app
+    proxy = await faultnet_proxy(address)
+    proxy.add_toxic(TlsHandshake("rst", action="reset"))
+    done = await curl("--cacert", upstream_ca, https(proxy, "/"))
+    assert done.returncode == 35, done.stderr  # CURLE_SSL_CONNECT_ERROR
+    assert b"reset" in done.stderr.lower()
+    proxy.remove_toxic("rst")
+    ok = await curl("--cacert", upstream_ca, https(proxy, "/"))
+    assert ok.stdout == b"GET / ok", ok.stderr
