@@ -33,6 +33,7 @@ __all__ = [
     "Originator",
     "Terminator",
     "ca_cert_path",
+    "ca_cert_pem",
     "client_hello_end",
     "throwaway_ca",
 ]
@@ -68,6 +69,11 @@ def ca_cert_path() -> str:
             ca.cert_pem.write_to_path(path)  # type: ignore[attr-defined]
             _ca_path = path
         return _ca_path
+
+
+def ca_cert_pem() -> str:
+    """The throwaway CA's certificate, PEM-encoded (made at first use)."""
+    return throwaway_ca().cert_pem.bytes().decode()  # type: ignore[attr-defined]
 
 
 def server_context(hostnames: list[str]) -> ssl.SSLContext:

@@ -389,6 +389,13 @@ def create_app(
     # -- faultnet's extensions --
 
     @handler
+    async def ca(request: Request) -> Response:
+        # tls_terminate's throwaway CA (this process's), for clients to trust.
+        from faultnet.protocols.tls import ca_cert_path, ca_cert_pem
+
+        return JSONResponse({"pem": ca_cert_pem(), "path": ca_cert_path()})
+
+    @handler
     async def fault_show(request: Request) -> Response:
         return await answer(lambda: registry.fault_state(proxy_name(request)))
 
@@ -456,6 +463,7 @@ def create_app(
 
     routes = [
         Route("/reset", reset, methods=["POST"]),
+        Route("/ca", ca, methods=["GET"]),
         Route("/proxies", proxy_index, methods=["GET"]),
         Route("/proxies", proxy_create, methods=["POST"]),
         Route("/populate", populate, methods=["POST"]),

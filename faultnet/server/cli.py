@@ -207,6 +207,13 @@ def _enable(enabled: bool) -> Callable[[argparse.Namespace, ApiClient], Any]:
     return run
 
 
+def _ca(args: argparse.Namespace, c: ApiClient) -> Any:
+    answer = c.request("GET", "/ca")
+    if args.json:
+        return answer
+    return answer["path"] if args.path else answer["pem"].rstrip("\n")
+
+
 def _toxic_add(args: argparse.Namespace, c: ApiClient) -> Any:
     body: dict[str, Any] = {
         "type": args.type,
@@ -551,6 +558,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     client("disable", _enable(False), "close the listener and every connection").add_argument(
         "name"
     )
+
+    p = client("ca", _ca, "print the CA certificate tls_terminate's certificates come from")
+    p.add_argument("--path", action="store_true", help="print its file's path instead")
 
     t = sub.add_parser("toxic", help="add, update, remove or list toxics")
     tsub = t.add_subparsers(dest="toxic_command", metavar="ACTION", required=True)

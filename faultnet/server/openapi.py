@@ -499,6 +499,18 @@ def openapi_document(version: str) -> dict[str, Any]:
                 {"200": _json(_object(["version"], version={"type": "string"}), "version")},
             )
         },
+        "/ca": {
+            "get": _op(
+                ext + "the certificate of the throwaway CA tls_terminate's certificates are "
+                "issued by (PEM), and the path of a file holding it on the server's host",
+                {
+                    "200": _json(
+                        _object(["pem", "path"], pem={"type": "string"}, path={"type": "string"}),
+                        "the CA certificate",
+                    )
+                },
+            )
+        },
         "/proxies/{proxy}/faults": {
             "get": _op(
                 ext + "the proxy's modes in force",

@@ -1,0 +1,72 @@
+"""The HTTP and TLS toxics through the front doors: the ``faultnet`` CLI against a
+server (``toxic add`` with string attributes, ``faultnet ca``), the API's ``/ca`` route
+and the OpenAPI document generated from the toxics' attribute declarations."""
+
+from __future__ import annotations
+
+import shutil
+
+import httpx
+import pytest
+import trio
+
+from faultnet.addresses import parse_address
+from faultnet.server import RunningServer
+from tests.conftest import require_program
+from tests.faultnet.http_app import serve_app
+from tests.faultnet.server.test_server_cli import Cli
+
+
+@pytest.fixture
+def cli(faultnet_server: RunningServer, capsys: pytest.CaptureFixture[str]) -> Cli:
+    return Cli(faultnet_server.url, capsys)
+
+
+async def test_the_cli_adds_https_faults_and_prints_the_ca(cli: Cli, nursery: trio.Nursery) -> None:
+    curl = require_program(shutil.which("curl"), "curl")
+    host, port = await serve_app(nursery)
+    await cli.ok("create", "web", "--upstream", f"{host}:{port}")
+    await cli.ok("toxic", "add", "web", "-t", "tls_terminate")
+    out = await cli.ok(
+        "toxic", "add", "web", "-t", "http_abort", "-a", "path=/api/*", "-a", "count=1"
+    )
+    assert out.strip() == "added http_abort_downstream (http_abort, downstream) to web"
+    path = (await cli.ok("ca", "--path")).strip()
+    pem = await cli.ok("ca")
+    assert pem.startswith("-----BEGIN CERTIFICATE-----")
+    assert pem == await trio.Path(path).read_text()
+    listen = parse_address((await cli.json("proxies"))["web"]["listen"])
+    got = await trio.run_process(
+        [curl, "-sS", "--max-time", "10", "--cacert", path, "-w", " %{http_code}"]
+        + [f"https://localhost:{listen[1]}/api/x"],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+    )
+    assert got.stdout.endswith(b" 503"), got.stderr
+    # A string where a number belongs: the server's 400, one line, exit 2.
+    code, _, err = await cli("toxic", "add", "web", "-t", "http_delay", "-a", "delay=soon")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "delay" in err
+    code, _, err = await cli("toxic", "add", "web", "-t", "http_delay", "-a", "before=never")
+    assert code == 2 and "before" in err
+    await cli.ok("toxic", "remove", "web", "http_abort_downstream")
+
+
+async def test_the_ca_route_and_the_openapi_document(faultnet_server: RunningServer) -> None:
+    async with httpx.AsyncClient(base_url=faultnet_server.url) as api:
+        ca = (await api.get("/ca")).json()
+        assert ca["pem"].startswith("-----BEGIN CERTIFICATE-----") and ca["path"]
+        doc = (await api.get("/openapi.json")).json()
+    assert "/ca" in doc["paths"]
+    schemas = doc["components"]["schemas"]
+    types = schemas["ToxicCreate"]["properties"]["type"]["enum"]
+    assert {"http_abort", "http_delay", "tls_terminate", "tls_handshake"} <= set(types)
+    attributes = schemas["Toxic"]["properties"]["attributes"]["properties"]
+    assert attributes["path"]["type"] == "string"
+    assert attributes["percent"] == {
+        "type": "integer",
+        "minimum": 0,
+        "maximum": 100,
+        "description": attributes["percent"]["description"],
+    }
+    assert "http_abort: " in attributes["status"]["description"]
