@@ -63,6 +63,8 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "toxic:slow_close": {"weight": 1, "attributes": {"delay": 3000}},
     "toxic:timeout": {"weight": 1, "attributes": {"timeout": 5000}},
     "toxic:reset_peer": {"weight": 1, "attributes": {"timeout": 2000}},
+    "toxic:http_abort": {"attributes": {"status": 503, "percent": 20}},
+    "toxic:http_delay": {"attributes": {"delay": 2000, "percent": 20}},
     "process:kill": {"weight": 1, "once": True},
     "process:stop": {"weight": 1, "duration": (2.0, 10.0)},
     "episode:freeze-sever": {"weight": 1},
@@ -138,10 +140,18 @@ def _builtin() -> dict[str, Fault]:
             takes_stream=row.takes_stream,
             duration=_GENERIC_DURATION if row.undone_by else (0.0, 0.0),
         )
-    for type_name in TOXICS:
+    for type_name, cls in TOXICS.items():
         name = f"toxic:{type_name}"
         faults[name] = Fault(
-            name, "toxic", "proxy", "remove_toxic", takes_stream=True, duration=_GENERIC_DURATION
+            name,
+            "toxic",
+            "proxy",
+            "remove_toxic",
+            takes_stream=True,
+            # A protocol's toxics (HTTP, TLS) break a link that speaks another protocol:
+            # drawn only when a plan file gives them a weight.
+            weight=0.0 if cls.both_streams else 1.0,
+            duration=_GENERIC_DURATION,
         )
     faults["process:kill"] = Fault("process:kill", "process", "process", None, signal="SIGKILL")
     faults["process:stop"] = Fault(

@@ -135,7 +135,9 @@ def add_toxic(
     configuration: dict = None,  # type: ignore[assignment]
 ) -> dict:
     """Add a Toxiproxy toxic (latency, bandwidth, slicer, limit_data, slow_close,
-    timeout, reset_peer) to a proxy; returns it as the server renders it."""
+    timeout, reset_peer) or one of faultnet's protocol toxics (http_abort, http_delay,
+    ..., tls_terminate: :mod:`faultnet.toxics.http`, :mod:`faultnet.toxics.tls`) to a
+    proxy; returns it as the server renders it."""
     body: dict[str, Any] = {
         "type": type,
         "stream": stream,

@@ -70,3 +70,41 @@ async def test_the_ca_route_and_the_openapi_document(faultnet_server: RunningSer
         "description": attributes["percent"]["description"],
     }
     assert "http_abort: " in attributes["status"]["description"]
+
+
+def test_chaos_draws_protocol_toxics_only_when_a_plan_weighs_them() -> None:
+    from faultnet.chaos import catalogue
+
+    faults = catalogue()
+    assert faults["toxic:http_abort"].weight == 0 and faults["toxic:tls_terminate"].weight == 0
+    assert faults["toxic:http_abort"].attributes == {"status": 503, "percent": 20}
+    assert faults["toxic:latency"].weight > 0
+    weighed = catalogue({"toxic:http_delay": {"weight": 2, "attributes": {"path": "/api/*"}}})
+    assert weighed["toxic:http_delay"].weight == 2
+    assert weighed["toxic:http_delay"].attributes["path"] == "/api/*"
+
+
+async def test_the_chaos_toolkit_extension_adds_and_removes_an_http_toxic(
+    faultnet_server: RunningServer, nursery: trio.Nursery
+) -> None:
+    from faultnet.chaostoolkit import actions
+
+    host, port = await serve_app(nursery)
+    async with httpx.AsyncClient(base_url=faultnet_server.url) as api:
+        r = await api.post("/proxies", json={"name": "web", "upstream": f"{host}:{port}"})
+        listen = parse_address(r.json()["listen"])
+        t = await trio.to_thread.run_sync(
+            lambda: actions.add_toxic(
+                "web",
+                "http_abort",
+                attributes={"path": "/api/*", "status": 418},
+                api_url=faultnet_server.url,
+            )
+        )
+        assert t["type"] == "http_abort" and t["attributes"]["status"] == 418
+        web = f"http://{listen[0]}:{listen[1]}"
+        assert (await api.get(web + "/api/tea")).status_code == 418
+        await trio.to_thread.run_sync(
+            lambda: actions.remove_toxic("web", t["name"], api_url=faultnet_server.url)
+        )
+        assert (await api.get(web + "/api/tea")).status_code == 200
