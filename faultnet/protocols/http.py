@@ -115,13 +115,55 @@ class Plan:
 
 
 class Send(Protocol):
-    """A plan's way to pass bytes on towards the client, and to end the connection."""
+    """A plan's way to pass bytes on towards the client, to wait, and to end the
+    connection. What it is given leaves in one write per chunk the proxy read, so a plan
+    that waits must wait through :meth:`sleep`/:meth:`sleep_until` (which send what is
+    pending first)."""
 
     async def __call__(self, data: bytes) -> None: ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+    async def sleep_until(self, deadline: float) -> None: ...
 
     async def close(self) -> None: ...
 
     async def reset(self) -> None: ...
+
+
+class _Coalescing:
+    """An :class:`Out` that gathers what it is given until :meth:`flush`: the spans of
+    one chunk (a head, its body, the end) leave in one write, not three. (Measured: three
+    small writes to a client socket without TCP_NODELAY met its delayed ACK, 45 ms per
+    keep-alive request instead of 0.5.)"""
+
+    def __init__(self, out: Out) -> None:
+        self.out = out
+        self._buf = bytearray()
+        self._t_read: float | None = None
+
+    async def inject(self, data: bytes, t_read: float | None = None) -> None:
+        if data:
+            if not self._buf:
+                self._t_read = t_read
+            self._buf += data
+
+    async def flush(self) -> None:
+        if self._buf:
+            data, self._buf = bytes(self._buf), bytearray()
+            await self.out.inject(data, self._t_read)
+
+    async def inject_eof(self) -> None:
+        await self.flush()
+        await self.out.inject_eof()
+
+    async def close(self) -> None:
+        await self.flush()
+        await self.out.close()
+
+    async def reset(self) -> None:
+        self._buf.clear()  # a reset discards what was not sent, as the kernel's does
+        await self.out.reset()
 
 
 Decide = Callable[[h11.Request], Plan | None]
@@ -212,6 +254,14 @@ class _Send:
         if data and not self.session.ended:
             await self.session.down.inject(data, self.t_read)
 
+    async def sleep(self, seconds: float) -> None:
+        await self.session.down.flush()
+        await trio.sleep(seconds)
+
+    async def sleep_until(self, deadline: float) -> None:
+        await self.session.down.flush()
+        await trio.sleep_until(deadline)
+
     async def close(self) -> None:
         self.session.ended = True
         await self.session.down.close()
@@ -236,8 +286,8 @@ class Session:
         decide: Decide,
         log: Callable[..., None] = lambda event, **fields: None,
     ) -> None:
-        self.up = up
-        self.down = down
+        self.up = _Coalescing(up)
+        self.down = _Coalescing(down)
         self.decide = decide
         self.log = log
         self.slots: deque[_Slot] = deque()
@@ -260,6 +310,7 @@ class Session:
     async def upstream(self, data: bytes, t_read: float | None = None) -> None:
         async with self._up_lock:
             await self._upstream(data, t_read)
+            await self.up.flush()
 
     async def _upstream(self, data: bytes, t_read: float | None) -> None:
         if self._held or self.ended:
@@ -336,6 +387,7 @@ class Session:
     async def _drain_from_upstream(self) -> None:
         async with self._down_lock:
             await self._drain()
+            await self.down.flush()
 
     async def upstream_eof(self) -> None:
         async with self._up_lock:
@@ -365,8 +417,11 @@ class Session:
                 return
             await self._drain()
             if self._opaque_down:
-                return await self.down.inject(data, t_read)
-            then = await self._downstream(data, t_read)
+                await self.down.inject(data, t_read)
+                then = None
+            else:
+                then = await self._downstream(data, t_read)
+            await self.down.flush()
         await self._after_answer(then, t_read)
 
     async def _downstream(self, data: bytes, t_read: float | None) -> str | None:
@@ -473,6 +528,7 @@ class Session:
                 await self._upstream(bytes(waiting), t_read)
             if eof:
                 await self.up.inject_eof()
+            await self.up.flush()
 
     async def downstream_eof(self) -> None:
         async with self._down_lock:

@@ -231,13 +231,13 @@ class _DelayPlan(Plan):
 
     async def response_head(self, send: Send, head: bytes) -> None:
         if not self.before_body:
-            await trio.sleep(self.seconds)
+            await send.sleep(self.seconds)
         await send(head)
 
     async def response_body(self, send: Send, data: bytes) -> None:
         if self.before_body and not self._waited:
             self._waited = True
-            await trio.sleep(self.seconds)
+            await send.sleep(self.seconds)
         await send(data)
 
 
@@ -284,7 +284,7 @@ class _SlowBodyPlan(Plan):
         # not to cost the proxy.
         piece = max(1, self.rate // 20)
         for i in range(0, len(data), piece):
-            await trio.sleep_until(self._start + self._sent / self.rate)
+            await send.sleep_until(self._start + self._sent / self.rate)
             chunk = data[i : i + piece]
             await send(chunk)
             self._sent += len(chunk)

@@ -433,3 +433,37 @@ async def test_an_upgrade_turns_both_ways_opaque_after_101(
             echoed += await stream.receive_some(4096)
     assert echoed == raw
     await stream.aclose()
+
+
+class _Recording:
+    """An Out that records each write (the session's unit tests: no sockets)."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+        self.eof = False
+
+    async def inject(self, data: bytes, t_read: float | None = None) -> None:
+        self.writes.append(data)
+
+    async def inject_eof(self) -> None:
+        self.eof = True
+
+    async def close(self) -> None:
+        pass
+
+    async def reset(self) -> None:
+        pass
+
+
+async def test_the_session_writes_each_chunk_it_reads_in_one_write() -> None:
+    # A response's head, body and end are three spans; sent as three writes to a client
+    # socket without TCP_NODELAY they met its delayed ACK (45 ms a keep-alive request).
+    from faultnet.protocols.http import Session
+
+    up, down = _Recording(), _Recording()
+    session = Session(up, down, lambda request: None)
+    request = b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"
+    await session.upstream(request)
+    response = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nxyz\r\n0\r\n\r\n"
+    await session.downstream(response)
+    assert up.writes == [request] and down.writes == [response]
