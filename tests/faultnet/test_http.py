@@ -38,9 +38,10 @@ from tests.faultnet.http_app import BIG, Address, Recorder, serve_app
 Factory = Callable[..., Awaitable[Proxy]]
 
 
-@pytest.fixture(params=["thread", "trio"])
-def plane(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+@pytest.fixture
+def plane(each_plane: str) -> str:
+    """Every data plane built here (tests/faultnet/conftest.py)."""
+    return each_plane
 
 
 @pytest.fixture
