@@ -91,6 +91,8 @@ class Recorder:
         self.sent: list[bytearray] = []
         #: Bytes per write of a response (0: the whole response in one write).
         self.piece = 0
+        #: Every response sent, in order, over every connection.
+        self.responses: list[bytes] = []
 
     async def handle(self, stream: trio.SocketStream) -> None:
         got, out = bytearray(), bytearray()
@@ -112,6 +114,7 @@ class Recorder:
                     body += event.data
                 elif isinstance(event, h11.EndOfMessage):
                     data = self._answer(conn, request, body)
+                    self.responses.append(data)
                     out += data
                     step = self.piece or len(data)
                     for i in range(0, len(data), step):

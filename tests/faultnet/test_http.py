@@ -213,6 +213,44 @@ async def test_a_percent_faults_the_requests_the_seed_draws_and_the_same_again(
     assert all(p.startswith("GET /api/") for p in runs[0] + runs[2])
 
 
+async def _one_by_one(proxy: Proxy, requests_: list[bytes]) -> list[bytes]:
+    """Each request in turn on one keep-alive connection; each raw response."""
+    assert proxy.address is not None
+    stream = await trio.open_tcp_stream(*proxy.address)
+    out = []
+    with trio.fail_after(20):
+        for request in requests_:
+            await stream.send_all(request)
+            got = b""
+            while _count_responses(got) < 1:
+                chunk = await stream.receive_some(65536)
+                assert chunk
+                got += chunk
+            out.append(got)
+    await stream.aclose()
+    return out
+
+
+async def test_every_response_the_seed_does_not_draw_arrives_byte_identical(
+    faultnet_proxy: Factory, nursery: trio.Nursery
+) -> None:
+    # The same rule as above, on raw bytes: what the client reads for each request not
+    # drawn is exactly what the server wrote for it.
+    reqs = [f"GET /api/{i} HTTP/1.1\r\nHost: x\r\n\r\n".encode() for i in range(40)]
+    reqs += [b"POST /api/p HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi"] * 5
+    drawn = []
+    for _ in range(2):
+        rec = Recorder()
+        proxy = await faultnet_proxy(await start_server(nursery, rec.handle), seed=11)
+        proxy.add_toxic(HttpAbort("api", method="GET", path="/api/*", percent=20))
+        got = await _one_by_one(proxy, reqs)
+        faulted = [i for i, r in enumerate(got) if r.startswith(b"HTTP/1.1 503 ")]
+        assert [r for i, r in enumerate(got) if i not in faulted] == rec.responses
+        assert faulted and all(i < 40 for i in faulted)
+        drawn.append(faulted)
+    assert drawn[0] == drawn[1]
+
+
 def _session(retry: Retry) -> requests.Session:
     session = requests.Session()
     session.mount("http://", HTTPAdapter(max_retries=retry))
@@ -468,3 +506,19 @@ async def test_the_session_writes_each_chunk_it_reads_in_one_write() -> None:
     response = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nxyz\r\n0\r\n\r\n"
     await session.downstream(response)
     assert up.writes == [request] and down.writes == [response]
+
+
+async def test_a_head_response_is_framed_without_a_body_and_the_next_request_follows(
+    faultnet_proxy: Factory, app: Address
+) -> None:
+    # A HEAD's response carries a Content-Length and no body: framed as a GET's, the
+    # session would read the next response as this one's body, and fault nothing in it.
+    proxy = await faultnet_proxy(app)
+    proxy.add_toxic(HttpHeader("h", path="/after", add="X-Seen: 1"))
+    async with httpx.AsyncClient(timeout=10) as client:
+        r = await client.head(url(proxy, "/big"))
+        assert r.headers["content-length"] == str(len(BIG)) and r.content == b""
+        r = await client.get(url(proxy, "/after"))
+        assert r.text == "GET /after ok" and r.headers["x-seen"] == "1"
+        r = await client.head(url(proxy, "/after"))
+        assert r.content == b"" and r.headers["x-seen"] == "1"
