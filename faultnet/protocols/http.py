@@ -230,8 +230,14 @@ def _client_parser(slot: _Slot, data: bytes = b"") -> _Parser:
     ]
     if not any(k == b"host" for k, _ in headers):
         headers.append((b"host", b"faultnet"))
-    conn.send(h11.Request(method=slot.method, target=b"/", headers=headers))
-    conn.send(h11.EndOfMessage())
+    try:
+        conn.send(h11.Request(method=slot.method, target=b"/", headers=headers))
+        conn.send(h11.EndOfMessage())
+    except h11.LocalProtocolError:
+        # Headers h11 read but will not write (none known): frame the answer as a GET's.
+        conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
+        conn.send(h11.Request(method=b"GET", target=b"/", headers=[(b"host", b"faultnet")]))
+        conn.send(h11.EndOfMessage())
     p = _Parser(conn, slot)
     p.feed(data)
     return p

@@ -181,12 +181,18 @@ def chain_of(links: Iterable[ChainLink | None], stream: str) -> ToxicChain:
     byte = [link for link in present if link.peer is None and link.stream == stream]
     layers = sorted((link for link in present if link.peer is not None), key=_layer)
     if stream == "upstream":
-        return ToxicChain(byte + [link.on(stream) for link in layers])  # type: ignore[misc]
-    return ToxicChain([link.on(stream) for link in reversed(layers)] + byte)  # type: ignore[misc]
+        return ToxicChain(byte + [_half(link, stream) for link in layers])
+    return ToxicChain([_half(link, stream) for link in reversed(layers)] + byte)
 
 
 def _layer(link: ChainLink) -> int:
     return link.toxic.layer
+
+
+def _half(link: ChainLink, stream: str) -> ChainLink:
+    half = link.on(stream)
+    assert half is not None  # a pair has a link on each stream
+    return half
 
 
 class ToxicChain:

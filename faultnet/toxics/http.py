@@ -106,8 +106,8 @@ class HttpToxic(AttributeToxic):
             return False
         if self.header:
             name, sep, glob = self.header.partition(":")
-            name, glob = name.strip().lower().encode("latin-1"), glob.strip()
-            values = [v.decode("latin-1") for k, v in request.headers if k == name]
+            key, glob = name.strip().lower().encode("latin-1"), glob.strip()
+            values = [v.decode("latin-1") for k, v in request.headers if k == key]
             if not values or (sep and not any(fnmatch.fnmatchcase(v, glob) for v in values)):
                 return False
         return True
