@@ -522,3 +522,19 @@ async def test_a_head_response_is_framed_without_a_body_and_the_next_request_fol
         assert r.text == "GET /after ok" and r.headers["x-seen"] == "1"
         r = await client.head(url(proxy, "/after"))
         assert r.content == b"" and r.headers["x-seen"] == "1"
+
+
+async def test_an_http_toxic_added_to_an_open_keep_alive_connection_acts_on_its_next_request(
+    faultnet_proxy: Factory, app: Address, plane: str
+) -> None:
+    proxy = await faultnet_proxy(app, dataplane=plane)
+    async with httpx.AsyncClient(timeout=10) as client:
+        assert (await client.get(url(proxy, "/api/a"))).status_code == 200
+        [before] = proxy.connections()
+        proxy.add_toxic(HttpAbort("api", path="/api/*", status=429))
+        assert (await client.get(url(proxy, "/api/b"))).status_code == 429
+        assert (await client.get(url(proxy, "/c"))).text == "GET /c ok"
+        [after] = proxy.connections()
+        assert after.id == before.id  # the same connection, kept alive throughout
+        proxy.remove_toxic("api")
+        assert (await client.get(url(proxy, "/api/d"))).status_code == 200
