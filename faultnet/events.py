@@ -115,6 +115,30 @@ EVENTS: dict[str, Event] = _table(
     ),
     Event("toxic_updated", ("toxic", "toxicity", "attributes"), "a toxic's attributes changed"),
     Event("toxic_removed", ("toxic",), "a toxic removed from every connection"),
+    # -- protocol toxics (faultnet/protocols, faultnet/toxics/http.py, tls.py) --
+    Event(
+        "http_fault",
+        (
+            "conn",
+            "toxic",
+            "method",
+            "path",
+            "action",
+            "status",
+            "delay_ms",
+            "before",
+            "rate",
+            "bytes",
+            "on",
+            "added",
+            "removed",
+        ),
+        "one request an HTTP toxic faulted: its method and path, what was done, the figures",
+    ),
+    Event("http_opaque", ("conn", "toxic", "stream"), "a stream h11 could not parse, passed as is"),
+    Event("tls_handshake", ("conn", "toxic", "version"), "a TLS toxic's handshake completed"),
+    Event("tls_failed", ("conn", "toxic", "reason"), "a TLS toxic's handshake failed: reset"),
+    Event("tls_fault", ("conn", "toxic", "action"), "tls_handshake stalled or reset a handshake"),
     # -- UDP sessions --
     Event("session_open", ("session", "peer"), "a UDP client's first datagram: a session"),
     Event(

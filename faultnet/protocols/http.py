@@ -295,7 +295,7 @@ class Session:
         self.up = _Coalescing(up)
         self.down = _Coalescing(down)
         self.decide = decide
-        self.log = log
+        self.log_event = log
         self.slots: deque[_Slot] = deque()
         self._up_lock = trio.Lock()
         self._down_lock = trio.Lock()
@@ -362,7 +362,7 @@ class Session:
     async def _on_request(self, request: h11.Request, head: bytes) -> bytes:
         plan = self.decide(request)
         if plan is not None:
-            self.log(
+            self.log_event(
                 "http_fault",
                 method=request.method.decode("latin-1"),
                 path=request.target.decode("latin-1"),
@@ -410,7 +410,7 @@ class Session:
 
     async def _go_opaque_up(self, t_read: float | None) -> None:
         self._opaque_up = True
-        self.log("http_opaque", stream="upstream")
+        self.log_event("http_opaque", stream="upstream")
         if not self._dropping and self._request.pending:
             await self.up.inject(bytes(self._request.pending), t_read)
         self._request.pending.clear()
@@ -552,7 +552,7 @@ class Session:
 
     async def _go_opaque_down(self, t_read: float | None) -> None:
         self._opaque_down = True
-        self.log("http_opaque", stream="downstream")
+        self.log_event("http_opaque", stream="downstream")
         assert self._response is not None
         if self._response.pending:
             await self.down.inject(bytes(self._response.pending), t_read)

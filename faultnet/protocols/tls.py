@@ -129,7 +129,7 @@ class _End:
         self.obj = obj_of(self.incoming, self.outgoing)
         self.records = records  # where TLS records go
         self.plain = plain  # where decrypted bytes go
-        self.log = log
+        self.log_event = log
         self.done = False  # the handshake
         self.failed = False
         self._lock = trio.Lock()
@@ -143,7 +143,7 @@ class _End:
 
     async def _fail(self, exc: ssl.SSLError) -> None:
         self.failed = True
-        self.log("tls_failed", reason=str(exc.reason or exc))
+        self.log_event("tls_failed", reason=str(exc.reason or exc))
         await self._flush()  # the alert, if one was made
         await self.records.reset()
 
@@ -168,7 +168,7 @@ class _End:
             self._step()
             if self.done:
                 if not was_done:
-                    self.log("tls_handshake", version=self.obj.version())
+                    self.log_event("tls_handshake", version=self.obj.version())
                 while True:
                     try:
                         got = self.obj.read(65536)

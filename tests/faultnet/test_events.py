@@ -13,7 +13,14 @@ from faultnet.events import EVENTS, STRICT_ENV, UndeclaredEvent
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The modules that write the event log (a proxy's, the server's).
-WRITERS = ("faultnet/proxy", "faultnet/udp", "faultnet/server", "faultnet/planes")
+WRITERS = (
+    "faultnet/proxy",
+    "faultnet/udp",
+    "faultnet/server",
+    "faultnet/planes",
+    "faultnet/protocols",
+    "faultnet/toxics",
+)
 
 
 def _written(paths: tuple[str, ...]) -> dict[str, set[str]]:
