@@ -156,3 +156,31 @@ async def test_a_reset_during_the_handshake_is_a_connection_reset(
     proxy.remove_toxic("rst")
     ok = await curl("--cacert", upstream_ca, https(proxy, "/"))
     assert ok.stdout == b"GET / ok", ok.stderr
+
+
+async def test_reset_delay_slow_body_and_hold_inside_https(
+    faultnet_proxy: Factory, app: Address
+) -> None:
+    from faultnet.toxics import HttpDelay, HttpHold, HttpReset, HttpSlowBody
+
+    proxy = await faultnet_proxy(app)
+    terminate = TlsTerminate()
+    proxy.add_toxic(terminate)
+    proxy.add_toxic(HttpReset("rst", path="/big", method="GET", bytes=5000))
+    proxy.add_toxic(HttpDelay("late", path="/late", delay=300))
+    proxy.add_toxic(HttpSlowBody("slow", path="/big", method="POST", rate=400_000))
+    proxy.add_toxic(HttpHold("hold", path="/stuck"))
+    cacert = terminate.attributes()["ca_cert"]
+    reset = await curl("--cacert", cacert, https(proxy, "/big"))
+    assert reset.returncode == 56 and b"reset" in reset.stderr.lower(), reset.stderr
+    verify = ssl.create_default_context(cafile=cacert)
+    async with httpx.AsyncClient(verify=verify, timeout=httpx.Timeout(10, read=1)) as client:
+        t0 = trio.current_time()
+        assert (await client.get(https(proxy, "/late"))).text == "GET /late ok"
+        assert trio.current_time() - t0 >= 0.3
+        t0 = trio.current_time()
+        # POST /big echoes the body sent; the echo is paced at the rate.
+        assert (await client.post(https(proxy, "/big"), content=BIG)).content == BIG
+        assert trio.current_time() - t0 >= (len(BIG) - 400_000 // 20) / 400_000
+        with pytest.raises(httpx.ReadTimeout):
+            await client.get(https(proxy, "/stuck"))
