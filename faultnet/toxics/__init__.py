@@ -1,4 +1,6 @@
-"""Byte-level toxics, named and typed as Toxiproxy's, one module per toxic.
+"""Toxics: the byte-level ones named and typed as Toxiproxy's, one module per toxic,
+and faultnet's protocol toxics (:mod:`faultnet.toxics.http`, :mod:`faultnet.toxics.tls`),
+which see both streams of a connection and run a :mod:`faultnet.protocols` session.
 
 Each toxic is a class in its own module of this package that declares its attributes
 (:class:`Attribute`, with units) and registers itself with :func:`register`; importing
