@@ -17,6 +17,8 @@ import httpx
 import pytest
 import requests
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
 
@@ -538,3 +540,57 @@ async def test_an_http_toxic_added_to_an_open_keep_alive_connection_acts_on_its_
         assert after.id == before.id  # the same connection, kept alive throughout
         proxy.remove_toxic("api")
         assert (await client.get(url(proxy, "/api/d"))).status_code == 200
+
+
+_REQUESTS = [
+    b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"HEAD /h HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nbody",
+    b"PUT /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n",
+    b"GET /api/x HTTP/1.1\r\nHost: x\r\n\r\n",
+]
+_RESPONSES = {
+    b"HEAD": b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n",
+    b"GET": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nz\r\n0\r\n\r\n",
+    b"other": b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok",
+}
+
+
+def _response_to(request: bytes) -> bytes:
+    method = request.split(b" ", 1)[0]
+    return _RESPONSES.get(method, _RESPONSES[b"other"])
+
+
+def _cut(data: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({c % (len(data) + 1) for c in cuts} | {0, len(data)})
+    return [data[a:b] for a, b in zip(points, points[1:], strict=False) if b > a]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.sampled_from(_REQUESTS), min_size=1, max_size=6),
+    st.lists(st.integers(0, 10_000), max_size=12),
+    st.lists(st.integers(0, 10_000), max_size=12),
+)
+def test_any_pipeline_cut_anywhere_crosses_byte_identical_with_aborts_in_place(
+    requests_: list[bytes], up_cuts: list[int], down_cuts: list[int]
+) -> None:
+    from faultnet.protocols.http import Session
+
+    toxic = HttpAbort("api", path="/api/*", status=503)
+
+    async def run() -> tuple[bytes, bytes]:
+        up, down = _Recording(), _Recording()
+        session = Session(up, down, lambda request: toxic.decide(request, 1))
+        for piece in _cut(b"".join(requests_), up_cuts):
+            await session.upstream(piece)
+        served = b"".join(_response_to(r) for r in requests_ if b"/api/" not in r)
+        for piece in _cut(served, down_cuts):
+            await session.downstream(piece)
+        return b"".join(up.writes), b"".join(down.writes)
+
+    upstream, downstream = trio.run(run)
+    answer = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n"
+    assert upstream == b"".join(r for r in requests_ if b"/api/" not in r)
+    expected = b"".join(answer if b"/api/" in r else _response_to(r) for r in requests_)
+    assert downstream == expected
