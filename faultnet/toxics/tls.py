@@ -108,7 +108,10 @@ class TlsOriginate(AttributeToxic):
     def check_values(cls, values: Mapping[str, Any]) -> None:
         ca = values.get("ca")
         if ca and ca != "none":
-            client_context(ca)  # a missing or malformed file: refused now, not later
+            try:
+                client_context(ca)  # a missing or malformed file: refused now, not later
+            except OSError as exc:  # ssl.SSLError included: the API's 400, not a 500
+                raise ValueError(f"attribute ca: cannot load {ca!r}: {exc}") from None
 
     def _end(self, ctx: ToxicContext) -> Originator:
         end: Originator | None = ctx.state.get("tls")

@@ -184,3 +184,27 @@ async def test_reset_delay_slow_body_and_hold_inside_https(
         assert trio.current_time() - t0 >= (len(BIG) - 400_000 // 20) / 400_000
         with pytest.raises(httpx.ReadTimeout):
             await client.get(https(proxy, "/stuck"))
+
+
+async def test_tls_originated_with_no_verification_reaches_any_upstream(
+    faultnet_proxy: Factory, tls_app: tuple[Address, str]
+) -> None:
+    # ca="none": no chain, no name checked (a self-signed test server, say).
+    address, _ = tls_app
+    proxy = await faultnet_proxy(address)
+    terminate = TlsTerminate()
+    proxy.add_toxic(terminate)
+    proxy.add_toxic(TlsOriginate(ca="none"))
+    done = await curl("--cacert", terminate.attributes()["ca_cert"], https(proxy, "/any"))
+    assert done.stdout == b"GET /any ok", done.stderr
+
+
+def test_tls_originate_refuses_a_ca_file_it_cannot_read(tmp_path: Path) -> None:
+    # A ValueError, which the API answers with 400 (an OSError would be its 500).
+    from faultnet.server.toxic_codec import BadToxicBody, toxic_from_json
+
+    with pytest.raises(ValueError, match="cannot load"):
+        TlsOriginate(ca=str(tmp_path / "missing.pem"))
+    (tmp_path / "junk.pem").write_text("not a certificate")
+    with pytest.raises(BadToxicBody, match="cannot load"):
+        toxic_from_json({"type": "tls_originate", "attributes": {"ca": str(tmp_path / "junk.pem")}})
