@@ -25,18 +25,24 @@ WRITERS = (
 
 def _written(paths: tuple[str, ...]) -> dict[str, set[str]]:
     """Event name -> the files that write it: ``<...log>.write("name", ...)``,
-    ``log_event("name", ...)`` and ``.write(f"held_{kind}", ...)`` (expanded by hand
-    below), found in the source."""
+    ``log_event("name", ...)``, the API's ``log("name", ...)`` (it hops to the
+    registry's loop) and ``.write(f"held_{kind}", ...)`` (expanded by hand below),
+    found in the source."""
     found: dict[str, set[str]] = {}
     for top in paths:
         for path in (ROOT / top).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
-                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                if not isinstance(node, ast.Call):
                     continue
-                receiver = ast.unparse(node.func.value)
-                writes = node.func.attr == "log_event" or (
-                    node.func.attr == "write" and receiver.endswith(("log", "server"))
-                )
+                if isinstance(node.func, ast.Name):
+                    writes = node.func.id == "log"
+                elif isinstance(node.func, ast.Attribute):
+                    receiver = ast.unparse(node.func.value)
+                    writes = node.func.attr == "log_event" or (
+                        node.func.attr == "write" and receiver.endswith(("log", "server"))
+                    )
+                else:
+                    continue
                 if not writes or not node.args:
                     continue
                 first = node.args[0]
