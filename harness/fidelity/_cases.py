@@ -1,0 +1,575 @@
+"""The fidelity table's rows: a mode, a real client, and what it does around the fault.
+
+Each scenario is written once against a :class:`Side` and run twice: against the
+kernel's own version of the fault (nftables in the run's namespace, ``ss -K``, no
+listener, SIGSTOP) and through faultnet's mode. Timings are scaled down (keepalive idle
+1 s, interval 1 s, 2 probes; TCP_USER_TIMEOUT 2 s) so the whole table runs in about a
+minute; the kernel's behaviour does not depend on the scale.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from faultnet.sockopts import set_keepalive, set_user_timeout
+from harness.fidelity._observe import Observation, classify, segs_in
+from harness.fidelity._world import HOST, EchoServer, KernelFault, pattern
+
+__all__ = ["CASES", "Case", "Servers", "Side"]
+
+#: How long a client is given before its silence is called a hang.
+HANG_BOUND_S = 9.0
+
+
+@dataclass
+class Servers:
+    echo: EchoServer
+    redis_port: int | None = None
+    redis_pid: int | None = None
+    http_port: int | None = None
+    pg_port: int | None = None
+
+
+@dataclass
+class Side:
+    """Where the client connects (``port``) and how the fault is made and undone."""
+
+    name: str
+    port: int
+    fault: Callable[[], None]
+    undo: Callable[[], None]
+    close: Callable[[], None] = lambda: None
+
+
+@dataclass(frozen=True)
+class Case:
+    mode: str
+    client: str
+    #: What the client does around the fault.
+    situation: str
+    #: The kernel's version of the fault, in words.
+    reference: str
+    server: str  # echo, redis, http, pg
+    scenario: Callable[[Side, Servers], Observation]
+    kernel: Callable[[KernelFault, Servers], tuple[Callable[[], None], Callable[[], None]]]
+    faultnet: tuple[str, dict[str, Any], str]  # method, its kwargs, the undoing method
+    #: A row whose two failures are known to differ: shown, not judged; says how.
+    contrast: str | None = None
+    #: Judge the segments the client took in after the fault too.
+    segments: bool = False
+    runs: int = 1
+    #: The reference side connects to a port nothing listens on.
+    no_listener: bool = False
+    tags: tuple[str, ...] = field(default=())
+
+    @property
+    def name(self) -> str:
+        return f"{self.mode} / {self.client}"
+
+
+# -- helpers --
+
+
+def _connect(port: int, timeout: float = 5.0) -> socket.socket:
+    s = socket.create_connection((HOST, port), timeout=timeout)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def _round_trips(s: socket.socket, n: int) -> None:
+    msg = b"x" * 64
+    for _ in range(n):
+        s.sendall(msg)
+        got = b""
+        while len(got) < len(msg):
+            chunk = s.recv(65536)
+            if not chunk:
+                raise ConnectionError("EOF during the warm-up")
+            got += chunk
+
+
+def _await_outcome(s: socket.socket, t0: float, bound: float) -> tuple[str, float | None, int]:
+    """Read until an error, EOF or *bound*: (outcome, seconds, bytes read)."""
+    s.settimeout(0.1)
+    got = 0
+    while time.monotonic() - t0 < bound:
+        try:
+            data = s.recv(65536)
+        except TimeoutError as exc:
+            if exc.errno is None:  # the socket's own 0.1 s timeout, not ETIMEDOUT
+                continue
+            return classify(exc), time.monotonic() - t0, got
+        except OSError as exc:
+            return classify(exc), time.monotonic() - t0, got
+        if not data:
+            return "EOF", time.monotonic() - t0, got
+        got += len(data)
+    return "hang", None, got
+
+
+def _segs(s: socket.socket) -> int:
+    return segs_in(s.fileno())
+
+
+# -- scenarios --
+
+
+def keepalive_idle(side: Side, servers: Servers) -> Observation:
+    """Keepalive 1/1/2, 60 round trips (out of quick-ack), the fault right after the
+    last reply, the client parked in recv."""
+    s = _connect(side.port)
+    try:
+        set_keepalive(s, 1, 1, 2)
+        _round_trips(s, 60)
+        side.fault()
+        t0 = time.monotonic()
+        before = _segs(s)
+        outcome, seconds, got = _await_outcome(s, t0, HANG_BOUND_S)
+        return Observation(outcome, seconds, got, _segs(s) - before)
+    finally:
+        s.close()
+
+
+def user_timeout_write(side: Side, servers: Servers) -> Observation:
+    """TCP_USER_TIMEOUT 2 s; a reply, the fault 0.5 s later, then a write."""
+    s = _connect(side.port)
+    try:
+        set_user_timeout(s, 2000)
+        _round_trips(s, 5)
+        time.sleep(0.5)  # the scenario: the fault lands on an idle connection
+        side.fault()
+        t0 = time.monotonic()
+        before = _segs(s)
+        s.sendall(b"y" * 64)
+        outcome, seconds, got = _await_outcome(s, t0, HANG_BOUND_S)
+        return Observation(outcome, seconds, got, _segs(s) - before)
+    finally:
+        s.close()
+
+
+def reset_parked(side: Side, servers: Servers) -> Observation:
+    """A reply, the fault 0.5 s later, the client parked in recv."""
+    s = _connect(side.port)
+    try:
+        _round_trips(s, 5)
+        time.sleep(0.5)  # the scenario: an idle connection
+        side.fault()
+        t0 = time.monotonic()
+        outcome, seconds, got = _await_outcome(s, t0, 3.0)
+        return Observation(outcome, seconds, got)
+    finally:
+        s.close()
+
+
+def _redis(port: int, **kwargs: Any) -> Any:
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    return redis.Redis(
+        host=HOST,
+        port=port,
+        socket_connect_timeout=3,
+        retry=Retry(NoBackoff(), 0),  # one try: a retry would open a new connection
+        **kwargs,
+    )
+
+
+def redis_idle_get(side: Side, servers: Servers) -> Observation:
+    """redis-py with keepalive 1/1/2 and a 4 s socket timeout: GETs, the fault, 3.5 s
+    idle, one more GET."""
+    r = _redis(
+        side.port,
+        socket_timeout=4,
+        socket_keepalive=True,
+        socket_keepalive_options={
+            socket.TCP_KEEPIDLE: 1,
+            socket.TCP_KEEPINTVL: 1,
+            socket.TCP_KEEPCNT: 2,
+        },
+    )
+    try:
+        r.set("k", "v")
+        for _ in range(20):
+            r.get("k")
+        conn = r.connection_pool._available_connections[0]
+        fd = os.dup(conn._sock.fileno())  # kept: redis-py closes its socket on an error
+        try:
+            side.fault()
+            t0 = time.monotonic()
+            before = segs_in(fd)
+            time.sleep(3.5)  # the scenario: an idle client, past its keepalive's verdict
+            try:
+                r.get("k")
+                return Observation("answered", time.monotonic() - t0, None, segs_in(fd) - before)
+            except Exception as exc:
+                return Observation(
+                    f"{type(exc).__name__}({classify(exc)})",
+                    time.monotonic() - t0,
+                    None,
+                    segs_in(fd) - before,
+                )
+        finally:
+            os.close(fd)
+    finally:
+        r.close()
+
+
+def redis_get_frozen(side: Side, servers: Servers) -> Observation:
+    """redis-py with a 1.5 s socket timeout: GETs, the fault, one more GET."""
+    r = _redis(side.port, socket_timeout=1.5)
+    try:
+        r.set("k", "v")
+        for _ in range(20):
+            r.get("k")
+        side.fault()
+        t0 = time.monotonic()
+        try:
+            r.get("k")
+            return Observation("answered", time.monotonic() - t0)
+        except Exception as exc:
+            return Observation(f"{type(exc).__name__}({classify(exc)})", time.monotonic() - t0)
+    finally:
+        r.close()
+
+
+def psycopg_next_query(side: Side, servers: Servers) -> Observation:
+    """psycopg (libpq: keepalives 1/1/2, tcp_user_timeout 2 s): queries, the fault right
+    after one returned, then the next query."""
+    import psycopg
+
+    conn = psycopg.connect(
+        host=HOST,
+        port=side.port,
+        user="postgres",
+        dbname="postgres",
+        connect_timeout=5,
+        keepalives=1,
+        keepalives_idle=1,
+        keepalives_interval=1,
+        keepalives_count=2,
+        tcp_user_timeout=2000,
+        autocommit=True,
+    )
+    fd = os.dup(conn.pgconn.socket)
+    try:
+        for _ in range(20):
+            conn.execute("select 1").fetchone()
+        side.fault()
+        t0 = time.monotonic()
+        before = segs_in(fd)
+        try:
+            conn.execute("select 1").fetchone()
+            return Observation("answered", time.monotonic() - t0, None, segs_in(fd) - before)
+        except Exception as exc:
+            return Observation(
+                f"{type(exc).__name__}({classify(exc)})",
+                time.monotonic() - t0,
+                None,
+                segs_in(fd) - before,
+            )
+    finally:
+        os.close(fd)
+        with contextlib.suppress(Exception):
+            conn.close()
+
+
+def curl_connect(side: Side, servers: Servers) -> Observation:
+    """The fault, then ``curl --connect-timeout 2`` for a fresh connection."""
+    side.fault()
+    t0 = time.monotonic()
+    done = subprocess.run(
+        ["curl", "-sS", "-o", "/dev/null", "--connect-timeout", "2", "-m", "5"]
+        + [f"http://{HOST}:{side.port}/"],
+        capture_output=True,
+        timeout=15,
+    )
+    return Observation(f"curl exit {done.returncode}", time.monotonic() - t0)
+
+
+def patient_connect(side: Side, servers: Servers) -> Observation:
+    """The fault, a connect with a 6 s timeout, the fault undone 1.5 s later: connected
+    on the kernel's next SYN retry."""
+    side.fault()
+    t0 = time.monotonic()
+    timer = threading.Timer(1.5, side.undo)
+    timer.start()
+    try:
+        s = _connect(side.port, timeout=6)
+    except OSError as exc:
+        return Observation(classify(exc), time.monotonic() - t0)
+    finally:
+        timer.join()
+    s.close()
+    return Observation("connected", time.monotonic() - t0)
+
+
+def raw_connect(side: Side, servers: Servers) -> Observation:
+    side.fault()
+    t0 = time.monotonic()
+    try:
+        _connect(side.port, timeout=3).close()
+    except OSError as exc:
+        return Observation(classify(exc), time.monotonic() - t0)
+    return Observation("connected", time.monotonic() - t0)
+
+
+def curl_download(side: Side, servers: Servers) -> Observation:
+    """curl downloading a slow stream; the fault once its first bytes are written."""
+    with tempfile.NamedTemporaryFile(prefix="fidelity-curl-") as out:
+        proc = subprocess.Popen(
+            ["curl", "-sS", "-o", out.name, "-m", "8", f"http://{HOST}:{side.port}/stream"],
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 5
+            while os.path.getsize(out.name) < 65536 and time.monotonic() < deadline:
+                time.sleep(0.01)  # polling the download's progress, bounded
+            side.fault()
+            t0 = time.monotonic()
+            try:
+                rc = proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                return Observation("hang", None)
+            return Observation(f"curl exit {rc}", time.monotonic() - t0)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def lossy_download(side: Side, servers: Servers) -> Observation:
+    """The fault, then 2 MiB downloaded and checked by sha256 (one run)."""
+    size = 2 * 1024 * 1024
+    want = hashlib.sha256(pattern(size)).hexdigest()
+    s = _connect(side.port)
+    try:
+        side.fault()
+        t0 = time.monotonic()
+        s.sendall(f"GET {size}\n".encode())
+        h = hashlib.sha256()
+        got = 0
+        s.settimeout(HANG_BOUND_S)
+        try:
+            while got < size:
+                data = s.recv(262144)
+                if not data:
+                    return Observation("EOF", time.monotonic() - t0, got)
+                h.update(data)
+                got += len(data)
+        except TimeoutError as exc:
+            if exc.errno is None:
+                return Observation("hang", None, got)
+            return Observation(classify(exc), time.monotonic() - t0, got)
+        outcome = "intact" if h.hexdigest() == want else "corrupted"
+        return Observation(outcome, time.monotonic() - t0, got)
+    finally:
+        side.undo()
+        s.close()
+
+
+# -- the kernel's faults --
+
+
+def _nft(action: str) -> Callable[[KernelFault, Servers], tuple[Any, Any]]:
+    def make(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
+        return getattr(kf, action), kf.clear
+
+    return make
+
+
+def _random_drop(percent: int) -> Callable[[KernelFault, Servers], tuple[Any, Any]]:
+    def make(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
+        return (lambda: kf.random_drop(percent)), kf.clear
+
+    return make
+
+
+def _sigstop(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
+    pid = servers.redis_pid
+    assert pid is not None
+    return (lambda: os.kill(pid, signal.SIGSTOP)), (lambda: os.kill(pid, signal.SIGCONT))
+
+
+def _nothing(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
+    return (lambda: None), (lambda: None)
+
+
+_DEAD = "nft drop both ways"
+RESET_WORDS = (
+    "a different failure by design: faultnet's reset is the peer aborting (as `ss -K`),"
+    " not a firewall's reject, which answers only what the client sends"
+)
+
+CASES: tuple[Case, ...] = (
+    Case(
+        "blackhole",
+        "raw socket, keepalive 1/1/2",
+        "idle in recv right after a reply",
+        _DEAD,
+        "echo",
+        keepalive_idle,
+        _nft("drop_both_ways"),
+        ("blackhole", {}, "thaw"),
+        segments=True,
+    ),
+    Case(
+        "blackhole",
+        "raw socket, TCP_USER_TIMEOUT 2 s",
+        "0.5 s idle, then a write",
+        _DEAD,
+        "echo",
+        user_timeout_write,
+        _nft("drop_both_ways"),
+        ("blackhole", {}, "thaw"),
+        segments=True,
+    ),
+    Case(
+        "blackhole",
+        "redis-py, keepalive 1/1/2",
+        "GET after 3.5 s idle",
+        _DEAD,
+        "redis",
+        redis_idle_get,
+        _nft("drop_both_ways"),
+        ("blackhole", {}, "thaw"),
+        segments=True,
+    ),
+    Case(
+        "blackhole",
+        "psycopg, keepalives 1/1/2, tcp_user_timeout 2 s",
+        "the next query, right after one returned",
+        _DEAD,
+        "pg",
+        psycopg_next_query,
+        _nft("drop_both_ways"),
+        ("blackhole", {}, "thaw"),
+        segments=True,
+    ),
+    Case(
+        "partition",
+        "raw socket, keepalive 1/1/2",
+        "idle in recv right after a reply",
+        _DEAD,
+        "echo",
+        keepalive_idle,
+        _nft("drop_both_ways"),
+        ("partition", {}, "thaw"),
+        segments=True,
+    ),
+    Case(
+        "partition",
+        "curl --connect-timeout 2",
+        "a new connection",
+        _DEAD,
+        "http",
+        curl_connect,
+        _nft("drop_both_ways"),
+        ("partition", {}, "thaw"),
+    ),
+    Case(
+        "drop_syn",
+        "curl --connect-timeout 2",
+        "a new connection",
+        "nft drop of SYNs",
+        "http",
+        curl_connect,
+        _nft("drop_syns"),
+        ("drop_syn", {}, "restore"),
+    ),
+    Case(
+        "drop_syn",
+        "raw connect, 6 s timeout",
+        "restored 1.5 s into the connect",
+        "nft drop of SYNs",
+        "echo",
+        patient_connect,
+        _nft("drop_syns"),
+        ("drop_syn", {}, "restore"),
+    ),
+    Case(
+        "refuse",
+        "curl",
+        "a new connection",
+        "no listener",
+        "http",
+        curl_connect,
+        _nothing,
+        ("refuse", {}, "restore"),
+        no_listener=True,
+    ),
+    Case(
+        "refuse",
+        "raw connect",
+        "a new connection",
+        "no listener",
+        "echo",
+        raw_connect,
+        _nothing,
+        ("refuse", {}, "restore"),
+        no_listener=True,
+    ),
+    Case(
+        "reset",
+        "raw socket",
+        "idle in recv, 0.5 s after a reply",
+        "the server's socket aborted (ss -K)",
+        "echo",
+        reset_parked,
+        _nft("abort_server_sockets"),
+        ("reset", {}, "thaw"),
+    ),
+    Case(
+        "reset",
+        "curl",
+        "mid-download",
+        "the server's socket aborted (ss -K)",
+        "http",
+        curl_download,
+        _nft("abort_server_sockets"),
+        ("reset", {}, "thaw"),
+    ),
+    Case(
+        "reset",
+        "raw socket",
+        "idle in recv, 0.5 s after a reply",
+        "nft reject with tcp reset",
+        "echo",
+        reset_parked,
+        _nft("reject_with_reset"),
+        ("reset", {}, "thaw"),
+        contrast=RESET_WORDS,
+    ),
+    Case(
+        "loss",
+        "raw socket, 2 MiB + sha256",
+        "20 % loss both ways, median of 15",
+        "nft numgen random mod 100 < 20 drop, both ways",
+        "echo",
+        lossy_download,
+        _random_drop(20),
+        ("loss", {"percent": 20}, "thaw"),
+        runs=15,
+    ),
+    Case(
+        "freeze",
+        "redis-py, socket timeout 1.5 s",
+        "a GET after the fault",
+        "SIGSTOP of redis-server (an application hang)",
+        "redis",
+        redis_get_frozen,
+        _sigstop,
+        ("freeze", {}, "thaw"),
+    ),
+)

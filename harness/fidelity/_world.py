@@ -1,0 +1,373 @@
+"""The fidelity run's world: its own network namespace, the kernel's faults (nftables),
+the servers the clients talk to, and a faultnet proxy on a thread of its own.
+
+Everything here lives inside one network namespace that the run makes for itself with
+``unshare(CLONE_NEWNET)`` (:func:`enter_private_netns`): its loopback is the only
+interface, so every address is 127.0.0.1 of that namespace, and the namespace (with its
+nft table) goes away with the process, however it ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from faultnet.errors import EnvironmentProblem
+from faultnet.proxy import Proxy
+
+__all__ = [
+    "EchoServer",
+    "KernelFault",
+    "ProxyThread",
+    "enter_private_netns",
+    "free_port",
+    "http_server",
+    "postgres_server",
+    "redis_server",
+]
+
+Address = tuple[str, int]
+HOST = "127.0.0.1"
+_CLONE_NEWNET = 0x40000000
+_NFT_TABLE = "fidelity"
+
+
+def enter_private_netns() -> None:
+    """Move this process into a fresh network namespace with its loopback up.
+
+    Call before any thread starts: a namespace is per thread, and threads and children
+    started later inherit the caller's. EnvironmentProblem when not root or when
+    ``ip``/``nft``/``ss`` are missing."""
+    if os.geteuid() != 0:
+        raise EnvironmentProblem(
+            "the fidelity run needs root: it makes a network namespace and nftables rules"
+        )
+    for tool in ("ip", "nft", "ss"):
+        if shutil.which(tool) is None:
+            raise EnvironmentProblem(f"{tool} is not installed (iproute2 / nftables)")
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(_CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise EnvironmentProblem(f"unshare(CLONE_NEWNET) failed: {os.strerror(err)}")
+    _run(["ip", "link", "set", "lo", "up"])
+    _run(["nft", "add", "table", "inet", _NFT_TABLE])
+
+
+def _run(argv: list[str], stdin: str | None = None) -> None:
+    done = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=10)
+    if done.returncode != 0:
+        raise EnvironmentProblem(f"{' '.join(argv)}: {done.stderr.strip() or done.returncode}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return int(s.getsockname()[1])
+
+
+class KernelFault:
+    """The kernel's own version of a fault on the server's port, as nftables rules in
+    one input chain. On loopback every segment passes the input hook exactly once (the
+    output hook too: rules there would act twice), so a rule that matches both ports
+    acts once on each segment of both directions."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    def _load(self, rules: list[str]) -> None:
+        body = "\n".join(f"    {r}" for r in rules)
+        script = (
+            f"flush table inet {_NFT_TABLE}\n"
+            f"table inet {_NFT_TABLE} {{\n  chain input {{\n"
+            f"    type filter hook input priority 0; policy accept;\n{body}\n  }}\n}}\n"
+        )
+        _run(["nft", "-f", "-"], stdin=script)
+
+    def drop_both_ways(self) -> None:
+        """A dead route: every segment to or from the port is dropped."""
+        p = self.port
+        self._load([f"tcp dport {p} drop", f"tcp sport {p} drop"])
+
+    def drop_syns(self) -> None:
+        """New connects hang: SYNs (not SYN-ACKs) to the port are dropped."""
+        self._load([f"tcp dport {self.port} tcp flags & (syn | ack) == syn drop"])
+
+    def reject_with_reset(self) -> None:
+        """A firewall's reject: every segment to the port answered with an RST."""
+        self._load([f"tcp dport {self.port} reject with tcp reset"])
+
+    def random_drop(self, percent: int) -> None:
+        """Each segment either way dropped with probability *percent* / 100."""
+        p = self.port
+        self._load(
+            [
+                f"tcp dport {p} numgen random mod 100 < {percent} drop",
+                f"tcp sport {p} numgen random mod 100 < {percent} drop",
+            ]
+        )
+
+    def abort_server_sockets(self) -> None:
+        """The peer aborting: every established socket on the port destroyed (``ss -K``,
+        SOCK_DESTROY), which sends the client an RST."""
+        done = subprocess.run(
+            ["ss", "-K", "-t", "state", "established", "sport", "=", f":{self.port}"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        if done.returncode != 0:
+            raise EnvironmentProblem(f"ss -K failed: {done.stderr.strip()}")
+
+    def clear(self) -> None:
+        _run(["nft", "flush", "table", "inet", _NFT_TABLE])
+
+
+# -- servers --
+
+
+class EchoServer:
+    """A blocking echo server on a thread; ``serve_bytes(n)`` requests (a line
+    ``GET n``) get *n* bytes of a fixed pattern back instead."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server((HOST, 0), backlog=64)
+        self.port = int(self.listener.getsockname()[1])
+        self._conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self._conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _serve(conn: socket.socket) -> None:
+        try:
+            while data := conn.recv(65536):
+                if data.startswith(b"GET "):
+                    n = int(data.split()[1])
+                    conn.sendall(pattern(n))
+                else:
+                    conn.sendall(data)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.listener.close()
+        for c in self._conns:
+            with contextlib.suppress(OSError):
+                c.close()
+
+
+def pattern(n: int) -> bytes:
+    block = bytes(range(256)) * 256
+    return (block * (n // len(block) + 1))[:n]
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[tuple[int, int]]:
+    """redis-server on a free port (no persistence) for the block; yields (port, pid)."""
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise EnvironmentProblem("redis-server is not installed")
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="fidelity-redis-") as tmp:
+        proc = subprocess.Popen(
+            [exe, "--port", str(port), "--bind", HOST, "--save", "", "--appendonly", "no"]
+            + ["--dir", tmp, "--daemonize", "no", "--tcp-keepalive", "0"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            _wait_listening(port, proc, "redis-server")
+            yield port, proc.pid
+        finally:
+            _stop(proc)
+
+
+@contextlib.contextmanager
+def postgres_server() -> Iterator[int | None]:
+    """PostgreSQL's own binaries on a free port, in a temporary cluster, run as the
+    ``postgres`` user (trust auth, loopback only); yields the port, or None when
+    PostgreSQL is not installed."""
+    bindir = _postgres_bindir()
+    if bindir is None:
+        yield None
+        return
+    import pwd
+
+    try:
+        pg = pwd.getpwnam("postgres")
+    except KeyError:
+        yield None
+        return
+    port = free_port()
+    tmp = Path(tempfile.mkdtemp(prefix="fidelity-pg-"))
+    os.chown(tmp, pg.pw_uid, pg.pw_gid)
+
+    def as_postgres() -> None:
+        os.setgid(pg.pw_gid)
+        os.setuid(pg.pw_uid)
+
+    data = tmp / "data"
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        subprocess.run(
+            [str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "-N"],
+            preexec_fn=as_postgres,
+            capture_output=True,
+            check=True,
+            timeout=60,
+        )
+        proc = subprocess.Popen(
+            [str(bindir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(tmp)]
+            + ["-c", f"listen_addresses={HOST}", "-c", "fsync=off"],
+            preexec_fn=as_postgres,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        _wait_listening(port, proc, "postgres", bound=30)
+        yield port
+    finally:
+        if proc is not None:
+            _stop(proc, signal.SIGINT)  # fast shutdown
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _postgres_bindir() -> Path | None:
+    root = Path("/usr/lib/postgresql")
+    if not root.is_dir():
+        return None
+    for version in sorted(root.iterdir(), reverse=True):
+        if (version / "bin" / "postgres").exists():
+            return version / "bin"
+    return None
+
+
+def _wait_listening(port: int, proc: subprocess.Popen[Any], what: str, bound: float = 10) -> None:
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise EnvironmentProblem(f"{what} exited with {proc.returncode} on start")
+        with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=0.2):
+            return
+        time.sleep(0.02)  # polling a server's start-up, bounded above
+    raise EnvironmentProblem(f"{what} did not listen within {bound} s")
+
+
+def _stop(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM) -> None:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextlib.contextmanager
+def http_server() -> Iterator[int]:
+    """An HTTP/1.1 server on a thread: ``/`` answers a short body; ``/stream`` sends
+    chunks of 64 KiB every 50 ms for 30 s (a download a fault lands in)."""
+    import http.server
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+            if self.path == "/stream":
+                self.send_response(200)
+                self.send_header("Content-Length", str(600 * 65536))
+                self.end_headers()
+                with contextlib.suppress(OSError):  # the faults end it: reset, aborted
+                    for _ in range(600):
+                        self.wfile.write(pattern(65536))
+                        self.wfile.flush()
+                        time.sleep(0.05)  # the server's own pace: a slow stream
+                self.close_connection = True
+                return
+            body = b"ok\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer((HOST, 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# -- faultnet --
+
+
+class ProxyThread:
+    """A faultnet proxy to *upstream*, run by trio on a thread of its own, so that the
+    clients (blocking libraries, subprocesses) run on the caller's. :meth:`call` runs
+    one of the proxy's fault methods and returns when it has (total on return)."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self._ready = threading.Event()
+        self._stop: trio.Event | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
+        self.proxy: Proxy | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, args=(upstream_port,), daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10) or self.proxy is None:
+            raise EnvironmentProblem(f"the faultnet proxy did not start: {self._error!r}")
+        assert self.proxy.address is not None
+        self.port = int(self.proxy.address[1])
+
+    def _main(self, upstream_port: int) -> None:
+        async def run() -> None:
+            self._stop = trio.Event()
+            self._token = trio.lowlevel.current_trio_token()
+            proxy = Proxy((HOST, upstream_port), (HOST, 0))
+            async with trio.open_nursery() as nursery:
+                await nursery.start(proxy.serve)
+                self.proxy = proxy
+                self._ready.set()
+                await self._stop.wait()
+                await proxy.aclose()
+
+        try:
+            trio.run(run)
+        except BaseException as exc:  # reported by __init__ or close
+            self._error = exc
+            self._ready.set()
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        assert self.proxy is not None
+        fn: Callable[..., Any] = getattr(self.proxy, method)
+        return trio.from_thread.run(lambda: fn(*args, **kwargs), trio_token=self._token)
+
+    def close(self) -> None:
+        if self._stop is not None and self._token is not None:
+            with contextlib.suppress(trio.RunFinishedError):
+                trio.from_thread.run_sync(self._stop.set, trio_token=self._token)
+        self._thread.join(10)

@@ -1,0 +1,86 @@
+"""``faultnet fidelity`` / ``python -m harness.fidelity``: print the fidelity table.
+
+Runs every case (or those of the modes given) in a network namespace of its own, the
+kernel's version of each fault against faultnet's, and prints one row per pair.
+Exit 0 when every judged pair is the same, 1 when one differs, 2 for usage or
+environment (not root, iproute2 or nftables missing, a server that did not start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from faultnet.errors import CommandError, UsageError, fail
+from harness.fidelity import CASES, Row, enter_private_netns, run
+
+__all__ = ["main", "register"]
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--mode",
+        action="append",
+        metavar="MODE",
+        help="run only this mode's rows (repeatable; default every row): "
+        + ", ".join(sorted({c.mode for c in CASES})),
+    )
+    p.add_argument("--json", action="store_true", help="print the rows as one JSON document")
+    p.set_defaults(func=_run)
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "fidelity",
+        help="hold every fault mode against the kernel's own version of it (root)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_arguments(p)
+
+
+def _print_row(row: Row) -> None:
+    c = row.case
+    ref = row.reference.text() if row.reference else "-"
+    fn = row.faultnet.text() if row.faultnet else "-"
+    mark = "same" if row.verdict.same and row.judged else row.verdict.text
+    if not row.judged and row.reference is not None:
+        mark = f"(not judged) {row.verdict.text}"
+    print(f"| {c.mode} | {c.client}; {c.situation} | {c.reference}: {ref} | {fn} | {mark} |")
+    sys.stdout.flush()
+
+
+def _run(args: argparse.Namespace) -> int:
+    cases = list(CASES)
+    if args.mode:
+        unknown = sorted(set(args.mode) - {c.mode for c in CASES})
+        if unknown:
+            raise UsageError(f"no fidelity rows for mode {', '.join(unknown)}")
+        cases = [c for c in cases if c.mode in args.mode]
+    enter_private_netns()
+    if not args.json:
+        print("| mode | client; situation | kernel's own fault | faultnet | verdict |")
+        print("|---|---|---|---|---|")
+    rows = run(cases, on_row=None if args.json else _print_row)
+    if args.json:
+        json.dump({"rows": [r.to_json() for r in rows]}, sys.stdout, indent=1)
+        print()
+    return 1 if any(r.judged and not r.verdict.same for r in rows) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.fidelity",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args))
+    except CommandError as exc:
+        return fail("fidelity", exc)
+    except KeyboardInterrupt:
+        return 130

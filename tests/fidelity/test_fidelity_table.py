@@ -1,0 +1,69 @@
+"""The fidelity table: every mode's pair, the kernel's own fault against faultnet's, in
+a network namespace the run makes (root; CI runs it as root)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from harness.fidelity.cli import main
+from tests.conftest import in_ci, require_program, run_module
+
+
+def _require_root() -> None:
+    if os.geteuid() == 0:
+        return
+    if in_ci():
+        pytest.fail("the fidelity suite needs root in CI (a network namespace, nftables)")
+    pytest.skip("the fidelity suite needs root: it makes a network namespace and nft rules")
+
+
+@pytest.mark.timeout(240)
+def test_every_mode_fails_as_the_kernels_own_version_of_it() -> None:
+    _require_root()
+    for tool, what in (("nft", "nftables"), ("ip", "iproute2"), ("ss", "iproute2")):
+        require_program(shutil.which(tool), what)
+    require_program(shutil.which("redis-server"), "redis-server")
+    require_program(shutil.which("curl"), "curl")
+    pytest.importorskip("redis")
+    pytest.importorskip("psycopg")
+    done = run_module("harness.fidelity", "--json", timeout=220)
+    assert done.returncode in (0, 1), done.stderr
+    rows = json.loads(done.stdout)["rows"]
+    table = "\n".join(
+        f"{r['mode']} / {r['client']}: kernel {r['kernel']} faultnet {r['faultnet']}: "
+        f"{r['verdict']}"
+        for r in rows
+    )
+    modes = {r["mode"] for r in rows if r["judged"]}
+    assert {"blackhole", "partition", "drop_syn", "refuse", "reset", "loss"} <= modes, table
+    differ = [r for r in rows if r["judged"] and not r["same"]]
+    assert not differ, table
+    assert done.returncode == 0, table
+
+
+def test_help_describes_the_exit_codes() -> None:
+    done = run_module("harness.fidelity", "--help")
+    assert done.returncode == 0
+    assert "Exit 0" in done.stdout
+
+
+def test_an_unknown_mode_is_a_usage_error_on_one_line() -> None:
+    done = run_module("harness.fidelity", "--mode", "nosuch")
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0
+    assert "nosuch" in done.stderr
+
+
+def test_without_root_it_says_so_and_exits_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # In-process, as a user who is not root: refused before any namespace is made.
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert main(["--mode", "refuse"]) == 2
+    err = capsys.readouterr().err
+    assert "needs root" in err
+    assert err.strip().count("\n") == 0
