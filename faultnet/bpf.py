@@ -11,6 +11,9 @@ kernel's SYN retry (1 s, then 3 s, 7 s ... after the first send).
 The programs, all built here and nowhere else:
 
 * :func:`drop_all` -- every segment (blackhole, drop_syn);
+* :func:`pure_acks_only` -- every segment but a bare ACK (no payload, no SYN, FIN or
+  RST): a blackhole's first filter, until the client has acknowledged what the proxy's
+  kernel had already sent it (see ``Proxy.blackhole``);
 * :func:`drop_fraction` -- each segment independently with probability *fraction*, from
   the kernel's random (``ld rand``, SKF_AD_RANDOM; it cannot be seeded, so what happened
   is measured, not assumed);
@@ -31,14 +34,26 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Program", "attach", "drop_all", "drop_fraction", "listener_program"]
+__all__ = [
+    "Program",
+    "attach",
+    "drop_all",
+    "drop_fraction",
+    "listener_program",
+    "pure_acks_only",
+]
 
 SO_ATTACH_FILTER = 26
 # Opcodes (linux/filter.h): load word/half-word absolute, jump if equal/greater-or-equal
 # to a constant, return a constant.
-_LD_W_ABS, _LD_H_ABS = 0x20, 0x28
-_JEQ_K, _JGE_K = 0x15, 0x35
+_LD_W_ABS, _LD_H_ABS, _LD_B_ABS, _LD_W_LEN = 0x20, 0x28, 0x30, 0x80
+_JEQ_K, _JGE_K, _JSET_K = 0x15, 0x35, 0x45
 _RET_K = 0x06
+# ALU on A: and, right shift by a constant; subtract X; and copy A to X.
+_AND_K, _RSH_K, _SUB_X, _TAX = 0x54, 0x74, 0x1C, 0x07
+# TCP header: the data offset (high nibble of byte 12, in 32-bit words) and the flags
+# byte (13): FIN 0x01, SYN 0x02, RST 0x04.
+_TCP_DOFF, _TCP_FLAGS, _FIN_SYN_RST = 12, 13, 0x07
 _SKF_AD_OFF, _SKF_AD_RANDOM = -0x1000, 56
 _SKF_NET_OFF = -0x100000
 _ACCEPT, _DROP = 0xFFFFFFFF, 0
@@ -78,6 +93,34 @@ def attach(sock: _Sock, program: Program) -> None:
 
 def drop_all() -> Program:
     return Program(((_RET_K, 0, 0, _DROP),), "every segment")
+
+
+def pure_acks_only() -> Program:
+    """Drop every segment that carries a payload or a SYN, FIN or RST; let bare ACKs in.
+
+    The proxy's kernel then still learns what the client has received (so it has
+    nothing left to retransmit to it) while no byte, close or reset of the client's
+    gets in. A bare ACK is also what a keepalive or window probe is: one that arrives
+    under this filter is answered, so it is meant for the moment it takes the client's
+    (delayed) ACK to arrive, not longer."""
+    return Program(
+        (
+            # X = the TCP header's length in bytes: (byte 12 & 0xf0) >> 2.
+            (_LD_B_ABS, 0, 0, _TCP_DOFF),
+            (_AND_K, 0, 0, 0xF0),
+            (_RSH_K, 0, 0, 2),
+            (_TAX, 0, 0, 0),
+            # A = the segment's length (from the TCP header on) less the header: payload.
+            (_LD_W_LEN, 0, 0, 0),
+            (_SUB_X, 0, 0, 0),
+            (_JEQ_K, 0, 3, 0),  # a payload: drop
+            (_LD_B_ABS, 0, 0, _TCP_FLAGS),
+            (_JSET_K, 1, 0, _FIN_SYN_RST),  # SYN, FIN or RST: drop
+            (_RET_K, 0, 0, _ACCEPT),
+            (_RET_K, 0, 0, _DROP),
+        ),
+        "every segment but bare ACKs",
+    )
 
 
 def _random_tail(fraction: float) -> list[Instruction]:

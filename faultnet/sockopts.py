@@ -16,6 +16,7 @@ from typing import Protocol
 __all__ = [
     "TCP_STATES",
     "attach_drop_all",
+    "flush_ack",
     "detach_filter",
     "raise_fd_limit",
     "set_keepalive",
@@ -24,7 +25,9 @@ __all__ = [
     "socket_drops",
     "tcp_retransmits",
     "tcp_retransmits_needed",
+    "tcp_segs_in",
     "tcp_state",
+    "tcp_unacked",
 ]
 
 SO_ATTACH_FILTER = 26
@@ -133,3 +136,37 @@ def socket_drops(sock: _Sock) -> int:
     Each dropped data segment is one the sender must retransmit."""
     mem = sock.getsockopt(socket.SOL_SOCKET, _SO_MEMINFO, 9 * 4)
     return int(struct.unpack_from("9I", mem)[8])
+
+
+#: ``tcpi_segs_in`` (u32 at offset 140): every segment the socket took in, bare ACKs,
+#: duplicates and probes included.
+_TCPI_SEGS_IN = 140
+
+
+def tcp_segs_in(sock: _Sock) -> int:
+    """Segments *sock* has taken in (``tcpi_segs_in``): what a peer sent that arrived,
+    whatever it carried. A dead route's far end takes in none."""
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCPI_SEGS_IN + 4)
+    return int(struct.unpack_from("I", info, _TCPI_SEGS_IN)[0])
+
+
+#: ``tcpi_unacked`` (u32 at offset 24 of ``struct tcp_info``): segments sent and not yet
+#: acknowledged by the peer, the ones the kernel would retransmit.
+_TCPI_UNACKED = 24
+
+
+def tcp_unacked(sock: _Sock) -> int:
+    """Segments *sock* has sent that its peer has not acknowledged (``tcpi_unacked``):
+    what the kernel retransmits if the peer's ACKs stop coming."""
+    info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCPI_UNACKED + 4)
+    return int(struct.unpack_from("I", info, _TCPI_UNACKED)[0])
+
+
+def flush_ack(sock: _Sock) -> None:
+    """Send at once an ACK *sock* owes its peer and has delayed (``TCP_QUICKACK``); the
+    kernel does it when the receive queue is empty (else the ACK keeps its timer).
+    Errors (a socket already closed or reset) are ignored: there is nothing to flush."""
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+    except OSError:
+        pass

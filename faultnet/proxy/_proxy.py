@@ -46,6 +46,10 @@ _HELD_POLL_BATCH = 256
 _ACCEPT_BATCH = 64
 #: Bytes a lingering severed socket reads (and discards) at a time.
 _LINGER_READ = 256 * 1024
+#: How long a blackhole waits for the client's ACKs of what was in flight (its delayed
+#: ACK: 40 ms to 200 ms on Linux), and how often it looks.
+_DRAIN_BOUND_S = 0.5
+_DRAIN_POLL_S = 0.002
 
 #: How long a severed socket stays open after its FIN, reading and discarding, until the
 #: peer's own FIN. A socket closed with its FIN still queued behind unsent bytes (a client
@@ -315,7 +319,21 @@ class Proxy:
             # taken meanwhile, and then nothing has changed).
             await self._bind()
         result = _OPERATIONS[req.mode.name](self, req)
+        if req.mode.name in ("blackhole", "partition"):
+            await self._drain()
         return result if req.mode.counts_connections else None
+
+    async def _drain(self) -> None:
+        """Wait (at most :data:`_DRAIN_BOUND_S`) until no blackholed connection is
+        still letting its client's ACKs in (the client has acknowledged all it was
+        sent: its delayed ACK, 40-200 ms on Linux), then force drop-all on any left."""
+        pending = [c for c in self._connections.values() if not c.drained()]
+        deadline = trio.current_time() + _DRAIN_BOUND_S
+        while pending and trio.current_time() < deadline:
+            await trio.sleep(_DRAIN_POLL_S)
+            pending = [c for c in pending if not c.drained()]
+        for c in pending:
+            c.drained(give_up=True)
 
     def _live(self, only: Iterable[int] | None = None, peer: Any = None) -> list[Connection]:
         """Open connections: all, or those whose ids are in *only* and/or whose client
@@ -360,7 +378,14 @@ class Proxy:
         """Freeze both ways and drop every packet from the client (no ACKs either), so the
         client's TCP sees a dead route: keepalive and TCP_USER_TIMEOUT fire. Each stream
         is thawed on its own (``thaw(stream)``); the drop filter stays while either
-        stream is still blackholed."""
+        stream is still blackholed.
+
+        From the return on, the client is sent nothing: before it, the client's bare
+        ACKs are let in until it has acknowledged every segment the proxy's kernel had
+        sent it (its delayed ACK: up to 0.5 s waited), so nothing is left to retransmit
+        to it. What remains: bytes the proxy's kernel had queued but not sent (a window
+        the client had closed) keep zero-window probes going to the client, and the
+        wait gives up after 0.5 s, leaving what is still in flight to be retransmitted."""
         return await self._call("blackhole", include_new=include_new, only=only, peer=peer)
 
     async def loss(

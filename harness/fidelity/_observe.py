@@ -6,9 +6,10 @@ import errno
 import os
 import socket
 import statistics
-import struct
 from dataclasses import asdict, dataclass
 from typing import Any
+
+from faultnet.sockopts import tcp_segs_in
 
 __all__ = ["Observation", "Verdict", "classify", "judge", "median_of", "segs_in"]
 
@@ -16,10 +17,6 @@ __all__ = ["Observation", "Verdict", "classify", "judge", "median_of", "segs_in"
 #: a quarter of it plus 0.3 s (scheduling noise on a shared 2-core machine, measured:
 #: the same reference case spread 0.05-0.2 s across runs).
 RATIO, SLACK_S = 0.25, 0.3
-
-#: ``tcpi_segs_in`` in ``struct tcp_info`` (linux/tcp.h): every segment the socket took
-#: in, pure ACKs and duplicates included.
-_TCPI_SEGS_IN = 140
 
 _STRERRORS = {os.strerror(code).lower(): name for code, name in errno.errorcode.items()}
 
@@ -115,10 +112,9 @@ def segs_in(fd: int) -> int:
     """``tcpi_segs_in`` of the TCP socket behind descriptor *fd*."""
     s = socket.socket(fileno=os.dup(fd))
     try:
-        info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCPI_SEGS_IN + 4)
+        return tcp_segs_in(s)
     finally:
         s.close()
-    return int(struct.unpack_from("I", info, _TCPI_SEGS_IN)[0])
 
 
 def median_of(runs: list[Observation]) -> Observation:
