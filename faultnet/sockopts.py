@@ -15,7 +15,9 @@ from typing import Protocol
 
 __all__ = [
     "TCP_STATES",
+    "UNSENT_BOUND",
     "attach_drop_all",
+    "bound_unsent",
     "flush_ack",
     "detach_filter",
     "raise_fd_limit",
@@ -170,3 +172,18 @@ def flush_ack(sock: _Sock) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
     except OSError:
         pass
+
+
+#: The most a proxy socket holds unsent (``TCP_NOTSENT_LOWAT``): what a client can still
+#: read after a freeze beyond its own receive queue. Without it the kernel let 3.9 MB per
+#: connection through (12 slow readers behind a flooding server, the send queue grown to
+#: its autotuned size); with it, at most this plus one write (the freeze-leak test).
+UNSENT_BOUND = 128 * 1024
+_TCP_NOTSENT_LOWAT = 25
+
+
+def bound_unsent(sock: _Sock, nbytes: int = UNSENT_BOUND) -> None:
+    """Let *sock* take writes only while less than *nbytes* of what it holds is unsent
+    (``TCP_NOTSENT_LOWAT``; epoll reports it writable below half of that). Bytes in
+    flight are not counted: the peer's receive window bounds those."""
+    sock.setsockopt(socket.IPPROTO_TCP, _TCP_NOTSENT_LOWAT, nbytes)

@@ -33,6 +33,7 @@ from faultnet.proxy._faultstate import LABELS, FaultState
 from faultnet.proxy._toxicpath import ToxicLane
 from faultnet.seeds import derive_seed
 from faultnet.sockopts import (
+    bound_unsent,
     detach_filter,
     flush_ack,
     set_linger_reset,
@@ -479,6 +480,7 @@ class Connection:
             self.server = server = socket.socket(family, socket.SOCK_STREAM)
             server.setblocking(False)
             server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            bound_unsent(server)  # what a freeze lets through is bounded: see sockopts
             err = server.connect_ex(sockaddr)
         except OSError as exc:
             err = exc.errno or errno.EBADF

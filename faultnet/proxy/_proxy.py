@@ -32,7 +32,7 @@ from faultnet.proxy._faultstate import (
     ListenerFaults,
     NewConnectionFaults,
 )
-from faultnet.sockopts import detach_filter, raise_fd_limit, set_linger_reset
+from faultnet.sockopts import bound_unsent, detach_filter, raise_fd_limit, set_linger_reset
 from faultnet.toxics.base import Toxic
 
 __all__ = ["SEVER_LINGER_S", "Proxy", "open_proxy"]
@@ -256,6 +256,7 @@ class Proxy:
         """A connection just accepted: list it, log it and start it on the plane."""
         assert self._plane is not None
         client.setblocking(False)
+        bound_unsent(client)  # what a freeze lets through is bounded: see sockopts
         try:
             peer_addr = client.getpeername()[:2]
         except OSError:  # already reset by the client: no peer selector matches it
