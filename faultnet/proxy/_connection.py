@@ -33,11 +33,11 @@ from faultnet.proxy._faultstate import LABELS, FaultState
 from faultnet.proxy._toxicpath import ToxicLane
 from faultnet.seeds import derive_seed
 from faultnet.sockopts import (
+    FilterDrops,
     bound_unsent,
     detach_filter,
     flush_ack,
     set_linger_reset,
-    socket_drops,
     tcp_retransmits,
     tcp_state,
     tcp_unacked,
@@ -106,8 +106,10 @@ class ConnectionInfo:
     #: fault state's label (frozen, frozen-upstream, blackholed, ...).
     state: str
     age_s: float
-    #: Segments dropped on their way into the proxy's client-side socket (the ``loss``
-    #: and blackhole filters): each data segment among them the client retransmitted.
+    #: Segments faultnet's filters (``loss``, blackhole) dropped on their way into the
+    #: proxy's client-side socket: each data segment among them the client
+    #: retransmitted. The kernel's counter, read only while a filter is on: its drops
+    #: for want of receive buffer are not counted outside those windows.
     dropped_upstream: int = 0
     #: The same on the proxy's upstream socket: segments the server had to retransmit.
     dropped_downstream: int = 0
@@ -157,6 +159,8 @@ class Connection:
         self.closing: str | None = None
         self.started = time.monotonic()
         self._final_drops: tuple[int, int, int] | None = None
+        #: What each socket's filters dropped (not the kernel's receive-buffer drops).
+        self._filter_drops = {"client": FilterDrops(), "server": FilterDrops()}
         #: Set when the connection has ended and been logged (:meth:`_finish`).
         self._done = trio.Event()
         self._held_logged: set[str] = set()
@@ -217,7 +221,9 @@ class Connection:
                     program = _PURE_ACKS
             if program is None:
                 detach_filter(sock)
+                self._filter_drops[side].detached(sock)
             else:
+                self._filter_drops[side].attached(sock)
                 bpf.attach(sock, program)
             self._filters[side] = program
 
@@ -254,9 +260,9 @@ class Connection:
         if self._final_drops is not None:
             return self._final_drops
         counts = []
-        for sock in (self.client, self.server):
+        for side, sock in (("client", self.client), ("server", self.server)):
             try:
-                counts.append((socket_drops(sock), tcp_retransmits(sock)))
+                counts.append((self._filter_drops[side].count(sock), tcp_retransmits(sock)))
             except (OSError, AttributeError):  # closed, or not connected yet (None)
                 counts.append((0, 0))
         return counts[0][0], counts[1][0], counts[0][1] + counts[1][1]

@@ -159,3 +159,47 @@ def test_raise_fd_limit_lifts_the_soft_limit_to_the_hard_one() -> None:
     assert got == now_soft and now_hard == hard
     if hard != resource.RLIM_INFINITY:
         assert now_soft == hard
+
+
+def test_filter_drops_count_only_while_a_filter_is_on() -> None:
+    # The kernel's sk_drops also counts receive-buffer drops: here 3 happen before any
+    # filter, 5 under one, 2 after it: the filters dropped 5.
+    from faultnet.sockopts import FilterDrops
+
+    kernel = [0]
+    drops = FilterDrops(read=lambda sock: kernel[0])
+    kernel[0] += 3
+    assert drops.count(None) == 0
+    drops.attached(None)
+    kernel[0] += 5
+    assert drops.count(None) == 5
+    drops.attached(None)  # a filter replaced by another: one window
+    drops.detached(None)
+    kernel[0] += 2
+    assert drops.count(None) == 5
+    drops.attached(None)
+    kernel[0] += 1
+    assert drops.count(None) == 6
+
+
+async def test_a_connection_with_no_fault_reports_no_drops_whatever_the_kernel_counts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A kernel that counted receive-buffer drops on every socket (as measured on a
+    # gRPC connection with no fault): the proxy's counters stay at 0 without a filter.
+    import trio
+
+    from faultnet import sockopts
+    from faultnet.proxy import open_proxy
+    from faultnet.testing import echo_server, read_exactly
+
+    monkeypatch.setattr(sockopts, "socket_drops", lambda sock: 7)
+    # Where the proxy reads the kernel's counter directly (before FilterDrops).
+    monkeypatch.setattr("faultnet.proxy._connection.socket_drops", lambda sock: 7, raising=False)
+    async with echo_server() as up, open_proxy(up) as proxy:
+        stream = await trio.open_tcp_stream(*proxy.address)
+        await stream.send_all(b"x")
+        assert await read_exactly(stream, 1) == b"x"
+        info = proxy.connections()[0]
+        assert (info.dropped_upstream, info.dropped_downstream) == (0, 0)
+        await stream.aclose()
