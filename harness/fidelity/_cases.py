@@ -389,9 +389,12 @@ def _nft(action: str) -> Callable[[KernelFault, Servers], tuple[Any, Any]]:
     return make
 
 
-def _random_drop(percent: int) -> Callable[[KernelFault, Servers], tuple[Any, Any]]:
+def _random_drop(
+    percent: int, one_way: bool = False
+) -> Callable[[KernelFault, Servers], tuple[Any, Any]]:
     def make(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
-        return (lambda: kf.random_drop(percent)), kf.clear
+        drop = kf.random_drop_from_server if one_way else kf.random_drop
+        return (lambda: drop(percent)), kf.clear
 
     return make
 
@@ -410,6 +413,12 @@ _DEAD = "nft drop both ways"
 RESET_WORDS = (
     "a different failure by design: faultnet's reset is the peer aborting (as `ss -K`),"
     " not a firewall's reject, which answers only what the client sends"
+)
+
+LOSS_WORDS = (
+    "not the same loss: faultnet drops segments arriving at the proxy (each stream's data,"
+    " the receiver's ACKs), never the proxy's own, so each leg loses one way only and"
+    " recovers faster than a route losing both ways"
 )
 
 CASES: tuple[Case, ...] = (
@@ -553,14 +562,26 @@ CASES: tuple[Case, ...] = (
     ),
     Case(
         "loss",
-        "raw socket, 2 MiB + sha256",
-        "20 % loss both ways, median of 15",
+        "raw socket, 2 MiB download + sha256",
+        "20 % of the server's segments, median of 15",
+        "nft numgen random mod 100 < 20 drop, from the server",
+        "echo",
+        lossy_download,
+        _random_drop(20, one_way=True),
+        ("loss", {"percent": 20, "stream": "downstream"}, "thaw"),
+        runs=15,
+    ),
+    Case(
+        "loss",
+        "raw socket, 2 MiB download + sha256",
+        "20 % both ways, median of 15",
         "nft numgen random mod 100 < 20 drop, both ways",
         "echo",
         lossy_download,
         _random_drop(20),
         ("loss", {"percent": 20}, "thaw"),
         runs=15,
+        contrast=LOSS_WORDS,
     ),
     Case(
         "freeze",

@@ -119,6 +119,11 @@ class KernelFault:
             ]
         )
 
+    def random_drop_from_server(self, percent: int) -> None:
+        """Each segment the server sends dropped with probability *percent* / 100 (a
+        download's data; the client's ACKs all arrive): one-way loss."""
+        self._load([f"tcp sport {self.port} numgen random mod 100 < {percent} drop"])
+
     def abort_server_sockets(self) -> None:
         """The peer aborting: every established socket on the port destroyed (``ss -K``,
         SOCK_DESTROY), which sends the client an RST."""
