@@ -14,7 +14,7 @@ import trio
 
 from faultnet import planes
 from faultnet.proxy import open_proxy
-from faultnet.testing import start_server
+from faultnet.testing import accept_server, start_server
 
 #: The documented bound per connection and direction.
 LEAK_BOUND = 256 * 1024
@@ -49,12 +49,12 @@ async def _read_until_quiet(stream: trio.SocketStream) -> int:
         return got
 
 
-async def _stalled(proxy, bound: float = 20.0) -> None:
+async def _stalled(proxy, stream: str = "downstream", bound: float = 20.0) -> None:
     """Until no byte has crossed for a while: every buffer on the way is full."""
     last = -1
     with trio.fail_after(bound):
         while True:
-            now = sum(c.bytes_downstream for c in proxy.connections())
+            now = sum(getattr(c, f"bytes_{stream}") for c in proxy.connections())
             if now == last:
                 return
             last = now
@@ -76,4 +76,26 @@ async def test_slow_readers_read_a_bounded_amount_after_freeze(dataplane: str) -
             for s in streams:
                 await s.aclose()
         nursery.cancel_scope.cancel()
+    assert max(leaks) <= LEAK_BOUND, f"read after freeze beyond the receive queue: {leaks}"
+
+
+@pytest.mark.parametrize("dataplane", ["thread", "trio"])
+async def test_a_slow_server_reads_a_bounded_amount_after_freeze(dataplane: str) -> None:
+    # The other direction: flooding clients, a server that reads nothing until the
+    # freeze, then everything it can.
+    async with accept_server() as (up, accepted), open_proxy(up, dataplane=dataplane) as proxy:
+        async with trio.open_nursery() as nursery:
+            clients = [await trio.open_tcp_stream(*proxy.address) for _ in range(CONNECTIONS)]
+            for c in clients:
+                nursery.start_soon(_flood, c)
+            servers = [await accepted.receive() for _ in range(CONNECTIONS)]
+            await _stalled(proxy, "upstream")
+            await proxy.freeze()
+            leaks = []
+            for s in servers:
+                queued = _queued(s.socket)
+                leaks.append(await _read_until_quiet(s) - queued)
+            nursery.cancel_scope.cancel()
+        for c in clients:
+            await c.aclose()
     assert max(leaks) <= LEAK_BOUND, f"read after freeze beyond the receive queue: {leaks}"
