@@ -67,3 +67,19 @@ def test_without_root_it_says_so_and_exits_2(
     err = capsys.readouterr().err
     assert "needs root" in err
     assert err.strip().count("\n") == 0
+
+
+def test_it_is_a_faultnet_command_through_the_entry_point_group() -> None:
+    import argparse
+    import tomllib
+    from pathlib import Path
+
+    from harness.fidelity.cli import register
+
+    project = tomllib.loads(Path("pyproject.toml").read_text())["project"]
+    group = project["entry-points"]["faultnet.commands"]
+    assert group["fidelity"] == "harness.fidelity.cli:register"
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["fidelity", "--json", "--mode", "reset"])
+    assert (args.json, args.mode, callable(args.func)) == (True, ["reset"], True)
