@@ -79,7 +79,7 @@ async def test_slow_readers_read_a_bounded_amount_after_freeze(dataplane: str) -
     assert max(leaks) <= LEAK_BOUND, f"read after freeze beyond the receive queue: {leaks}"
 
 
-@pytest.mark.parametrize("dataplane", ["thread", "trio"])
+@pytest.mark.parametrize("dataplane", planes.available_planes())
 async def test_a_slow_server_reads_a_bounded_amount_after_freeze(dataplane: str) -> None:
     # The other direction: flooding clients, a server that reads nothing until the
     # freeze, then everything it can.
