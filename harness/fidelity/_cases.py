@@ -407,6 +407,10 @@ def _sigstop(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
     return (lambda: os.kill(pid, signal.SIGSTOP)), (lambda: os.kill(pid, signal.SIGCONT))
 
 
+def _server_closes(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
+    return servers.echo.close_connections, (lambda: None)
+
+
 def _nothing(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
     return (lambda: None), (lambda: None)
 
@@ -584,6 +588,16 @@ CASES: tuple[Case, ...] = (
         ("loss", {"percent": 20}, "thaw"),
         runs=15,
         contrast=LOSS_WORDS,
+    ),
+    Case(
+        "sever",
+        "raw socket",
+        "idle in recv, 0.5 s after a reply",
+        "the server closes its socket (FIN)",
+        "echo",
+        reset_parked,
+        _server_closes,
+        ("sever", {}, "thaw"),
     ),
     Case(
         "freeze",

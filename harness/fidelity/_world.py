@@ -174,6 +174,14 @@ class EchoServer:
         except OSError:
             pass
 
+    def close_connections(self) -> None:
+        """A clean close by the server: FIN on every connection it has."""
+        conns, self._conns = self._conns, []
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_WR)
+            c.close()
+
     def close(self) -> None:
         self.listener.close()
         for c in self._conns:

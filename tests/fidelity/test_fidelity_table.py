@@ -39,7 +39,16 @@ def test_every_mode_fails_as_the_kernels_own_version_of_it() -> None:
         for r in rows
     )
     modes = {r["mode"] for r in rows if r["judged"]}
-    assert {"blackhole", "partition", "drop_syn", "refuse", "reset", "loss"} <= modes, table
+    assert {
+        "blackhole",
+        "partition",
+        "drop_syn",
+        "refuse",
+        "reset",
+        "sever",
+        "loss",
+        "freeze",
+    } <= modes, table
     differ = [r for r in rows if r["judged"] and not r["same"]]
     assert not differ, table
     assert done.returncode == 0, table
