@@ -63,6 +63,7 @@ UPSTREAM_FAILED = "upstream_failed"  # the connect failed or timed out: Link.err
 
 #: Plane name -> the module that implements it (``Plane``, ``AVAILABLE``), fastest first.
 PLANES: dict[str, str] = {
+    "native": "faultnet.planes.native",
     "thread": "faultnet.planes.thread",
 }
 

@@ -1,6 +1,7 @@
-"""The thread data plane (faultnet.planes.thread), the proxy's default: what only it has.
-The proxy's own tests (tests/faultnet/test_proxy.py) run on it as the default, and again
-on the trio pumps in tests/faultnet/test_proxy_trio_plane.py.
+"""The thread data plane (faultnet.planes.thread): what only it has. The proxy's own
+tests (tests/faultnet/test_proxy.py) run on the default plane (the native one where it
+was built, this one elsewhere); tests/faultnet/test_planes.py runs every plane through
+the interface, tests/faultnet/test_native_plane.py what only the native one has.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 import trio
 
 from faultnet.eventlog import read_jsonl
+from faultnet.planes import available_planes
 from faultnet.planes import thread as dataplane
 from faultnet.proxy import Proxy, open_proxy
 from faultnet.testing import echo_server, read_exactly, wait_until
@@ -63,7 +65,7 @@ async def test_a_bug_in_the_forwarding_thread_ends_only_its_connection(
         return handle(self, entry)
 
     monkeypatch.setattr(dataplane.Plane, "_handle", buggy)
-    async with echo_server() as up, open_proxy(up, event_log=str(log)) as proxy:
+    async with echo_server() as up, open_proxy(up, event_log=str(log), dataplane="thread") as proxy:
         victim = await trio.open_tcp_stream(*proxy.address)
         await wait_until(lambda: any(c.link for c in proxy._connections.values()))
         link = await _only_link(proxy)
@@ -90,11 +92,14 @@ async def test_a_bug_in_the_forwarding_thread_ends_only_its_connection(
     assert why in errors[0]["error"], errors
 
 
-async def test_a_toxic_added_and_removed_before_its_host_ran_leaves_the_link_forwarding() -> None:
+@pytest.mark.parametrize("plane", available_planes())
+async def test_a_toxic_added_and_removed_before_its_host_ran_leaves_the_link_forwarding(
+    plane: str,
+) -> None:
     """The lane the toxic moved to trio stays there; the host task, starting after the
     toxic is gone, must still run it (it once started lanes only for toxics then in
-    force: the bytes sat in the inbox and the client hung)."""
-    async with echo_server() as up, open_proxy(up) as proxy:
+    force: the bytes sat in the inbox and the client hung). Every plane."""
+    async with echo_server() as up, open_proxy(up, dataplane=plane) as proxy:
         s = await trio.open_tcp_stream(*proxy.address)
         await s.send_all(b"a")
         with trio.fail_after(5):
@@ -128,7 +133,7 @@ async def _freeze_during_a_write(monkeypatch: pytest.MonkeyPatch) -> tuple[int, 
     fake_os = types.SimpleNamespace(**{k: getattr(os, k) for k in dir(os) if k[:2] != "__"})
     fake_os.write = held_write
     monkeypatch.setattr(dataplane, "os", fake_os)  # before the thread binds it
-    async with echo_server() as up, open_proxy(up) as proxy:
+    async with echo_server() as up, open_proxy(up, dataplane="thread") as proxy:
         client = await trio.open_tcp_stream(*proxy.address)
         await wait_until(lambda: any(c.link for c in proxy._connections.values()))
         link = await _only_link(proxy)

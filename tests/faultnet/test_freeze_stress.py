@@ -19,6 +19,7 @@ red: the ``goes_red`` tests remove the look at the gate (the thread's general pa
 look the thread makes, its loop's inlined one included) and see bytes cross a frozen link. Removing the thread
 plane's lock from freeze is a race here (a manual check below); tests/faultnet/
 test_dataplane.py shows it red deterministically, freezing a lane while its write is held.
+On the native core the mutex skipped (its debug switch) goes red here (see below).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 import pytest
 import trio
 
-from faultnet.planes import available_planes
+from faultnet.planes import available_planes, native
 from faultnet.planes import thread as dataplane
 from faultnet.planes.thread import Lane as PlaneLane
 from faultnet.planes.thread import Link
@@ -295,5 +296,51 @@ async def test_the_stress_check_goes_red_when_freeze_skips_the_lock(monkeypatch)
     for seed in range(14, 22):  # bounded: red by the first few seeds here
         reports.append(await run_freeze_stress(seed=seed, dataplane="thread", splice=False))
         if reports[-1].crossed or reports[-1].violations:
+            break
+    assert reports[-1].violations, "\n".join(map(str, reports))
+
+
+#: Microseconds the native core's debug switch sleeps between a gate's look and the
+#: syscall: without it the core's locked sections are so short (and settle, which takes
+#: the mutex, drains the sockets right before each freeze) that the race is rare here.
+_WIDEN_US = 100
+
+
+def _native_core_debugged(monkeypatch, unlocked: bool) -> None:
+    make = native.Plane.__init__
+
+    def debugged(self: native.Plane, splice: bool = True) -> None:
+        make(self, splice)
+        self._core.set_widen(_WIDEN_US)
+        self._core.set_unlocked(unlocked)
+
+    monkeypatch.setattr(native.Plane, "__init__", debugged)
+
+
+@pytest.mark.skipif(not native.AVAILABLE, reason="the native core was not built")
+@pytest.mark.parametrize("splice", [True, False])
+async def test_the_native_core_with_its_race_widened_stays_total(monkeypatch, splice) -> None:
+    """The control for the breakage below: the same widened race, the mutex kept, and
+    nothing crosses (seeds 14-16, both paths: 0 of 6 runs red here)."""
+    _native_core_debugged(monkeypatch, unlocked=False)
+    report = await run_freeze_stress(seed=14, dataplane="native", splice=splice)
+    assert not report.violations, str(report)
+
+
+@pytest.mark.skipif(not native.AVAILABLE, reason="the native core was not built")
+@pytest.mark.parametrize("splice", [True, False])
+async def test_the_stress_check_goes_red_when_the_native_core_skips_its_mutex(
+    monkeypatch, splice: bool
+) -> None:
+    """The breakage: the core's debug switch makes freeze and counts skip the mutex (and
+    settle do nothing), so freeze() returns while the native thread is inside a lane's
+    write or burst. Measured, seeds 14-16 x both paths: 5 of 6 runs red, 89-692 KB
+    crossing frozen links and counters moving by up to 227 KB while frozen (the race
+    not widened: 0 of 6 red with settle kept, 1 of 6 without). Bounded over seeds."""
+    _native_core_debugged(monkeypatch, unlocked=True)
+    reports = []
+    for seed in range(14, 20):
+        reports.append(await run_freeze_stress(seed=seed, dataplane="native", splice=splice))
+        if reports[-1].violations:
             break
     assert reports[-1].violations, "\n".join(map(str, reports))

@@ -1,0 +1,1342 @@
+/* faultnet.planes._native: the compiled forwarding core of the native data plane.
+ *
+ * The semantics are faultnet.planes.thread's, line for line where it matters (read its
+ * theory of operation first); faultnet/planes/native.py is the Python face. What differs
+ * is where the work runs:
+ *
+ * - One native thread (pthread) runs a level-triggered epoll over every link's sockets.
+ *   It never takes the GIL and never touches a Python object: it reads and writes lanes,
+ *   which are plain C structs, under the core's one mutex.
+ * - Every operation called from Python that needs the mutex (add, freeze, thaw, end,
+ *   counts, settle, take, offer, offer_eof) releases the GIL before it locks, so the
+ *   forwarding thread is never waited for with the GIL held and a lock-order inversion
+ *   cannot arise (the thread never waits for the GIL).
+ * - Events go to an outbox under the mutex; the first one of a batch writes the notify
+ *   eventfd, which a trio task waits readable on and then drains the batch with the GIL.
+ * - The core holds a strong reference to each link it forwards (taken with the GIL in
+ *   add). It cannot drop it without the GIL, so ending a link (whichever thread ends it)
+ *   posts a RELEASE entry behind that link's last event, and drain() drops the
+ *   reference, after the whole batch has been turned into Python objects.
+ *
+ * Two debug switches exist for the tests that prove the mutex matters (never set
+ * otherwise): set_unlocked(True) makes freeze and counts skip the mutex (and settle, which
+ * cannot run without it, do nothing) (the freeze
+ * stress test goes red; set_widen(us) widens the race it opens, between a gate's look
+ * and the syscall, so a bounded run sees it), and hold_write(fd) makes the thread stop, inside its next write
+ * to fd and with the mutex held, until release_write() (freeze is seen to wait for it).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+/* Bytes per copied read; a read that fills it starts a splice burst (as thread.py). */
+#define COPY_CHUNK (64 * 1024)
+/* Bytes per splice; the pipe is asked to be as large. */
+#define SPLICE_CHUNK (1024 * 1024)
+/* Syscalls one socket may make per wake-up before the others get a turn. */
+#define FAIR_OPS 16
+/* Chunks a toxic lane's reader may run ahead of trio's chain. */
+#define INBOX_CAP 16
+#define MAX_EVENTS 256
+/* Idle pipes kept for the next burst. */
+#define PIPE_KEEP 64
+#define TCP_STATE_SYN_SENT 2
+
+enum { EV_RESET, EV_DONE, EV_CHUNKS, EV_DRAINED, EV_ERROR, EV_UPSTREAM_FAILED, EV_RELEASE };
+enum { UP = 0, DOWN = 1 };
+
+typedef struct chunk {
+    struct chunk *next;
+    size_t len;
+    char data[];
+} chunk;
+
+typedef struct {
+    int src, dst;
+    int open;        /* the gate */
+    uint64_t bytes;  /* written to dst: what crossed the proxy */
+    char *held;      /* bytes read and not yet written (malloc'd), from held_off */
+    size_t held_off, held_len;
+    int pipe_r, pipe_w; /* the pipe lent for a burst (-1: none) */
+    size_t piped;       /* bytes in that pipe */
+    int burst, eof_read, eof_pending, eof_forwarded;
+    int to_trio;
+    chunk *inbox, *inbox_tail; /* chunks read for trio (len 0: the EOF) */
+    int inbox_n;
+    int notified, waiting;
+} lane_t;
+
+struct CoreObject;
+
+typedef struct {
+    PyObject_HEAD
+    struct CoreObject *core; /* set by add */
+    lane_t lanes[2];
+    int fds[2]; /* client, server */
+    int mask[2];
+    int connecting, ended, err, in_plane;
+    int fail_next; /* debug: the next handling of this link meets a "bug" */
+    double deadline;
+    char errmsg[160];
+} LinkObject;
+
+typedef struct {
+    LinkObject *link;
+    int kind, lane;
+} event_t;
+
+typedef struct CoreObject {
+    PyObject_HEAD
+    pthread_mutex_t mu;
+    int ep, wake, notify;
+    int splice;
+    int unlocked; /* debug: freeze and counts skip the mutex */
+    int widen_us; /* debug: sleep this long between a gate's look and the syscall */
+    LinkObject **byfd;
+    int nbyfd;
+    event_t *outbox;
+    int nout, capout;
+    int scheduled;
+    LinkObject **conn; /* links still connecting */
+    int nconn, capconn;
+    int pipes[PIPE_KEEP][2];
+    int npipes;
+    char *buf;
+    pthread_t thread;
+    int running, stopping;
+    /* debug: hold the thread inside its next write to hold_fd */
+    int hold_fd, hold_entered, hold_go;
+    pthread_cond_t hold_cv;
+    pthread_mutex_t hold_mu;
+} CoreObject;
+
+static PyTypeObject LinkType;
+static PyTypeObject CoreType;
+
+/* ---- helpers (mutex held, no GIL) ------------------------------------------------ */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static int wants_read(const lane_t *l) {
+    if (!l->open || l->eof_read || l->held || l->piped)
+        return 0;
+    return !l->to_trio || l->inbox_n < INBOX_CAP;
+}
+
+static int wants_write(const lane_t *l) { return l->open && (l->held || l->piped); }
+
+static void post(CoreObject *c, LinkObject *k, int kind, int lane) {
+    if (c->nout == c->capout) {
+        int cap = c->capout ? c->capout * 2 : 64;
+        event_t *grown = realloc(c->outbox, cap * sizeof(event_t));
+        if (!grown)
+            abort(); /* a reference would leak and an event be lost: no way on */
+        c->outbox = grown;
+        c->capout = cap;
+    }
+    c->outbox[c->nout].link = k;
+    c->outbox[c->nout].kind = kind;
+    c->outbox[c->nout].lane = lane;
+    c->nout++;
+    if (!c->scheduled) {
+        uint64_t one = 1;
+        c->scheduled = 1;
+        if (write(c->notify, &one, sizeof one) < 0) {
+            /* EAGAIN only (the counter is far from full): the trio side is woken already */
+        }
+    }
+}
+
+static void give_pipe(CoreObject *c, lane_t *l) {
+    if (l->pipe_r < 0)
+        return;
+    if (c->npipes < PIPE_KEEP && !l->piped) {
+        c->pipes[c->npipes][0] = l->pipe_r;
+        c->pipes[c->npipes][1] = l->pipe_w;
+        c->npipes++;
+    } else { /* full, or it may still hold bytes (the link is torn down) */
+        close(l->pipe_r);
+        close(l->pipe_w);
+    }
+    l->pipe_r = l->pipe_w = -1;
+    l->piped = 0;
+}
+
+static int take_pipe(CoreObject *c, lane_t *l) {
+    int p[2];
+    if (c->npipes) {
+        c->npipes--;
+        l->pipe_r = c->pipes[c->npipes][0];
+        l->pipe_w = c->pipes[c->npipes][1];
+        return 0;
+    }
+    if (pipe2(p, O_NONBLOCK | O_CLOEXEC) < 0)
+        return -1;
+    (void)fcntl(p[1], F_SETPIPE_SZ, SPLICE_CHUNK); /* capped by pipe-max-size: keep default */
+    l->pipe_r = p[0];
+    l->pipe_w = p[1];
+    return 0;
+}
+
+static void unlist_connecting(CoreObject *c, LinkObject *k) {
+    for (int i = 0; i < c->nconn; i++) {
+        if (c->conn[i] == k) {
+            c->conn[i] = c->conn[--c->nconn];
+            return;
+        }
+    }
+}
+
+/* Take the link out of the plane; 0 if it had already ended. */
+static int end_link(CoreObject *c, LinkObject *k) {
+    if (k->ended)
+        return 0;
+    __atomic_store_n(&k->ended, 1, __ATOMIC_RELEASE);
+    for (int s = 0; s < 2; s++) {
+        int fd = k->fds[s];
+        if (k->mask[s] && c->ep >= 0)
+            epoll_ctl(c->ep, EPOLL_CTL_DEL, fd, NULL);
+        k->mask[s] = 0;
+        if (fd >= 0 && fd < c->nbyfd && c->byfd[fd] == k)
+            c->byfd[fd] = NULL;
+        lane_t *l = &k->lanes[s];
+        if (l->pipe_r >= 0) {
+            close(l->pipe_r);
+            close(l->pipe_w);
+            l->pipe_r = l->pipe_w = -1;
+            l->piped = 0;
+        }
+    }
+    if (k->connecting)
+        unlist_connecting(c, k);
+    post(c, k, EV_RELEASE, -1);
+    return 1;
+}
+
+static void fail(CoreObject *c, LinkObject *k, int lane, int err) {
+    if (end_link(c, k)) {
+        k->err = err ? err : ECONNRESET;
+        post(c, k, EV_RESET, lane);
+    }
+}
+
+/* A bug met on this link (an unexpected syscall failure): end it with ERROR. */
+static void contain(CoreObject *c, LinkObject *k, const char *what, int err) {
+    if (end_link(c, k)) {
+        snprintf(k->errmsg, sizeof k->errmsg, "%s: %s", what, err ? strerror(err) : "failed");
+        post(c, k, EV_ERROR, -1);
+    }
+}
+
+static int rearm(CoreObject *c, LinkObject *k) {
+    if (k->ended || c->ep < 0)
+        return 0;
+    for (int s = 0; s < 2; s++) {
+        int fd = k->fds[s], mask;
+        if (k->connecting) /* only the upstream socket, for its connect's outcome */
+            mask = s == 1 ? EPOLLOUT : 0;
+        else
+            mask = (wants_read(&k->lanes[s]) ? EPOLLIN : 0) |
+                   (wants_write(&k->lanes[1 - s]) ? EPOLLOUT : 0);
+        int old = k->mask[s];
+        if (mask == old)
+            continue;
+        struct epoll_event ev = {.events = (uint32_t)mask, .data.fd = fd};
+        int op = !old ? EPOLL_CTL_ADD : !mask ? EPOLL_CTL_DEL : EPOLL_CTL_MOD;
+        if (epoll_ctl(c->ep, op, fd, &ev) < 0) {
+            contain(c, k, "epoll_ctl", errno);
+            return -1;
+        }
+        k->mask[s] = mask;
+    }
+    return 0;
+}
+
+static void debug_hold(CoreObject *c, int fd) {
+    if (fd != c->hold_fd)
+        return;
+    pthread_mutex_lock(&c->hold_mu);
+    c->hold_fd = -1;
+    c->hold_entered = 1;
+    pthread_cond_broadcast(&c->hold_cv);
+    while (!c->hold_go)
+        pthread_cond_wait(&c->hold_cv, &c->hold_mu);
+    pthread_mutex_unlock(&c->hold_mu);
+}
+
+static ssize_t lane_write(CoreObject *c, int fd, const char *p, size_t n) {
+    debug_hold(c, fd);
+    return write(fd, p, n);
+}
+
+static int maybe_eof(CoreObject *c, LinkObject *k, int li) {
+    lane_t *l = &k->lanes[li];
+    if (!l->eof_pending || l->held || l->piped || !l->open)
+        return 0;
+    if (shutdown(l->dst, SHUT_WR) < 0 && errno != ENOTCONN) {
+        fail(c, k, li, errno);
+        return -1;
+    }
+    l->eof_pending = 0;
+    __atomic_store_n(&l->eof_forwarded, 1, __ATOMIC_RELEASE);
+    if (k->lanes[1 - li].eof_forwarded && end_link(c, k)) {
+        post(c, k, EV_DONE, -1);
+        return -1;
+    }
+    return 0;
+}
+
+/* Send n bytes at p (not held) to dst; hold what it does not take. -1: the link ended. */
+static int send_fresh(CoreObject *c, LinkObject *k, int li, const char *p, size_t n) {
+    lane_t *l = &k->lanes[li];
+    ssize_t m = lane_write(c, l->dst, p, n);
+    if (m < 0) {
+        if (errno != EAGAIN) {
+            fail(c, k, li, errno);
+            return -1;
+        }
+        m = 0;
+    }
+    l->bytes += (uint64_t)m;
+    if ((size_t)m < n) {
+        l->held = malloc(n - m);
+        if (!l->held) {
+            contain(c, k, "malloc", ENOMEM);
+            return -1;
+        }
+        memcpy(l->held, p + m, n - m);
+        l->held_off = 0;
+        l->held_len = n - m;
+    }
+    return 0;
+}
+
+/* Write what the lane holds (gate open). -1: the link ended. */
+static int flush(CoreObject *c, LinkObject *k, int li) {
+    lane_t *l = &k->lanes[li];
+    if (l->held) {
+        ssize_t m = lane_write(c, l->dst, l->held + l->held_off, l->held_len - l->held_off);
+        if (m < 0) {
+            if (errno != EAGAIN) {
+                fail(c, k, li, errno);
+                return -1;
+            }
+            m = 0;
+        }
+        l->bytes += (uint64_t)m;
+        l->held_off += (size_t)m;
+        if (l->held_off == l->held_len) {
+            free(l->held);
+            l->held = NULL;
+        }
+    } else if (l->piped) {
+        debug_hold(c, l->dst);
+        ssize_t m = splice(l->pipe_r, NULL, l->dst, NULL, l->piped,
+                           SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+        if (m < 0) {
+            if (errno == EAGAIN)
+                return 0;
+            fail(c, k, li, errno);
+            return -1;
+        }
+        l->bytes += (uint64_t)m;
+        l->piped -= (size_t)m;
+        if (!l->piped)
+            give_pipe(c, l);
+    }
+    if (!l->held && !l->piped) {
+        if (l->to_trio && l->waiting) {
+            l->waiting = 0;
+            post(c, k, EV_DRAINED, li);
+        }
+        return maybe_eof(c, k, li);
+    }
+    return 0;
+}
+
+static void upstream_failed(CoreObject *c, LinkObject *k, int err) {
+    if (end_link(c, k)) {
+        k->err = err;
+        post(c, k, EV_UPSTREAM_FAILED, -1);
+    }
+}
+
+/* The n bytes just read into the buffer (0: the EOF), for trio's toxic chain. 1 if the
+ * socket may have more to read now, 0 if not, -1 if the link ended. */
+static int for_trio(CoreObject *c, LinkObject *k, int li, size_t n) {
+    lane_t *l = &k->lanes[li];
+    chunk *ch = malloc(sizeof(chunk) + n);
+    if (!ch) {
+        contain(c, k, "malloc", ENOMEM);
+        return -1;
+    }
+    ch->next = NULL;
+    ch->len = n;
+    memcpy(ch->data, c->buf, n);
+    if (l->inbox_tail)
+        l->inbox_tail->next = ch;
+    else
+        l->inbox = ch;
+    l->inbox_tail = ch;
+    l->inbox_n++;
+    if (!l->notified) {
+        l->notified = 1;
+        post(c, k, EV_CHUNKS, li);
+    }
+    if (!n) {
+        l->eof_read = 1;
+        return 0;
+    }
+    return n == COPY_CHUNK && l->inbox_n < INBOX_CAP;
+}
+
+/* Pass on the n bytes just read into the buffer (0: the EOF). As for_trio. */
+static int took(CoreObject *c, LinkObject *k, int li, size_t n) {
+    lane_t *l = &k->lanes[li];
+    if (!n) {
+        l->eof_read = l->eof_pending = 1;
+        return maybe_eof(c, k, li) < 0 ? -1 : 0;
+    }
+    if (send_fresh(c, k, li, c->buf, n) < 0)
+        return -1;
+    if (l->held || n < COPY_CHUNK)
+        return 0; /* held: wait for EPOLLOUT; short: the socket is almost surely empty */
+    l->burst = c->splice;
+    return 1;
+}
+
+/* One splice in and out: 1 while the burst goes on, 0 when it stops, -1: ended. */
+static int splice_once(CoreObject *c, LinkObject *k, int li) {
+    lane_t *l = &k->lanes[li];
+    if (l->pipe_r < 0 && take_pipe(c, l) < 0) {
+        l->burst = 0; /* out of descriptors: copy instead */
+        return 1;
+    }
+    ssize_t n = splice(l->src, NULL, l->pipe_w, NULL, SPLICE_CHUNK,
+                       SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+    if (n < 0) {
+        if (errno != EAGAIN) {
+            fail(c, k, li, errno);
+            return -1;
+        }
+    }
+    if (n <= 0) {
+        give_pipe(c, l);
+        l->burst = 0;
+        if (n == 0) {
+            l->eof_read = l->eof_pending = 1;
+            return maybe_eof(c, k, li) < 0 ? -1 : 0;
+        }
+        return 0;
+    }
+    l->piped = (size_t)n;
+    if (flush(c, k, li) < 0)
+        return -1;
+    if (l->piped)
+        return 0; /* dst is full: wait for EPOLLOUT */
+    if (n < SPLICE_CHUNK) {
+        l->burst = 0;
+        return 0;
+    }
+    return 1;
+}
+
+/* Move what src has (gate open, nothing held). -1: the link ended. */
+static int read_lane(CoreObject *c, LinkObject *k, int li) {
+    lane_t *l = &k->lanes[li];
+    for (int i = 0; i < FAIR_OPS; i++) {
+        int more;
+        if (c->widen_us)
+            usleep(c->widen_us);
+        if (l->burst && !l->to_trio) {
+            more = splice_once(c, k, li);
+        } else {
+            ssize_t n = read(l->src, c->buf, COPY_CHUNK);
+            if (n < 0) {
+                if (errno == EAGAIN)
+                    return 0;
+                fail(c, k, li, errno);
+                return -1;
+            }
+            more = l->to_trio ? for_trio(c, k, li, (size_t)n) : took(c, k, li, (size_t)n);
+        }
+        if (more <= 0)
+            return more;
+    }
+    return 0;
+}
+
+static void service(CoreObject *c, int fd);
+
+static void connected(CoreObject *c, LinkObject *k) {
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (getsockopt(k->fds[1], SOL_SOCKET, SO_ERROR, &err, &len) < 0)
+        err = errno ? errno : EBADF;
+    if (err) {
+        upstream_failed(c, k, err);
+        return;
+    }
+    unlist_connecting(c, k);
+    __atomic_store_n(&k->connecting, 0, __ATOMIC_RELEASE);
+    service(c, k->fds[0]);
+    rearm(c, k);
+}
+
+/* One ready socket, in general: its connect's outcome, held bytes to write, then what
+ * to read. */
+static void handle(CoreObject *c, LinkObject *k, int s) {
+    if (k->fail_next) {
+        k->fail_next = 0;
+        contain(c, k, "a bug in the forwarding core (injected)", 0);
+        return;
+    }
+    if (k->connecting) {
+        connected(c, k);
+        return;
+    }
+    if (wants_write(&k->lanes[1 - s]) && flush(c, k, 1 - s) < 0)
+        return;
+    if (!k->ended && wants_read(&k->lanes[s]) && read_lane(c, k, s) < 0)
+        return;
+    rearm(c, k);
+}
+
+static void service(CoreObject *c, int fd) {
+    if (fd < 0 || fd >= c->nbyfd || !c->byfd[fd])
+        return;
+    LinkObject *k = c->byfd[fd];
+    handle(c, k, fd == k->fds[0] ? 0 : 1);
+}
+
+/* The common case, inlined: a small read written at once, nothing held either way. */
+static void ready(CoreObject *c, int fd) {
+    if (fd < 0 || fd >= c->nbyfd || !c->byfd[fd])
+        return;
+    LinkObject *k = c->byfd[fd];
+    int s = fd == k->fds[0] ? 0 : 1;
+    lane_t *r = &k->lanes[s], *w = &k->lanes[1 - s];
+    if (!(r->open && !r->held && !w->held && !r->piped && !w->piped && !r->eof_read &&
+          !r->to_trio && !r->burst && !k->connecting && !k->fail_next)) {
+        handle(c, k, s);
+        return;
+    }
+    if (c->widen_us)
+        usleep(c->widen_us);
+    ssize_t n = read(r->src, c->buf, COPY_CHUNK);
+    if (n < 0) {
+        if (errno != EAGAIN)
+            fail(c, k, s, errno);
+        return;
+    }
+    if (n == 0 || n == COPY_CHUNK) { /* an EOF or a full buffer */
+        int more = took(c, k, s, (size_t)n);
+        if (more < 0)
+            return;
+        if (!k->ended && wants_read(r) && read_lane(c, k, s) < 0)
+            return;
+        rearm(c, k);
+        return;
+    }
+    ssize_t m = lane_write(c, r->dst, c->buf, (size_t)n);
+    if (m < 0) {
+        if (errno != EAGAIN) {
+            fail(c, k, s, errno);
+            return;
+        }
+        m = 0;
+    }
+    r->bytes += (uint64_t)m;
+    if (m != n) {
+        r->held = malloc((size_t)(n - m));
+        if (!r->held) {
+            contain(c, k, "malloc", ENOMEM);
+            return;
+        }
+        memcpy(r->held, c->buf + m, (size_t)(n - m));
+        r->held_off = 0;
+        r->held_len = (size_t)(n - m);
+        rearm(c, k);
+    }
+}
+
+/* End the links whose connect is past its deadline; ms until the next one (-1: none). */
+static int expire(CoreObject *c) {
+    double now = now_s(), next = -1;
+    for (int i = 0; i < c->nconn;) {
+        LinkObject *k = c->conn[i];
+        if (k->deadline <= now) {
+            upstream_failed(c, k, ETIMEDOUT); /* unlists it */
+            continue;
+        }
+        if (next < 0 || k->deadline < next)
+            next = k->deadline;
+        i++;
+    }
+    if (next < 0)
+        return -1;
+    return (int)((next - now) * 1000) + 1;
+}
+
+static void *run(void *arg) {
+    CoreObject *c = arg;
+    struct epoll_event evs[MAX_EVENTS];
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the Python main thread's */
+    int timeout = -1;
+    for (;;) {
+        int n = epoll_wait(c->ep, evs, MAX_EVENTS, timeout);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            return NULL; /* EBADF and the like: the core is broken beyond a link */
+        }
+        for (int i = 0; i < n; i++) {
+            int fd = evs[i].data.fd;
+            if (fd == c->wake) {
+                uint64_t v;
+                if (__atomic_load_n(&c->stopping, __ATOMIC_ACQUIRE))
+                    return NULL;
+                if (read(fd, &v, sizeof v) < 0) {
+                    /* EAGAIN: another wake-up took it */
+                }
+                continue;
+            }
+            pthread_mutex_lock(&c->mu);
+            ready(c, fd);
+            pthread_mutex_unlock(&c->mu);
+        }
+        timeout = -1;
+        pthread_mutex_lock(&c->mu);
+        if (c->nconn)
+            timeout = expire(c);
+        pthread_mutex_unlock(&c->mu);
+    }
+}
+
+/* ---- locking from Python: the GIL released first ------------------------------------ */
+
+#define LOCKED(c, ...)                          \
+    do {                                        \
+        Py_BEGIN_ALLOW_THREADS                  \
+        pthread_mutex_lock(&(c)->mu);           \
+        __VA_ARGS__;                            \
+        pthread_mutex_unlock(&(c)->mu);         \
+        Py_END_ALLOW_THREADS                    \
+    } while (0)
+
+/* ---- Core ------------------------------------------------------------------------- */
+
+static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
+    CoreObject *c = (CoreObject *)type->tp_alloc(type, 0);
+    if (c)
+        c->ep = c->wake = c->notify = c->hold_fd = -1;
+    return (PyObject *)c;
+}
+
+static int core_init(CoreObject *c, PyObject *args, PyObject *kw) {
+    static char *names[] = {"splice", NULL};
+    int splice_ = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|p", names, &splice_))
+        return -1;
+    if (c->ep >= 0) {
+        PyErr_SetString(PyExc_RuntimeError, "the core was initialised already");
+        return -1;
+    }
+    c->splice = splice_;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->hold_mu, NULL);
+    pthread_cond_init(&c->hold_cv, NULL);
+    c->ep = epoll_create1(EPOLL_CLOEXEC);
+    c->wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    c->notify = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    c->buf = malloc(COPY_CHUNK);
+    if (c->ep < 0 || c->wake < 0 || c->notify < 0 || !c->buf) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = c->wake};
+    if (epoll_ctl(c->ep, EPOLL_CTL_ADD, c->wake, &ev) < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    return 0;
+}
+
+static void core_join(CoreObject *c) {
+    if (!c->running)
+        return;
+    uint64_t one = 1;
+    __atomic_store_n(&c->stopping, 1, __ATOMIC_RELEASE);
+    if (write(c->wake, &one, sizeof one) < 0) {
+        /* EAGAIN: a wake-up is pending already */
+    }
+    pthread_join(c->thread, NULL);
+    c->running = 0;
+}
+
+static void core_dealloc(CoreObject *c) {
+    Py_BEGIN_ALLOW_THREADS core_join(c);
+    Py_END_ALLOW_THREADS
+    if (c->ep >= 0)
+        close(c->ep);
+    if (c->wake >= 0)
+        close(c->wake);
+    if (c->notify >= 0)
+        close(c->notify);
+    for (int i = 0; i < c->npipes; i++) {
+        close(c->pipes[i][0]);
+        close(c->pipes[i][1]);
+    }
+    /* Links still referenced by the core (never ended, or their RELEASE not drained). */
+    for (int i = 0; i < c->nout; i++)
+        if (c->outbox[i].kind == EV_RELEASE)
+            Py_DECREF(c->outbox[i].link);
+    free(c->outbox);
+    free(c->byfd);
+    free(c->conn);
+    free(c->buf);
+    pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->hold_mu);
+    pthread_cond_destroy(&c->hold_cv);
+    Py_TYPE(c)->tp_free((PyObject *)c);
+}
+
+static PyObject *core_start(CoreObject *c, PyObject *unused) {
+    if (c->running || c->ep < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "the core was started already");
+        return NULL;
+    }
+    int rc = pthread_create(&c->thread, NULL, run, c);
+    if (rc) {
+        errno = rc;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    c->running = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_stop(CoreObject *c, PyObject *unused) {
+    /* The thread ends; links still in the plane stay their owners' to end (no syscall
+     * is made for them any more: the epoll is closed). */
+    Py_BEGIN_ALLOW_THREADS core_join(c);
+    pthread_mutex_lock(&c->mu);
+    if (c->ep >= 0) {
+        close(c->ep);
+        c->ep = -1;
+    }
+    for (int i = 0; i < c->npipes; i++) {
+        close(c->pipes[i][0]);
+        close(c->pipes[i][1]);
+    }
+    c->npipes = 0;
+    pthread_mutex_unlock(&c->mu);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+static int grow_byfd(CoreObject *c, int fd) {
+    if (fd < c->nbyfd)
+        return 0;
+    int n = c->nbyfd ? c->nbyfd : 1024;
+    while (n <= fd)
+        n *= 2;
+    LinkObject **grown = realloc(c->byfd, n * sizeof *grown);
+    if (!grown)
+        return -1;
+    memset(grown + c->nbyfd, 0, (n - c->nbyfd) * sizeof *grown);
+    c->byfd = grown;
+    c->nbyfd = n;
+    return 0;
+}
+
+static void lane_init(lane_t *l, int src, int dst) {
+    memset(l, 0, sizeof *l);
+    l->src = src;
+    l->dst = dst;
+    l->open = 1;
+    l->pipe_r = l->pipe_w = -1;
+}
+
+static int tcp_state(int fd) {
+    struct tcp_info info;
+    socklen_t len = sizeof info;
+    if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) < 0)
+        return 0;
+    return info.tcpi_state;
+}
+
+static PyObject *core_add(CoreObject *c, PyObject *args) {
+    LinkObject *k;
+    int client, server, frozen, to_trio;
+    double timeout;
+    if (!PyArg_ParseTuple(args, "O!iiiid", &LinkType, &k, &client, &server, &frozen,
+                          &to_trio, &timeout))
+        return NULL;
+    if (k->core) {
+        PyErr_SetString(PyExc_RuntimeError, "the link is in a plane already");
+        return NULL;
+    }
+    if (c->ep < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "the plane has stopped");
+        return NULL;
+    }
+    int err = 0;
+    Py_INCREF(c);
+    k->core = c;
+    lane_init(&k->lanes[UP], client, server);
+    lane_init(&k->lanes[DOWN], server, client);
+    k->fds[0] = client;
+    k->fds[1] = server;
+    for (int s = 0; s < 2; s++) {
+        k->lanes[s].open = !(frozen & (1 << s));
+        k->lanes[s].to_trio = !!(to_trio & (1 << s));
+    }
+    Py_INCREF(k); /* the core's reference: dropped by drain() after the link's RELEASE */
+    k->in_plane = 1;
+    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&c->mu);
+    if (grow_byfd(c, client > server ? client : server) < 0) {
+        err = ENOMEM;
+    } else {
+        c->byfd[client] = c->byfd[server] = k;
+        if (timeout >= 0) {
+            k->connecting = 1;
+            /* Loopback: the handshake is over before connect() returns. */
+            if (tcp_state(server) == TCP_STATE_SYN_SENT) {
+                int ok = 1;
+                if (c->nconn == c->capconn) {
+                    int cap = c->capconn ? c->capconn * 2 : 16;
+                    LinkObject **grown = realloc(c->conn, cap * sizeof *grown);
+                    if (grown) {
+                        c->conn = grown;
+                        c->capconn = cap;
+                    } else {
+                        ok = 0;
+                    }
+                }
+                if (ok) {
+                    k->deadline = now_s() + timeout;
+                    c->conn[c->nconn++] = k;
+                    rearm(c, k);
+                    uint64_t one = 1;
+                    if (write(c->wake, &one, sizeof one) < 0) {
+                        /* a wake-up is pending already */
+                    }
+                } else {
+                    contain(c, k, "realloc", ENOMEM);
+                }
+            } else {
+                connected(c, k);
+            }
+        } else {
+            /* What already arrived moves now, in this thread. */
+            service(c, client);
+            if (!k->ended)
+                service(c, server);
+            rearm(c, k);
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+    Py_END_ALLOW_THREADS
+    if (err) {
+        k->in_plane = 0;
+        Py_DECREF(k);
+        errno = err;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_settle(CoreObject *c, PyObject *unused) {
+    if (c->unlocked) /* the breakage: no mutex to service anything under */
+        Py_RETURN_NONE;
+    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&c->mu);
+    if (c->ep >= 0) {
+        struct epoll_event evs[MAX_EVENTS];
+        int n = epoll_wait(c->ep, evs, MAX_EVENTS, 0);
+        for (int i = 0; i < n; i++)
+            if (evs[i].data.fd != c->wake)
+                service(c, evs[i].data.fd);
+    }
+    pthread_mutex_unlock(&c->mu);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* The batch of events: a list of (link, kind, lane), lane -1 for none. Drops the core's
+ * reference to each link whose RELEASE is in the batch, once the list holds its own. */
+static PyObject *core_drain(CoreObject *c, PyObject *unused) {
+    event_t *batch;
+    int n;
+    Py_BEGIN_ALLOW_THREADS pthread_mutex_lock(&c->mu);
+    uint64_t v;
+    if (read(c->notify, &v, sizeof v) < 0) {
+        /* EAGAIN: nothing was signalled (a drain without a wake-up) */
+    }
+    batch = c->outbox;
+    n = c->nout;
+    c->outbox = NULL;
+    c->nout = c->capout = 0;
+    c->scheduled = 0;
+    pthread_mutex_unlock(&c->mu);
+    Py_END_ALLOW_THREADS
+    PyObject *out = PyList_New(0);
+    for (int i = 0; out && i < n; i++) {
+        if (batch[i].kind == EV_RELEASE)
+            continue;
+        PyObject *t = Py_BuildValue("Oii", batch[i].link, batch[i].kind, batch[i].lane);
+        if (!t || PyList_Append(out, t) < 0) {
+            Py_XDECREF(t);
+            Py_CLEAR(out);
+            break;
+        }
+        Py_DECREF(t);
+    }
+    for (int i = 0; i < n; i++) {
+        if (batch[i].kind == EV_RELEASE) {
+            batch[i].link->in_plane = 0;
+            Py_DECREF(batch[i].link);
+        }
+    }
+    free(batch);
+    return out;
+}
+
+static PyObject *core_set_unlocked(CoreObject *c, PyObject *arg) {
+    c->unlocked = PyObject_IsTrue(arg);
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_set_widen(CoreObject *c, PyObject *arg) {
+    long us = PyLong_AsLong(arg);
+    if (us == -1 && PyErr_Occurred())
+        return NULL;
+    c->widen_us = (int)us;
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_hold_write(CoreObject *c, PyObject *arg) {
+    int fd = PyLong_AsLong(arg);
+    if (fd == -1 && PyErr_Occurred())
+        return NULL;
+    pthread_mutex_lock(&c->hold_mu);
+    c->hold_entered = c->hold_go = 0;
+    c->hold_fd = fd;
+    pthread_mutex_unlock(&c->hold_mu);
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_wait_held(CoreObject *c, PyObject *arg) {
+    double t = PyFloat_AsDouble(arg);
+    if (t == -1 && PyErr_Occurred())
+        return NULL;
+    int entered;
+    Py_BEGIN_ALLOW_THREADS struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += (time_t)t;
+    ts.tv_nsec += (long)((t - (time_t)t) * 1e9);
+    if (ts.tv_nsec >= 1000000000) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000;
+    }
+    pthread_mutex_lock(&c->hold_mu);
+    while (!c->hold_entered)
+        if (pthread_cond_timedwait(&c->hold_cv, &c->hold_mu, &ts) == ETIMEDOUT)
+            break;
+    entered = c->hold_entered;
+    pthread_mutex_unlock(&c->hold_mu);
+    Py_END_ALLOW_THREADS
+    return PyBool_FromLong(entered);
+}
+
+static PyObject *core_release_write(CoreObject *c, PyObject *unused) {
+    pthread_mutex_lock(&c->hold_mu);
+    c->hold_go = 1;
+    c->hold_fd = -1;
+    pthread_cond_broadcast(&c->hold_cv);
+    pthread_mutex_unlock(&c->hold_mu);
+    Py_RETURN_NONE;
+}
+
+static PyObject *core_notify_fd(CoreObject *c, void *unused) { return PyLong_FromLong(c->notify); }
+
+static PyMethodDef core_methods[] = {
+    {"start", (PyCFunction)core_start, METH_NOARGS, "Start the forwarding thread."},
+    {"stop", (PyCFunction)core_stop, METH_NOARGS, "End the thread; close the epoll."},
+    {"add", (PyCFunction)core_add, METH_VARARGS,
+     "add(link, client_fd, server_fd, frozen_mask, to_trio_mask, connect_timeout or -1)"},
+    {"settle", (PyCFunction)core_settle, METH_NOARGS, "Move what is ready now, here."},
+    {"drain", (PyCFunction)core_drain, METH_NOARGS, "The batch of events [(link, kind, lane)]."},
+    {"set_unlocked", (PyCFunction)core_set_unlocked, METH_O,
+     "Debug: freeze and counts skip the mutex (the breakage of the stress test)."},
+    {"set_widen", (PyCFunction)core_set_widen, METH_O,
+     "Debug: sleep this many us between a gate's look and its syscall (a wider race)."},
+    {"hold_write", (PyCFunction)core_hold_write, METH_O,
+     "Debug: stop the thread inside its next write to fd (mutex held)."},
+    {"wait_held", (PyCFunction)core_wait_held, METH_O,
+     "Debug: wait (GIL released) until the held write has begun; True if it did."},
+    {"release_write", (PyCFunction)core_release_write, METH_NOARGS, "Debug: let it go."},
+    {NULL}};
+
+static PyGetSetDef core_getset[] = {
+    {"notify_fd", (getter)core_notify_fd, NULL, "The eventfd readable when events wait.", NULL},
+    {NULL}};
+
+static PyTypeObject CoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "faultnet.planes._native.Core",
+    .tp_basicsize = sizeof(CoreObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The forwarding core: one native thread, one epoll, one mutex.",
+    .tp_new = core_new,
+    .tp_init = (initproc)core_init,
+    .tp_dealloc = (destructor)core_dealloc,
+    .tp_methods = core_methods,
+    .tp_getset = core_getset,
+};
+
+/* ---- Link ------------------------------------------------------------------------- */
+
+static int link_init(LinkObject *k, PyObject *args, PyObject *kw) {
+    k->fds[0] = k->fds[1] = -1;
+    k->lanes[0].pipe_r = k->lanes[0].pipe_w = -1;
+    k->lanes[1].pipe_r = k->lanes[1].pipe_w = -1;
+    return 0;
+}
+
+static void free_inbox(lane_t *l) {
+    while (l->inbox) {
+        chunk *next = l->inbox->next;
+        free(l->inbox);
+        l->inbox = next;
+    }
+    l->inbox_tail = NULL;
+    l->inbox_n = 0;
+}
+
+static void link_dealloc(LinkObject *k) {
+    for (int s = 0; s < 2; s++) {
+        lane_t *l = &k->lanes[s];
+        free(l->held);
+        free_inbox(l);
+        if (l->pipe_r >= 0) {
+            close(l->pipe_r);
+            close(l->pipe_w);
+        }
+    }
+    Py_XDECREF(k->core);
+    Py_TYPE(k)->tp_free((PyObject *)k);
+}
+
+static int lane_arg(PyObject *arg) {
+    long i = PyLong_AsLong(arg);
+    if (i == -1 && PyErr_Occurred())
+        return -1;
+    if (i != 0 && i != 1) {
+        PyErr_SetString(PyExc_ValueError, "lane must be 0 (upstream) or 1 (downstream)");
+        return -1;
+    }
+    return (int)i;
+}
+
+#define NEED_CORE(k)                                                        \
+    if (!(k)->core) {                                                       \
+        PyErr_SetString(PyExc_RuntimeError, "the link is in no plane");      \
+        return NULL;                                                        \
+    }
+
+static PyObject *link_freeze(LinkObject *k, PyObject *arg) {
+    NEED_CORE(k);
+    long mask = PyLong_AsLong(arg);
+    if (mask == -1 && PyErr_Occurred())
+        return NULL;
+    CoreObject *c = k->core;
+    if (c->unlocked) { /* the breakage: the gates close while the thread may be mid-write */
+        for (int s = 0; s < 2; s++)
+            if (mask & (1 << s))
+                __atomic_store_n(&k->lanes[s].open, 0, __ATOMIC_RELAXED);
+        Py_RETURN_NONE;
+    }
+    LOCKED(c, {
+        for (int s = 0; s < 2; s++)
+            if (mask & (1 << s))
+                k->lanes[s].open = 0;
+    });
+    Py_RETURN_NONE;
+}
+
+static PyObject *link_thaw(LinkObject *k, PyObject *arg) {
+    NEED_CORE(k);
+    long mask = PyLong_AsLong(arg);
+    if (mask == -1 && PyErr_Occurred())
+        return NULL;
+    CoreObject *c = k->core;
+    LOCKED(c, {
+        for (int s = 0; s < 2; s++) {
+            if (!(mask & (1 << s)))
+                continue;
+            k->lanes[s].open = 1;
+            if (!k->ended)
+                maybe_eof(c, k, s); /* an EOF due once nothing is held */
+        }
+        rearm(c, k);
+    });
+    Py_RETURN_NONE;
+}
+
+static PyObject *link_end(LinkObject *k, PyObject *unused) {
+    NEED_CORE(k);
+    CoreObject *c = k->core;
+    int ended;
+    LOCKED(c, ended = end_link(c, k));
+    return PyBool_FromLong(ended);
+}
+
+static PyObject *link_counts(LinkObject *k, PyObject *unused) {
+    uint64_t up, down;
+    CoreObject *c = k->core;
+    if (!c || c->unlocked) {
+        up = __atomic_load_n(&k->lanes[UP].bytes, __ATOMIC_RELAXED);
+        down = __atomic_load_n(&k->lanes[DOWN].bytes, __ATOMIC_RELAXED);
+    } else {
+        LOCKED(c, {
+            up = k->lanes[UP].bytes;
+            down = k->lanes[DOWN].bytes;
+        });
+    }
+    return Py_BuildValue("KK", (unsigned long long)up, (unsigned long long)down);
+}
+
+static PyObject *link_lane_bytes(LinkObject *k, PyObject *arg) {
+    int li = lane_arg(arg);
+    if (li < 0)
+        return NULL;
+    return PyLong_FromUnsignedLongLong(__atomic_load_n(&k->lanes[li].bytes, __ATOMIC_RELAXED));
+}
+
+static PyObject *link_eof_forwarded(LinkObject *k, PyObject *arg) {
+    int li = lane_arg(arg);
+    if (li < 0)
+        return NULL;
+    return PyBool_FromLong(__atomic_load_n(&k->lanes[li].eof_forwarded, __ATOMIC_ACQUIRE));
+}
+
+static PyObject *link_is_open(LinkObject *k, PyObject *arg) {
+    int li = lane_arg(arg);
+    if (li < 0)
+        return NULL;
+    return PyBool_FromLong(__atomic_load_n(&k->lanes[li].open, __ATOMIC_RELAXED));
+}
+
+static PyObject *link_on_toxic_path(LinkObject *k, PyObject *arg) {
+    int li = lane_arg(arg);
+    if (li < 0)
+        return NULL;
+    return PyBool_FromLong(__atomic_load_n(&k->lanes[li].to_trio, __ATOMIC_RELAXED));
+}
+
+static PyObject *link_to_trio(LinkObject *k, PyObject *arg) {
+    NEED_CORE(k);
+    int li = lane_arg(arg);
+    if (li < 0)
+        return NULL;
+    LOCKED(k->core, k->lanes[li].to_trio = 1);
+    Py_RETURN_NONE;
+}
+
+static PyObject *link_take(LinkObject *k, PyObject *arg) {
+    NEED_CORE(k);
+    int li = lane_arg(arg);
+    if (li < 0)
+        return NULL;
+    CoreObject *c = k->core;
+    chunk *got;
+    LOCKED(c, {
+        lane_t *l = &k->lanes[li];
+        got = l->inbox;
+        l->inbox = l->inbox_tail = NULL;
+        l->inbox_n = 0;
+        l->notified = 0;
+        if (got && !k->ended)
+            rearm(c, k);
+    });
+    PyObject *out = PyList_New(0);
+    while (got) {
+        chunk *next = got->next;
+        if (out) {
+            PyObject *b = PyBytes_FromStringAndSize(got->data, (Py_ssize_t)got->len);
+            if (!b || PyList_Append(out, b) < 0)
+                Py_CLEAR(out);
+            Py_XDECREF(b);
+        }
+        free(got);
+        got = next;
+    }
+    return out;
+}
+
+static PyObject *link_offer(LinkObject *k, PyObject *args) {
+    NEED_CORE(k);
+    int li;
+    Py_buffer view;
+    if (!PyArg_ParseTuple(args, "iy*", &li, &view))
+        return NULL;
+    if (li != 0 && li != 1) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "lane must be 0 or 1");
+        return NULL;
+    }
+    CoreObject *c = k->core;
+    int result, err = 0; /* 1 written, 0 refused, -1 ended (err) */
+    LOCKED(c, {
+        lane_t *l = &k->lanes[li];
+        if (k->ended) {
+            result = -1;
+            err = k->err ? k->err : EBADF;
+        } else if (!l->open || l->held || l->piped) {
+            l->waiting = 1;
+            result = 0;
+        } else if (send_fresh(c, k, li, view.buf, (size_t)view.len) < 0) {
+            result = -1;
+            err = k->err ? k->err : EBADF;
+        } else {
+            l->waiting = l->held != NULL;
+            rearm(c, k);
+            result = 1;
+        }
+    });
+    PyBuffer_Release(&view);
+    if (result < 0) {
+        PyObject *exc = Py_BuildValue("(is)", err, strerror(err));
+        if (exc) {
+            PyErr_SetObject(PyExc_ConnectionResetError, exc);
+            Py_DECREF(exc);
+        }
+        return NULL;
+    }
+    return PyBool_FromLong(result);
+}
+
+static PyObject *link_offer_eof(LinkObject *k, PyObject *arg) {
+    NEED_CORE(k);
+    int li = lane_arg(arg);
+    if (li < 0)
+        return NULL;
+    CoreObject *c = k->core;
+    int result;
+    LOCKED(c, {
+        lane_t *l = &k->lanes[li];
+        if (k->ended || l->eof_forwarded) {
+            result = 1;
+        } else if (!l->open) {
+            l->waiting = 1;
+            result = 0;
+        } else {
+            l->eof_pending = 1;
+            maybe_eof(c, k, li);
+            result = 1;
+        }
+    });
+    return PyBool_FromLong(result);
+}
+
+static PyObject *link_fail_next(LinkObject *k, PyObject *unused) {
+    NEED_CORE(k);
+    LOCKED(k->core, k->fail_next = 1);
+    Py_RETURN_NONE;
+}
+
+static PyObject *link_get_connecting(LinkObject *k, void *u) {
+    return PyBool_FromLong(__atomic_load_n(&k->connecting, __ATOMIC_ACQUIRE));
+}
+static PyObject *link_get_ended(LinkObject *k, void *u) {
+    return PyBool_FromLong(__atomic_load_n(&k->ended, __ATOMIC_ACQUIRE));
+}
+static PyObject *link_get_errno(LinkObject *k, void *u) { return PyLong_FromLong(k->err); }
+static PyObject *link_get_errmsg(LinkObject *k, void *u) {
+    if (!k->errmsg[0])
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(k->errmsg);
+}
+static PyObject *link_get_in_plane(LinkObject *k, void *u) { return PyBool_FromLong(k->in_plane); }
+
+static PyMethodDef link_methods[] = {
+    {"_freeze", (PyCFunction)link_freeze, METH_O, "Close the gates of the lanes in mask."},
+    {"_thaw", (PyCFunction)link_thaw, METH_O, "Open the gates of the lanes in mask."},
+    {"end", (PyCFunction)link_end, METH_NOARGS, "Take the link out of the plane."},
+    {"counts", (PyCFunction)link_counts, METH_NOARGS, "(upstream, downstream) bytes written."},
+    {"_lane_bytes", (PyCFunction)link_lane_bytes, METH_O, "One lane's count, unlocked."},
+    {"_eof_forwarded", (PyCFunction)link_eof_forwarded, METH_O, ""},
+    {"_is_open", (PyCFunction)link_is_open, METH_O, ""},
+    {"_on_toxic_path", (PyCFunction)link_on_toxic_path, METH_O, ""},
+    {"_to_trio", (PyCFunction)link_to_trio, METH_O, ""},
+    {"_take", (PyCFunction)link_take, METH_O, ""},
+    {"_offer", (PyCFunction)link_offer, METH_VARARGS, ""},
+    {"_offer_eof", (PyCFunction)link_offer_eof, METH_O, ""},
+    {"_fail_next", (PyCFunction)link_fail_next, METH_NOARGS,
+     "Debug: the next handling of this link meets a bug (ERROR)."},
+    {NULL}};
+
+static PyGetSetDef link_getset[] = {
+    {"connecting", (getter)link_get_connecting, NULL, "The upstream connect is under way.", NULL},
+    {"ended", (getter)link_get_ended, NULL, "The link has left the plane.", NULL},
+    {"errno", (getter)link_get_errno, NULL, "The errno behind RESET or UPSTREAM_FAILED.", NULL},
+    {"_error_message", (getter)link_get_errmsg, NULL, "What ERROR met.", NULL},
+    {"_in_plane", (getter)link_get_in_plane, NULL, "The core still holds a reference.", NULL},
+    {NULL}};
+
+static PyTypeObject LinkType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "faultnet.planes._native.Link",
+    .tp_basicsize = sizeof(LinkObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "One connection in the core: two lanes (0 upstream, 1 downstream).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)link_init,
+    .tp_dealloc = (destructor)link_dealloc,
+    .tp_methods = link_methods,
+    .tp_getset = link_getset,
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "faultnet.planes._native",
+    "The native data plane's forwarding core (see faultnet/planes/native.py).", -1, NULL, NULL, NULL, NULL,
+    NULL};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    if (PyType_Ready(&LinkType) < 0 || PyType_Ready(&CoreType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m)
+        return NULL;
+    Py_INCREF(&LinkType);
+    Py_INCREF(&CoreType);
+    if (PyModule_AddObject(m, "Link", (PyObject *)&LinkType) < 0 ||
+        PyModule_AddObject(m, "Core", (PyObject *)&CoreType) < 0)
+        return NULL;
+    PyModule_AddIntConstant(m, "RESET", EV_RESET);
+    PyModule_AddIntConstant(m, "DONE", EV_DONE);
+    PyModule_AddIntConstant(m, "CHUNKS", EV_CHUNKS);
+    PyModule_AddIntConstant(m, "DRAINED", EV_DRAINED);
+    PyModule_AddIntConstant(m, "ERROR", EV_ERROR);
+    PyModule_AddIntConstant(m, "UPSTREAM_FAILED", EV_UPSTREAM_FAILED);
+    PyModule_AddIntConstant(m, "COPY_CHUNK", COPY_CHUNK);
+    PyModule_AddIntConstant(m, "INBOX_CAP", INBOX_CAP);
+    return m;
+}

@@ -1,0 +1,266 @@
+"""The native data plane: the thread plane's semantics, forwarded by compiled code.
+
+It implements :mod:`faultnet.planes`' interface, and mirrors :mod:`faultnet.planes.thread`
+(read its theory of operation: the gate under the lock, held bytes, splice bursts,
+interest, settle, setting up while a connect is under way, the toxic path); what
+differs is where the work runs.
+
+Theory of operation
+-------------------
+
+**One native thread, no GIL.** :mod:`faultnet.planes._native` (C, built by the package's
+``setup.py`` where a compiler is found) starts a pthread that runs a level-triggered
+epoll over every link's sockets and the common case (read into one 64 KiB buffer, write
+at once; splice through a lent pipe for bursts). It never takes the GIL and never
+touches a Python object: a lane is a C struct (gate, counter, held bytes, pipe, EOF
+state, the toxic path's inbox).
+
+**The gate under one mutex.** The thread reads a lane's gate and makes its byte-moving
+syscall holding the core's one mutex, and counts what moved before letting go, as the
+thread plane does under its lock. Every call from here that needs that mutex (add,
+freeze, thaw, end, counts, settle, take, offer, offer_eof) releases the GIL first and
+takes the mutex in C, so a fault stays total on return and the forwarding thread is
+never waited for with the GIL held (the thread never waits for the GIL: no lock order
+to get wrong).
+
+**Events in batches.** The thread appends events to an outbox under the mutex; the
+first of a batch writes an eventfd. One trio system task waits readable on it and drains
+the whole batch (:meth:`Plane._deliver`), calling each link's ``on_event(kind, stream)``
+in the trio thread. Chosen over ``TrioToken.run_sync_soon`` because calling that needs
+the GIL, which the thread must never take; a Python thread blocked on the eventfd that
+calls it would cost a second GIL hand-off per batch for nothing.
+
+**Ownership.** The core holds a reference to each link it forwards (taken in
+:meth:`Plane.add`, with the GIL). Ending a link, in either thread, queues a release
+behind the link's last event; :meth:`Plane._deliver` drops the reference once the batch
+is built, so no event ever points at a freed link.
+
+**The toxic path** stays in Python: :class:`faultnet.planes.thread.ToxicLane` drives it
+through :meth:`Link.take` / :meth:`Link.offer` / :meth:`Link.offer_eof`, which are C calls.
+
+**Debug switches** (tests only): ``Core.set_unlocked(True)`` makes freeze and counts skip
+the mutex (the freeze stress test goes red with it), and ``Core.hold_write(fd)`` stops the
+thread inside its next write to *fd* with the mutex held (freeze is seen to wait for it).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Iterable
+
+import trio
+
+from faultnet.planes import CHUNKS, DONE, DRAINED, ERROR, RESET, UPSTREAM_FAILED
+
+try:
+    from faultnet.planes import _native
+except ImportError:  # built without a compiler: the pure-Python planes remain
+    _native = None  # type: ignore[assignment]
+
+__all__ = ["AVAILABLE", "Link", "Plane"]
+
+#: Whether the compiled core was built and imports here.
+AVAILABLE = _native is not None
+
+STREAMS = ("upstream", "downstream")
+_INDEX = {"upstream": 0, "downstream": 1}
+_KINDS: dict[int, str] = (
+    {
+        _native.RESET: RESET,
+        _native.DONE: DONE,
+        _native.CHUNKS: CHUNKS,
+        _native.DRAINED: DRAINED,
+        _native.ERROR: ERROR,
+        _native.UPSTREAM_FAILED: UPSTREAM_FAILED,
+    }
+    if AVAILABLE
+    else {}
+)
+
+
+def _mask(streams: Iterable[str]) -> int:
+    mask = 0
+    for s in streams:
+        mask |= 1 << _INDEX[s]
+    return mask
+
+
+class LaneView:
+    """One direction of a link as the proxy core reads it (``src``, ``dst``, ``bytes``,
+    ``eof_forwarded``, ``open``): a view on the C lane, read without the mutex."""
+
+    __slots__ = ("_i", "_link", "dst", "src", "stream")
+
+    def __init__(self, link: Link, stream: str, src: socket.socket, dst: socket.socket) -> None:
+        self._link = link
+        self._i = _INDEX[stream]
+        self.stream = stream
+        self.src = src
+        self.dst = dst
+
+    @property
+    def bytes(self) -> int:
+        return self._link._lane_bytes(self._i)
+
+    @property
+    def eof_forwarded(self) -> bool:
+        return self._link._eof_forwarded(self._i)
+
+    @property
+    def open(self) -> bool:
+        return self._link._is_open(self._i)
+
+
+_Base: type = _native.Link if AVAILABLE else object
+
+
+class Link(_Base):  # type: ignore[misc, valid-type]
+    """One connection in the core: two lanes. Made by :meth:`Plane.add`; every method
+    returns at once (the mutex is held for one socket's work at most)."""
+
+    def __init__(
+        self,
+        plane: Plane,
+        client: socket.socket,
+        server: socket.socket,
+        on_event: Callable[[str, str | None], None],
+    ) -> None:
+        self.plane = plane
+        self.on_event = on_event
+        #: The exception behind ERROR (set just before the event is delivered).
+        self.error: Exception | None = None
+        self.lanes = {
+            "upstream": LaneView(self, "upstream", client, server),
+            "downstream": LaneView(self, "downstream", server, client),
+        }
+        self.fds = (client.fileno(), server.fileno())
+
+    def freeze(self, streams: Iterable[str]) -> None:
+        """Close the gates: total on return (no syscall of these lanes is in progress and
+        none starts; their counters are final). Only flags change, as in the thread plane."""
+        self._freeze(_mask(streams))
+
+    def thaw(self, streams: Iterable[str]) -> None:
+        """Open the gates and re-arm the parked lanes before returning."""
+        self._thaw(_mask(streams))
+
+    def end(self) -> bool:
+        """Take the link out of the plane (the caller then closes its sockets). False if
+        it had already ended."""
+        ended: bool = super().end()
+        if self.plane._stopped:
+            self.plane._core.drain()  # nobody delivers any more: drop the core's reference
+        return ended
+
+    def is_open(self, stream: str) -> bool:
+        return self._is_open(_INDEX[stream])
+
+    def eof_forwarded(self, stream: str) -> bool:
+        return self._eof_forwarded(_INDEX[stream])
+
+    def on_toxic_path(self, stream: str) -> bool:
+        return self._on_toxic_path(_INDEX[stream])
+
+    def to_trio(self, stream: str) -> None:
+        """From now on bytes read on *stream* go to trio's chain (:meth:`take`)."""
+        self._to_trio(_INDEX[stream])
+
+    def take(self, stream: str) -> list[bytes]:
+        """The chunks read for trio so far (b"" is the EOF), and re-arm the reader."""
+        chunks: list[bytes] = self._take(_INDEX[stream])
+        return chunks
+
+    def offer(self, stream: str, data: bytes | memoryview) -> bool:
+        """Write *data* to the lane's ``dst`` (gate first, under the mutex); what the
+        socket does not take is held for the thread. False (nothing done) while the gate
+        is closed or earlier bytes are held: wait for thaw or DRAINED, offer again.
+        Raises ConnectionResetError if the link has ended or the write failed."""
+        written: bool = self._offer(_INDEX[stream], data)
+        return written
+
+    def offer_eof(self, stream: str) -> bool:
+        """Forward the EOF after what is held; False while the gate is closed."""
+        done: bool = self._offer_eof(_INDEX[stream])
+        return done
+
+
+class Plane:
+    """The compiled core and the trio task that delivers its events."""
+
+    name = "native"
+
+    def __init__(self, splice: bool = True) -> None:
+        if not AVAILABLE:
+            raise RuntimeError("faultnet.planes._native was not built here")
+        self._core = _native.Core(splice=splice and hasattr(os, "splice"))
+        self._token: trio.lowlevel.TrioToken | None = None
+        self._scope: trio.CancelScope | None = None
+        self._stopped = False
+
+    def start(self, token: object) -> None:
+        """Start the native thread, and (through *token*, a TrioToken) the trio task that
+        delivers its events."""
+        self._token = token  # type: ignore[assignment]
+        self._core.start()
+        self._token.run_sync_soon(self._spawn)  # type: ignore[union-attr]
+
+    def _spawn(self) -> None:
+        if not self._stopped:
+            trio.lowlevel.spawn_system_task(self._events, name="faultnet-native-events")
+
+    async def _events(self) -> None:
+        fd = self._core.notify_fd
+        with trio.CancelScope() as self._scope:
+            if self._stopped:
+                return
+            while True:
+                await trio.lowlevel.wait_readable(fd)
+                self._deliver()
+
+    def _deliver(self) -> None:
+        """In the trio thread: hand the batch of events to their links."""
+        for link, kind, lane in self._core.drain():
+            if kind == _native.ERROR:
+                link.error = RuntimeError(link._error_message)
+            link.on_event(_KINDS[kind], STREAMS[lane] if lane >= 0 else None)
+
+    def stop(self) -> None:
+        """End the thread and the delivering task. Links still in the plane stay their
+        owners' to end (no syscall is made for them any more); events already queued are
+        delivered in the trio thread soon, as the thread plane's would be."""
+        self._stopped = True
+        if self._scope is not None:
+            self._scope.cancel()
+        self._core.stop()
+        if self._token is not None:
+            try:
+                self._token.run_sync_soon(self._deliver)
+            except trio.RunFinishedError:
+                self._core.drain()
+
+    def add(
+        self,
+        client: socket.socket,
+        server: socket.socket,
+        on_event: Callable[[str, str | None], None],
+        frozen: Iterable[str] = (),
+        to_trio: Iterable[str] = (),
+        connect_timeout: float | None = None,
+    ) -> Link:
+        """Start forwarding between two non-blocking sockets (see
+        :meth:`faultnet.planes.Plane.add`); what already arrived moves now, here."""
+        link = Link(self, client, server, on_event)
+        self._core.add(
+            link,
+            client.fileno(),
+            server.fileno(),
+            _mask(frozen),
+            _mask(to_trio),
+            -1.0 if connect_timeout is None else float(connect_timeout),
+        )
+        return link
+
+    def settle(self) -> None:
+        """Move, in the calling thread (GIL released), whatever epoll reports ready now."""
+        self._core.settle()
