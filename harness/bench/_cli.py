@@ -99,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(default 50000; 0 skips the line)",
     )
     ap.add_argument(
+        "--callgrind",
+        type=int,
+        metavar="N",
+        help="round trips counted under callgrind for the instructions line, socat and "
+        "faultnet (default 2000, --quick 500; 0 skips it; needs valgrind)",
+    )
+    ap.add_argument(
         "--dataplane",
         choices=tuple(PLANES),
         help="the faultnet proxy's data plane (default: the proxy's own default)",
@@ -129,8 +136,9 @@ def params_from_args(args: argparse.Namespace) -> BenchParams:
     else:
         loss_bytes = 0 if args.loss_bytes.strip() == "0" else parse_size(args.loss_bytes)
     datagrams = args.datagrams if args.datagrams is not None else d["datagrams"]
-    if requests < 0 or churn < 0 or datagrams < 0:
-        raise UsageError("--requests, --churn and --datagrams must be 0 or more")
+    callgrind = args.callgrind if args.callgrind is not None else d["callgrind"]
+    if requests < 0 or churn < 0 or datagrams < 0 or callgrind < 0:
+        raise UsageError("--requests, --churn, --datagrams and --callgrind must be 0 or more")
     if pings < 1:
         raise UsageError("--pings must be at least 1")
     if rounds < 1:
@@ -190,6 +198,7 @@ def params_from_args(args: argparse.Namespace) -> BenchParams:
         dataplane=args.dataplane,
         loss_bytes=loss_bytes,
         datagrams=datagrams,
+        callgrind=callgrind,
     )
 
 

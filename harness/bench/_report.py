@@ -65,6 +65,8 @@ def format_report(res: dict[str, Any]) -> str:
          None, "rtt_one_cpu_added_vs_socat"),
         ("  proxy CPU us per round trip", ("rtt_one_cpu", "proxy_cpu_us_per_rtt"),
          _num(".1f"), None, None),
+        ("proxy instructions per round trip (callgrind)", ("instructions", "per_rtt"),
+         _num(".0f"), None, "instructions_vs_socat"),
         ("redis GET req/s, -c 20 -P 1", ("reqresp", "p1_rps"), _num(".0f"),
          "reqresp_p1_vs_direct", "reqresp_p1_vs_socat"),
         ("redis GET req/s, -c 20 -P 16", ("reqresp", "p16_rps"), _num(".0f"),
@@ -120,6 +122,8 @@ def format_report(res: dict[str, Any]) -> str:
         end = res.get("loadavg_end") or ["?"]
         plane = p.get("dataplane") or "proxy default"
         lines.append(f"load average at start {load[0]:.2f} (end {end[0]}); data plane: {plane}")
+    if res.get("rtt_client"):
+        lines.append(f"RTT client: {res['rtt_client']}; ratios: medians of per-round ratios")
     lines += ["", "targets"]
     for t in res["targets"]:
         note = f"  ({t['note']})" if t["note"] else ""

@@ -19,7 +19,15 @@ from faultnet.controls import LOSS_MARGIN
 from faultnet.errors import EnvironmentProblem
 from faultnet.procs import fd_count
 from faultnet.sockopts import raise_fd_limit
-from harness.bench._children import Child, Socat, _self_argv, proc_cpu_s, proc_rss_kib
+from harness.bench._children import (
+    Child,
+    Socat,
+    _self_argv,
+    proc_cpu_ns,
+    proc_cpu_s,
+    proc_rss_kib,
+)
+from harness.bench._compiled import Compiled, callgrind_line, pingpong_compiled
 from harness.bench._lossy import LOSS_APPLY_S, LOSS_PERCENTS, UdpArms, udp_round_trips
 from harness.bench._measure import (
     _close_all,
@@ -43,6 +51,7 @@ from harness.bench._stream import (
     TARGET_CONNECTIONS,
     TARGET_FREEZE_MS,
     TARGET_FROZEN_CPU_PCT,
+    TARGET_INSTR_VS_SOCAT,
     TARGET_REQRESP_VS_SOCAT,
     TARGET_RTT_ADDED_VS_SOCAT,
     TARGET_TPUT_VS_DIRECT,
@@ -77,6 +86,7 @@ class BenchParams:
     dataplane: str | None = None  # the faultnet proxy's data plane (None: its default)
     loss_bytes: int = 0  # bytes per transfer of the loss line (0: no loss line)
     datagrams: int = 0  # UDP datagrams per arm and round (0: no UDP line)
+    callgrind: int = 0  # round trips counted under callgrind (0: no instructions line)
 
 
 def _log(msg: str) -> None:
@@ -140,6 +150,7 @@ def run_bench(p: BenchParams) -> dict[str, Any]:
             "dataplane": p.dataplane,
             "loss_bytes": p.loss_bytes,
             "datagrams": p.datagrams,
+            "callgrind": p.callgrind,
         },
         "loadavg": _loadavg(),
         "env": _env(p.socat),
@@ -152,6 +163,8 @@ def run_bench(p: BenchParams) -> dict[str, Any]:
     upstream = Child(_self_argv("--role", "upstream", "--seed", str(p.seed)), "upstream server")
     proxy: Child | None = None
     socat: Socat | None = None
+    compiled = Compiled()
+    result["rtt_client"] = "compiled (pingpong.c)" if compiled.path else f"python ({compiled.why})"
     try:
         up_port = int(upstream.read_json(CHILD_START_S)["port"])
         proxy = Child(
@@ -198,7 +211,7 @@ def run_bench(p: BenchParams) -> dict[str, Any]:
             return None
 
         pids = [upstream.pid, proxy.pid] + ([socat.child.pid] if socat is not None else [])
-        ctx = _Run(p, addrs, order, arms, checks, cpu_of, pids)
+        ctx = _Run(p, addrs, order, arms, checks, cpu_of, pids, compiled.path)
         _bulk_phase(ctx, block, expected_sha)
         _rtt_phase(ctx, "rtt", None)
         if p.rtt_cpu is not None:
@@ -211,8 +224,11 @@ def run_bench(p: BenchParams) -> dict[str, Any]:
             _loss_phase(ctx, proxy, block)
         if p.datagrams:
             _udp_phase(ctx)
+        if p.callgrind:
+            _callgrind_phase(ctx, up_port)
         _hold_phase(ctx, proxy, upstream)
     finally:
+        compiled.close()
         if socat is not None:
             socat.stop()
         if proxy is not None:
@@ -238,6 +254,7 @@ class _Run:
     checks: list[dict[str, Any]]
     cpu_of: Callable[[str], float | None]  # the arm's proxy CPU seconds so far
     pids: list[int]  # our children on the data path (upstream, proxy, socat)
+    client: str | None = None  # the compiled ping-pong client (None: the Python one)
 
     def rounds(self) -> list[tuple[int, list[str]]]:
         """Each round's arm order, rotated so no arm always runs first or last."""
@@ -446,6 +463,33 @@ def _udp_phase(ctx: _Run) -> None:
         _log(f"udp  {arm:8}: {u['per_s'] or 0:.0f} datagrams/s round trip, {lost} lost")
 
 
+def _callgrind_phase(ctx: _Run, up_port: int) -> None:
+    """User-space instructions per 64-byte round trip of socat's connection process and
+    of the faultnet proxy process, each under callgrind (faultnet.bench._compiled)."""
+    arms = ctx.arms
+    arms["direct"]["instructions"] = {"n/a": "no proxy"}
+    if ctx.client is None:
+        why = "no compiled client"
+        for arm in ("socat", "faultnet"):
+            arms[arm]["instructions"] = {"skipped": why}
+        return
+    socat = ctx.p.socat if "socat" in ctx.addrs else None
+    line = callgrind_line(ctx.client, up_port, socat, _dataplane_argv(ctx.p), ctx.p.callgrind)
+    for arm in ("socat", "faultnet"):
+        if "skipped" in line:
+            arms[arm]["instructions"] = {"skipped": line["skipped"]}
+        elif arm in line:
+            arms[arm]["instructions"] = {"per_rtt": line[arm], "round_trips": ctx.p.callgrind}
+        else:
+            arms[arm]["instructions"] = {"error": line.get(f"{arm}_error", "not measured")}
+    _log(
+        "callgrind: instructions per round trip: "
+        + ", ".join(
+            f"{a} {arms[a]['instructions'].get('per_rtt', '-')}" for a in ("socat", "faultnet")
+        )
+    )
+
+
 def _pin(pids: Sequence[int], cpus: set[int]) -> dict[int, set[int]]:
     """Pin this thread and every thread of *pids* to *cpus*; return the old masks by TID.
     Threads and processes started later inherit the mask (socat's per-connection fork,
@@ -491,6 +535,7 @@ def _rtt_rounds(ctx: _Run, key: str, where: str) -> None:
     per_round = max(1, p.pings // p.rounds)
     warmup = min(200, max(1, per_round // 10))
     samples: dict[str, list[int]] = {arm: [] for arm in order}
+    round_p50: dict[str, list[float | None]] = {arm: [] for arm in order}
     cpu_rtt: dict[str, float] = {}
     rtt_error: dict[str, str] = {}
     for _r, round_order in ctx.rounds():
@@ -499,9 +544,15 @@ def _rtt_rounds(ctx: _Run, key: str, where: str) -> None:
                 continue
             c0 = cpu_of(arm)
             try:
-                samples[arm] += pingpong(addrs[arm], per_round, warmup)
+                if ctx.client is not None:
+                    got = pingpong_compiled(ctx.client, addrs[arm], per_round, warmup)
+                else:
+                    got = pingpong(addrs[arm], per_round, warmup)
+                samples[arm] += got
+                round_p50[arm].append(_us(percentile(sorted(got), 50)))
             except OSError as exc:  # includes an echo that came back different
                 rtt_error[arm] = str(exc) or type(exc).__name__
+                round_p50[arm].append(None)
             c1 = cpu_of(arm)
             if c0 is not None and c1 is not None:
                 cpu_rtt[arm] = cpu_rtt.get(arm, 0.0) + (c1 - c0)
@@ -512,6 +563,7 @@ def _rtt_rounds(ctx: _Run, key: str, where: str) -> None:
             "p50_us": _us(percentile(xs, 50)),
             "p99_us": _us(percentile(xs, 99)),
             "mean_us": statistics.fmean(xs) / 1000 if xs else None,
+            "round_p50_us": round_p50[arm],
         }
         if arm in cpu_rtt and xs:
             # Includes warm-up round trips and connection setup: an upper bound.
@@ -534,6 +586,10 @@ def _rtt_rounds(ctx: _Run, key: str, where: str) -> None:
     for arm in order[1:]:
         a50 = arms[arm][key]["p50_us"]
         arms[arm][key]["added_p50_us"] = None if None in (a50, d50) else a50 - d50
+        arms[arm][key]["round_added_p50_us"] = [
+            None if a is None or d is None else a - d
+            for a, d in zip(round_p50[arm], round_p50["direct"], strict=False)
+        ]
 
 
 def _hold_phase(ctx: _Run, proxy: Child, upstream: Child) -> None:
@@ -589,9 +645,11 @@ def _freeze_phase(
     """Freeze every live connection, prove nothing crosses either way, thaw, prove the
     held bytes arrive. Appends its checks; returns the figures."""
     n = len(socks)
-    c0 = proc_cpu_s(proxy.pid)
+    # Nanosecond CPU time (schedstat): in ticks of 10 ms, one tick in a 0.2 s window
+    # read as exactly 5 %, judged MISSED while printed "5.0 %".
+    c0 = proc_cpu_ns(proxy.pid)
     time.sleep(window)  # the idle window IS the measurement: the proxy's CPU at rest
-    c1 = proc_cpu_s(proxy.pid)
+    c1 = proc_cpu_ns(proxy.pid)
     t0 = time.perf_counter()
     fr = proxy.request("freeze")
     command_ms = (time.perf_counter() - t0) * 1000
@@ -604,9 +662,9 @@ def _freeze_phase(
                 unsent += 1
         except OSError:
             unsent += 1
-    c2 = proc_cpu_s(proxy.pid)
+    c2 = proc_cpu_ns(proxy.pid)
     noisy = watch_silence(socks, window)
-    c3 = proc_cpu_s(proxy.pid)
+    c3 = proc_cpu_ns(proxy.pid)
     fds_frozen = fd_count(proxy.pid)
     up1 = upstream.request("stats")
     after = proxy.request("stats")
@@ -660,8 +718,8 @@ def _freeze_phase(
     )
     cpu = (
         {
-            "idle_cpu_pct": (c1 - c0) / window * 100,
-            "frozen_cpu_pct": (c3 - c2) / window * 100,
+            "idle_cpu_pct": (c1 - c0) / 1e9 / window * 100,  # type: ignore[operator]
+            "frozen_cpu_pct": (c3 - c2) / 1e9 / window * 100,  # type: ignore[operator]
         }
         if None not in (c0, c1, c2, c3)
         else {}
@@ -684,13 +742,49 @@ def _freeze_phase(
     }
 
 
+#: Per-round figures by ratio key: where each arm keeps one value per round.
+_ROUND_PATHS: dict[str, tuple[tuple[str, ...], str | None]] = {
+    # key: (path to the per-round list, field of each item or None for plain values)
+    "throughput": (("bulk", "rounds"), "mbps"),
+    "rtt_p50": (("rtt", "round_p50_us"), None),
+    "rtt_one_cpu_p50": (("rtt_one_cpu", "round_p50_us"), None),
+    "reqresp_p1": (("reqresp", "p1"), None),
+    "reqresp_p16": (("reqresp", "p16"), None),
+    "churn": (("churn", "rounds"), "per_s"),
+    "udp": (("udp", "rounds"), "per_s"),
+}
+
+
+def _get(arms: dict[str, dict[str, Any]], arm: str, *path: str) -> Any:
+    v: Any = arms.get(arm, {})
+    for k in path:
+        if not isinstance(v, dict) or k not in v:
+            return None
+        v = v[k]
+    return v
+
+
+def _rounds_of(arms: dict[str, dict[str, Any]], arm: str, key: str) -> list[float | None]:
+    path, field = _ROUND_PATHS[key]
+    items = _get(arms, arm, *path)
+    if not isinstance(items, list):
+        return []
+    if field is None:
+        return [x if isinstance(x, int | float) else None for x in items]
+    return [x.get(field) if isinstance(x, dict) else None for x in items]
+
+
+def _median_ratio(xs: list[float | None], ys: list[float | None]) -> float | None:
+    """The median of the per-round ratios x/y. Rounds interleave the arms, so each pair
+    ran within seconds of each other: load that moves both cancels in their ratio,
+    which a ratio of medians taken over different rounds does not do."""
+    rs = [x / y for x, y in zip(xs, ys, strict=False) if x is not None and y and y > 0]
+    return statistics.median(rs) if rs else None
+
+
 def _ratios(arms: dict[str, dict[str, Any]]) -> dict[str, float | None]:
-    def get(arm: str, *path: str) -> float | None:
-        v: Any = arms.get(arm, {})
-        for k in path:
-            if not isinstance(v, dict) or k not in v:
-                return None
-            v = v[k]
+    def num(arm: str, *path: str) -> float | None:
+        v = _get(arms, arm, *path)
         return v if isinstance(v, int | float) else None
 
     out: dict[str, float | None] = {}
@@ -705,13 +799,21 @@ def _ratios(arms: dict[str, dict[str, Any]]) -> dict[str, float | None]:
         ("churn", ("churn", "per_s")),
         ("udp", ("udp", "per_s")),
     ):
-        out[f"{key}_vs_direct"] = _ratio(get("faultnet", *path), get("direct", *path))
-        out[f"{key}_vs_socat"] = _ratio(get("faultnet", *path), get("socat", *path))
+        for other in ("direct", "socat"):
+            if key in _ROUND_PATHS:
+                r = _median_ratio(_rounds_of(arms, "faultnet", key), _rounds_of(arms, other, key))
+            else:  # p99: one figure over every round's samples
+                r = _ratio(num("faultnet", *path), num(other, *path))
+            out[f"{key}_vs_{other}"] = r
     for key in ("rtt", "rtt_one_cpu"):
-        out[f"{key}_added_vs_socat"] = _ratio(
-            get("faultnet", key, "added_p50_us"), get("socat", key, "added_p50_us")
+        out[f"{key}_added_vs_socat"] = _median_ratio(
+            _get(arms, "faultnet", key, "round_added_p50_us") or [],
+            _get(arms, "socat", key, "round_added_p50_us") or [],
         )
-    out["held_vs_direct"] = _ratio(get("faultnet", "hold", "held"), get("direct", "hold", "held"))
+    out["held_vs_direct"] = _ratio(num("faultnet", "hold", "held"), num("direct", "hold", "held"))
+    out["instructions_vs_socat"] = _ratio(
+        num("faultnet", "instructions", "per_rtt"), num("socat", "instructions", "per_rtt")
+    )
     return out
 
 
@@ -811,5 +913,14 @@ def _targets(arms: dict[str, dict[str, Any]], p: BenchParams) -> list[dict[str, 
         None if t is None else t >= TARGET_CHURN_VS_SOCAT,
         "-" if t is None else f"{t:.2f}x",
         "" if socat_ok else "socat arm skipped",
+    )
+    t = r["instructions_vs_socat"]
+    ins = arms["faultnet"].get("instructions", {})
+    add(
+        f"proxy instructions per round trip (callgrind) <= {TARGET_INSTR_VS_SOCAT}x socat's",
+        t,
+        None if t is None else t <= TARGET_INSTR_VS_SOCAT,
+        "-" if t is None else f"{t:.2f}x",
+        ins.get("skipped") or ins.get("error") or ("" if p.callgrind else "not run"),
     )
     return targets

@@ -5,11 +5,14 @@ here: speed is what the benchmark measures, never what a test requires."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +27,7 @@ from tests.conftest import run_module
 TINY = [
     "--bytes", "3M", "--pings", "100", "--connections", "20", "--rounds", "1",
     "--freeze-window", "0.05", "--requests", "1000", "--churn", "20",
-    "--loss-bytes", "32M", "--datagrams", "500",
+    "--loss-bytes", "32M", "--datagrams", "500", "--callgrind", "0",
 ]  # fmt: skip
 
 
@@ -69,7 +72,10 @@ def test_tiny_run_end_to_end_writes_valid_json(tmp_path: Path) -> None:
     assert freeze["delivered_after_thaw"]["right"] == 20
     assert doc["checks"] and all(c["ok"] for c in doc["checks"])
     statuses = {t["status"] for t in doc["targets"]}
-    assert statuses <= {"MET", "MISSED", "N/A"} and len(doc["targets"]) == 9
+    assert statuses <= {"MET", "MISSED", "N/A"} and len(doc["targets"]) == 10
+    if shutil.which("cc") or shutil.which("gcc"):  # the RTT line's client is compiled
+        assert doc["rtt_client"] == "compiled (pingpong.c)"
+    assert len(doc["arms"]["faultnet"]["rtt_one_cpu"]["round_p50_us"]) == 1
     assert len(doc["loadavg"]) == 3
     # The table: three arms, the ratios, every target with its status.
     assert "fn/direct" in out.stdout and "fn/socat" in out.stdout
@@ -199,3 +205,37 @@ def test_sigterm_stops_every_process_the_bench_started() -> None:
     assert proc.returncode == 128 + signal.SIGTERM, "".join(seen) + rest
     assert "interrupted by SIGTERM; cleaned up" in rest and "Traceback" not in rest
     assert [c for c in children if c.is_alive()] == []
+
+
+def test_ratios_are_medians_of_per_round_ratios() -> None:
+    """Each round's faultnet figure over the other arm's in that same round, then the
+    median: a slow round that slowed both arms does not skew it (a ratio of medians
+    taken over different rounds would give 150 / 100 = 1.5 here, not 1.0)."""
+    from harness.bench._run import _ratios
+
+    arms = {
+        "direct": {"bulk": {"rounds": [{"mbps": 100}, {"mbps": 300}, {"mbps": 50}]}},
+        "socat": {},
+        "faultnet": {"bulk": {"rounds": [{"mbps": 100}, {"mbps": 300}, {"mbps": 150}]}},
+    }
+    assert _ratios(arms)["throughput_vs_direct"] == 1.0
+    assert _ratios(arms)["throughput_vs_socat"] is None
+
+
+def test_proxy_cpu_is_read_in_nanoseconds_not_ticks() -> None:
+    """The frozen-CPU figure: 2 ms of CPU read as 2 ms (in 10 ms ticks: 0 or 10)."""
+    from harness.bench._children import proc_cpu_ns
+
+    before, t0 = proc_cpu_ns(os.getpid()), time.thread_time_ns()
+    while time.thread_time_ns() - t0 < 2_000_000:
+        pass
+    spent = proc_cpu_ns(os.getpid()) - before  # type: ignore[operator]
+    assert 2_000_000 <= spent < 9_000_000, spent
+
+
+def test_the_callgrind_dump_total_is_read(tmp_path: Path) -> None:
+    from harness.bench._compiled import _totals
+
+    dump = tmp_path / "cg.1.1"
+    dump.write_text("version: 1\ncmd: x\nevents: Ir\nfn=main\n1 5\nsummary: 834000\n")
+    assert _totals(dump) == 834000
