@@ -18,10 +18,11 @@ state, the toxic path's inbox).
 **The gate under one mutex.** The thread reads a lane's gate and makes its byte-moving
 syscall holding the core's one mutex, and counts what moved before letting go, as the
 thread plane does under its lock. Every call from here that needs that mutex (add,
-freeze, thaw, end, counts, settle, take, offer, offer_eof) releases the GIL first and
-takes the mutex in C, so a fault stays total on return and the forwarding thread is
-never waited for with the GIL held (the thread never waits for the GIL: no lock order
-to get wrong).
+freeze, thaw, end, counts, settle, take, offer, offer_eof) takes it in C, so a fault
+stays total on return: at once if it is free (the thread is in epoll_wait), else after
+releasing the GIL, so the forwarding thread is never waited for with the GIL held (the
+thread never waits for the GIL: no lock order to get wrong). Releasing the GIL on every
+call cost a freeze of 2,000 idle connections 63 ms against 29 ms (the thread plane: 34).
 
 **Events in batches.** The thread appends events to an outbox under the mutex; the
 first of a batch writes an eventfd. One trio system task waits readable on it and drains
