@@ -123,18 +123,23 @@ async def test_a_server_url_beyond_loopback_is_refused_without_contact(
 
 
 async def test_without_the_loopback_rail_chaos_drives_a_server_beyond_it(
-    faultnet_server: RunningServer, tmp_path: Path, monkeypatch
+    tmp_path: Path, monkeypatch
 ) -> None:
+    from faultnet.server import open_server
+
     monkeypatch.setattr(rails, "check_loopback", lambda hosts, allow: None)
-    port = faultnet_server.url.rsplit(":", 1)[1]
-    await faultnet_server.registry.create({"name": "db", "upstream": "127.0.0.1:9"})
-    # Linux delivers a connect to 0.0.0.0 to this host, so the server (on 127.0.0.1)
-    # is reached: exactly what the rail would have refused.
-    target = f"db@http://0.0.0.0:{port}"
-    plan = hand_plan([(0.0, "refuse", target, 1.0, {})], proxies=(target,))
-    _, records = await _run(plan, tmp_path, armed=True, marker=_marker(tmp_path))
+    # The server admits Host 0.0.0.0 by name: it refuses a Host that is not its own
+    # address or a loopback name (DNS rebinding) unless told otherwise.
+    async with open_server("127.0.0.1", 0, allow_hosts=["0.0.0.0"]) as server:
+        port = server.url.rsplit(":", 1)[1]
+        await server.registry.create({"name": "db", "upstream": "127.0.0.1:9"})
+        # Linux delivers a connect to 0.0.0.0 to this host, so the server (on 127.0.0.1)
+        # is reached: exactly what the rail would have refused.
+        target = f"db@http://0.0.0.0:{port}"
+        plan = hand_plan([(0.0, "refuse", target, 1.0, {})], proxies=(target,))
+        _, records = await _run(plan, tmp_path, armed=True, marker=_marker(tmp_path))
+        server_events = server.registry.events.read(proxy="db")
     assert [r["event"] for r in records if r["counter"] == 0] == ["fault", "undo"]
-    server_events = faultnet_server.registry.events.read(proxy="db")
     assert [e["mode"] for e in server_events if e["event"] == "fault_applied"] == ["refuse"]
 
 
