@@ -108,6 +108,11 @@ _PROXY_MARKERS: dict[str, Callable[[dict[str, Any]], tuple[str, str]]] = {
     "held_rst": lambda r: ("held_close", f"conn {r.get('conn')} RST held ({r.get('stream')})"),
     "peer_reset": lambda r: ("connection_lost", f"conn {r.get('conn')} peer reset"),
     "upstream_failed": lambda r: ("connect_failed", f"conn {r.get('conn')} upstream failed"),
+    # One per request an HTTP toxic faulted (faultnet.toxics.http): what it did to which.
+    "http_fault": lambda r: (
+        "http_fault",
+        f"conn {r.get('conn')} {r.get('method')} {r.get('path')}: {r.get('action')}",
+    ),
 }
 
 #: Decision-log event (or a "skip" action) -> marker kind; other events are not drawn.

@@ -89,6 +89,7 @@ DETECTIONS: dict[str, tuple[str, str, str]] = {
     "conn_open": ("proxy: connection opened", "#90a4ae", "|"),
     "conn_close": ("proxy: connection closed", "#546e7a", "|"),
     "held_close": ("proxy: FIN/RST held by the fault", "#8d6e63", "4"),
+    "http_fault": ("proxy: an HTTP request faulted", "#ef6c00", "P"),
     "received": ("observer received a line", "#2e7d32", "|"),
     "decision": ("decision (chaos / fleet fault log)", "#455a64", "*"),
     "decision_skipped": ("decision: skipped or refused", "#b0bec5", "*"),

@@ -132,6 +132,16 @@ def test_load_proxies(run_dir: Path) -> None:
     ]
 
 
+def test_an_http_fault_is_a_mark_on_the_proxy_lane(run_dir: Path) -> None:
+    with (run_dir / "proxy.jsonl").open("a") as f:
+        f.write(
+            '{"mono": %r, "event": "http_fault", "proxy": "proxy", "conn": 1, '
+            '"toxic": "t", "method": "GET", "path": "/api/x", "action": "abort"}\n' % (T0 + 1)
+        )
+    ld = loaded(run_dir, "load_proxies")
+    assert ("http_fault", "conn 1 GET /api/x: abort") in [(m.kind, m.label) for m in ld.run.markers]
+
+
 def test_find_bots_in_start_order_then_by_name(run_dir: Path) -> None:
     (run_dir / "a.stderr").write_text("")
     (run_dir / "calls" / "b").mkdir()
