@@ -33,8 +33,7 @@ log then says what was applied and not undone, and :func:`recover` (``faultnet c
 undo``) undoes it.
 """
 
-import importlib
-from typing import Any
+from faultnet.lazyexports import lazy_exports
 
 # Imported on first use (PEP 562), so that `faultnet --help`, which imports
 # faultnet.chaos.cli to register `faultnet chaos`, does not import trio, the proxy and
@@ -67,19 +66,6 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(f"faultnet.chaos.{_EXPORTS[name]}"), name)
-    elif name.startswith("__"):
-        raise AttributeError(f"module 'faultnet.chaos' has no attribute {name!r}")
-    else:
-        try:  # a submodule, as the eager imports made it an attribute before
-            value = importlib.import_module(f"faultnet.chaos.{name}")
-        except ModuleNotFoundError:
-            raise AttributeError(f"module 'faultnet.chaos' has no attribute {name!r}") from None
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(
+    __name__, {k: f"faultnet.chaos.{m}" for k, m in _EXPORTS.items()}
+)

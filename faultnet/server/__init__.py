@@ -27,8 +27,7 @@ they were added; timeout holds the FIN; ``POST /reset`` also ends faultnet's mod
 negative delays and sizes are a 400; a client's mistake is never a 5xx.
 """
 
-import importlib
-from typing import Any
+from faultnet.lazyexports import lazy_exports
 
 # Imported on first use (PEP 562): the client commands import faultnet.server.client,
 # and importing this package must not bring starlette, hypercorn and trio with it
@@ -50,19 +49,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    elif name.startswith("__"):
-        raise AttributeError(f"module 'faultnet.server' has no attribute {name!r}")
-    else:
-        try:  # a submodule, as the eager imports made it an attribute before
-            value = importlib.import_module(f"faultnet.server.{name}")
-        except ModuleNotFoundError:
-            raise AttributeError(f"module 'faultnet.server' has no attribute {name!r}") from None
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -19,8 +19,7 @@ Run it with ``python -m harness.fidelity`` or ``faultnet fidelity``.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from faultnet.lazyexports import lazy_exports
 
 __all__ = [
     "CASES",
@@ -48,9 +47,4 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'harness.fidelity' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
