@@ -44,11 +44,35 @@ def build_parser() -> argparse.ArgumentParser:
         prog="faultnet",
         description="Inject the network failures real networks have, and prove they are in force.",
     )
-    parser.add_argument("--version", action="version", version=f"faultnet {__version__}")
+    parser.add_argument(
+        "--version",
+        action=_Version,
+        nargs=0,
+        help="show the version and the data plane a proxy would use here, and exit",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for register in _registrars():
         register(sub)
     return parser
+
+
+def version_line() -> str:
+    """``faultnet 0.1.0 (data plane: native; built here: native, thread)``: the plane a
+    proxy started now would use (``$FAULTNET_DATAPLANE`` or the fastest built)."""
+    from faultnet.planes import available_planes, default_plane
+
+    built, chosen = available_planes(), default_plane()
+    if chosen not in built:  # a proxy would refuse to start: say why instead
+        chosen = f"none, $FAULTNET_DATAPLANE={chosen!r} is not built here"
+    return f"faultnet {__version__} (data plane: {chosen}; built here: {', '.join(built)})"
+
+
+class _Version(argparse.Action):
+    # argparse's own "version" action takes its text when the parser is built, for every
+    # command; which planes are built is asked only when --version is given.
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(version_line())
+        parser.exit()
 
 
 def _registrars() -> Iterator[Callable[[Any], None]]:

@@ -49,10 +49,12 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Callable, Iterable
-
-import trio
+from typing import TYPE_CHECKING
 
 from faultnet.planes import CHUNKS, DONE, DRAINED, ERROR, RESET, UPSTREAM_FAILED
+
+if TYPE_CHECKING:
+    import trio
 
 try:
     from faultnet.planes import _native
@@ -207,10 +209,14 @@ class Plane:
         self._token.run_sync_soon(self._spawn)  # type: ignore[union-attr]
 
     def _spawn(self) -> None:
+        import trio  # here, not at import: asking what is built (--version) needs no trio
+
         if not self._stopped:
             trio.lowlevel.spawn_system_task(self._events, name="faultnet-native-events")
 
     async def _events(self) -> None:
+        import trio
+
         fd = self._core.notify_fd
         with trio.CancelScope() as self._scope:
             if self._stopped:
@@ -235,6 +241,8 @@ class Plane:
             self._scope.cancel()
         self._core.stop()
         if self._token is not None:
+            import trio
+
             try:
                 self._token.run_sync_soon(self._deliver)
             except trio.RunFinishedError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -22,7 +23,19 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_version_and_help() -> None:
-    assert run("--version").stdout.strip() == f"faultnet {__version__}"
+    from faultnet.planes import available_planes, default_plane
+
+    line = run("--version").stdout.strip()
+    assert line.startswith(f"faultnet {__version__} (data plane: {default_plane()};"), line
+    assert line.endswith(f"built here: {', '.join(available_planes())})"), line
+    thread = subprocess.run(
+        [sys.executable, "-m", "faultnet", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "FAULTNET_DATAPLANE": "thread"},
+    )
+    assert "(data plane: thread;" in thread.stdout, thread.stdout
     for cmd in ([], ["proxy"], ["proxy", "control-test"], ["probe"]):
         out = run(*cmd, "--help")
         assert out.returncode == 0 and "usage:" in out.stdout
