@@ -3,20 +3,40 @@
 from __future__ import annotations
 
 import errno
+import math
 import os
 import socket
 import statistics
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from faultnet.sockopts import tcp_segs_in
 
-__all__ = ["Observation", "Verdict", "classify", "judge", "median_of", "segs_in"]
+__all__ = [
+    "Observation",
+    "Verdict",
+    "classify",
+    "judge",
+    "median_of",
+    "segs_in",
+    "share_bound",
+]
 
 #: The judgement's tolerance: faultnet's time to notice may differ from the kernel's by
 #: a quarter of it plus 0.3 s (scheduling noise on a shared 2-core machine, measured:
 #: the same reference case spread 0.05-0.2 s across runs).
 RATIO, SLACK_S = 0.25, 0.3
+
+#: A share (of many tries, e.g. connects that needed a SYN retry) is judged by the
+#: two-proportion z-test: with both sides drawing from the same probability p, the
+#: difference of the shares k1/n1 - k2/n2 has standard deviation
+#: sqrt(p (1 - p) (1/n1 + 1/n2)), p estimated pooled ((k1 + k2) / (n1 + n2)). Two
+#: shares further apart than Z of those are judged different: Z = 3.29 is the two-sided
+#: 0.1 % point of the normal, so two faithful sides are called different once in 1,000
+#: judged shares. At n = 128 a side and p = 0.5 the bound is 0.21 (0.14 at p = 0.125):
+#: a faultnet side losing no SYNs (0 against the kernel's 0.5) is 9 bounds away.
+SHARE_Z = 3.29
 
 _STRERRORS = {os.strerror(code).lower(): name for code, name in errno.errorcode.items()}
 
@@ -36,10 +56,19 @@ class Observation:
     #: the client's socket cannot be asked, e.g. curl's).
     segs_in_after: int | None = None
     detail: str = ""
+    #: For a row of many tries (syn_loss's connects): how many, and how many of them
+    #: fell in each share the row counts (e.g. ``retried``, ``failed``), judged by
+    #: :func:`share_bound`; None for a row of one try.
+    tries: int | None = None
+    counts: Mapping[str, int] = field(default_factory=dict)
 
     def text(self) -> str:
         when = "" if self.seconds is None else f" {self.seconds:.2f} s"
         segs = "" if self.segs_in_after is None else f", {self.segs_in_after} segs in"
+        if self.tries:
+            shares = ", ".join(f"{n} {k} ({n / self.tries:.0%})" for k, n in self.counts.items())
+            retry = f"a retry got in at{when}" if when else "none got in on a retry"
+            return f"{self.outcome}; of {self.tries}: {shares}; {retry}"
         return f"{self.outcome}{when}{segs}"
 
     def to_json(self) -> dict[str, Any]:
@@ -52,31 +81,73 @@ class Verdict:
     text: str
 
 
-def judge(reference: Observation, faultnet: Observation, *, segments: bool = False) -> Verdict:
-    """Same outcome, and a time to notice within :data:`RATIO` x + :data:`SLACK_S` of
-    the reference's; with *segments*, faultnet's client also takes in no more segments
-    after the fault than the reference's (a dead route sends nothing)."""
-    if reference.outcome != faultnet.outcome:
-        return Verdict(False, f"different outcome ({faultnet.outcome}, not {reference.outcome})")
-    if reference.seconds is not None and faultnet.seconds is not None:
-        allowed = RATIO * reference.seconds + SLACK_S
-        if abs(faultnet.seconds - reference.seconds) > allowed:
-            return Verdict(
-                False,
-                f"different time ({faultnet.seconds:.2f} s, not {reference.seconds:.2f} s"
-                f" +- {allowed:.2f})",
-            )
-    if (
-        segments
-        and reference.segs_in_after is not None
-        and faultnet.segs_in_after is not None
-        and faultnet.segs_in_after > reference.segs_in_after
-    ):
-        return Verdict(
-            False,
-            f"{faultnet.segs_in_after} segments reached the client after the fault"
-            f" ({reference.segs_in_after} through the kernel's)",
+def share_bound(k1: int, n1: int, k2: int, n2: int) -> float:
+    """How far apart the shares k1/n1 and k2/n2 may be and still be judged the same
+    (:data:`SHARE_Z` pooled standard deviations of their difference)."""
+    pooled = (k1 + k2) / (n1 + n2)
+    return SHARE_Z * math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2))
+
+
+# Each check of a pair: None when it holds, else what differs. judge() runs them in
+# order and the first that differs is the verdict.
+_Check = Callable[[Observation, Observation, bool], "str | None"]
+
+
+def _same_outcome(ref: Observation, fn: Observation, segments: bool) -> str | None:
+    if ref.outcome != fn.outcome:
+        return f"different outcome ({fn.outcome}, not {ref.outcome})"
+    return None
+
+
+def _same_time(ref: Observation, fn: Observation, segments: bool) -> str | None:
+    if ref.seconds is None or fn.seconds is None:
+        return None
+    allowed = RATIO * ref.seconds + SLACK_S
+    if abs(fn.seconds - ref.seconds) > allowed:
+        return f"different time ({fn.seconds:.2f} s, not {ref.seconds:.2f} s +- {allowed:.2f})"
+    return None
+
+
+def _no_more_segments(ref: Observation, fn: Observation, segments: bool) -> str | None:
+    if not segments or ref.segs_in_after is None or fn.segs_in_after is None:
+        return None
+    if fn.segs_in_after > ref.segs_in_after:
+        return (
+            f"{fn.segs_in_after} segments reached the client after the fault"
+            f" ({ref.segs_in_after} through the kernel's)"
         )
+    return None
+
+
+def _same_shares(ref: Observation, fn: Observation, segments: bool) -> str | None:
+    if not ref.tries or not fn.tries:
+        return None
+    for share in sorted(ref.counts.keys() | fn.counts.keys()):
+        k1, k2 = ref.counts.get(share, 0), fn.counts.get(share, 0)
+        bound = share_bound(k1, ref.tries, k2, fn.tries)
+        if abs(k2 / fn.tries - k1 / ref.tries) > bound:
+            return f"different share {share} ({k2}/{fn.tries}, not {k1}/{ref.tries} +- {bound:.2f})"
+    return None
+
+
+#: What makes two observations the same failure, in the order judged.
+CHECKS: tuple[tuple[str, _Check], ...] = (
+    ("the same outcome", _same_outcome),
+    (f"time to notice within {1 + RATIO:g}x + {SLACK_S:g} s", _same_time),
+    ("no more segments after the fault (rows that count them)", _no_more_segments),
+    ("each share of many tries within the binomial bound", _same_shares),
+)
+
+
+def judge(reference: Observation, faultnet: Observation, *, segments: bool = False) -> Verdict:
+    """Judge a pair by :data:`CHECKS`: the same outcome; a time to notice within
+    :data:`RATIO` x + :data:`SLACK_S` of the reference's; with *segments*, faultnet's
+    client takes in no more segments after the fault than the reference's (a dead route
+    sends nothing); for many tries, each share within :func:`share_bound`."""
+    for _, check in CHECKS:
+        why = check(reference, faultnet, segments)
+        if why is not None:
+            return Verdict(False, why)
     return Verdict(True, "same")
 
 

@@ -7,7 +7,7 @@ import errno
 import pytest
 
 from harness.fidelity import Observation, judge
-from harness.fidelity._observe import classify, median_of
+from harness.fidelity._observe import CHECKS, classify, median_of, share_bound
 
 REF = Observation("ETIMEDOUT", 3.0, segs_in_after=0)
 
@@ -59,3 +59,74 @@ def test_runs_become_their_commonest_outcome_and_median_time() -> None:
     m = median_of(runs)
     assert (m.outcome, m.seconds) == ("intact", 2.0)
     assert "4 runs, 3 intact" in m.detail
+
+
+def _connects(retried: int, failed: int, tries: int = 128, at: float | None = 1.02) -> Observation:
+    return Observation(
+        "connected or timed out", at, tries=tries, counts={"retried": retried, "failed": failed}
+    )
+
+
+# The kernel dropping 50 % of SYNs: 128 connects, half needing a retry, an eighth not in
+# within the timeout (three SYNs dropped). The bound: 3.29 pooled standard deviations.
+SYN_REF = _connects(64, 16)
+
+
+@pytest.mark.parametrize(
+    ("faultnet", "same", "says"),
+    [
+        (_connects(64, 16), True, "same"),
+        # Two faithful draws differ by chance: 48 % and 56 % retried, 9 % and 14 % failed.
+        (_connects(56, 12), True, "same"),
+        (_connects(72, 18), True, "same"),
+        # A faultnet side dropping no SYNs (0 %), with the same outcome words (a
+        # timeout elsewhere): no retries, none failed. Measured for real, its outcome
+        # differs first ("connected": no timeout at all).
+        (_connects(0, 0, at=None), False, "different share failed (0/128, not 16/128"),
+        # As many failures but too few retried: the other share alone.
+        (_connects(16, 16), False, "different share retried (16/128, not 64/128"),
+        # Dropping 25 %, measured: 29 retried, 2 failed against the kernel's 50 %.
+        (_connects(29, 2), False, "different share failed"),
+        # Every SYN dropped: all fail.
+        (_connects(128, 128), False, "different share failed"),
+        # The same shares, retries that got in late: the time is judged as ever.
+        (_connects(64, 16, at=2.0), False, "different time"),
+        # A different number of tries is judged by the shares, not the counts.
+        (_connects(32, 8, tries=64), True, "same"),
+    ],
+)
+def test_many_tries_are_judged_by_their_shares_within_the_binomial_bound(
+    faultnet: Observation, same: bool, says: str
+) -> None:
+    verdict = judge(SYN_REF, faultnet)
+    assert verdict.same is same, verdict.text
+    assert verdict.text.startswith(says), verdict.text
+
+
+@pytest.mark.parametrize(
+    ("k1", "k2", "n", "bound"),
+    [
+        (64, 64, 128, 0.206),  # p = 0.5: 3.29 x sqrt(0.25 x 2 / 128)
+        (16, 16, 128, 0.136),  # p = 0.125
+        (0, 0, 128, 0.0),  # nothing to tell apart: any difference differs
+    ],
+)
+def test_the_share_bound_is_the_two_proportion_z_test(
+    k1: int, k2: int, n: int, bound: float
+) -> None:
+    assert share_bound(k1, n, k2, n) == pytest.approx(bound, abs=0.001)
+
+
+def test_the_checks_are_one_table_in_order() -> None:
+    names = [name for name, _ in CHECKS]
+    assert names[0] == "the same outcome" and len(names) == 4
+    assert any("share" in n for n in names) and any("segments" in n for n in names)
+
+
+def test_a_row_of_many_tries_reads_as_its_shares() -> None:
+    text = _connects(61, 18).text()
+    assert text == (
+        "connected or timed out; of 128: 61 retried (48%), 18 failed (14%);"
+        " a retry got in at 1.02 s"
+    )
+    assert "none got in on a retry" in _connects(0, 0, at=None).text()
