@@ -14,24 +14,36 @@ import hashlib
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from faultnet.controls import syn_retry_schedule
+from faultnet.modes import MODES
 from faultnet.sockopts import set_keepalive, set_user_timeout
 from harness.fidelity._observe import Observation, classify, segs_in
 from harness.fidelity._world import HOST, EchoServer, KernelFault, pattern
 
-__all__ = ["CASES", "Case", "Servers", "Side"]
+__all__ = ["CASES", "NOT_HELD", "Case", "Servers", "Side"]
 
 #: How long a client is given before its silence is called a hang.
 HANG_BOUND_S = 9.0
 #: The lossy download's size: 2 MiB keeps 60 runs to about 30 s.
 LOSS_BYTES = 2 * 1024 * 1024
+#: syn_loss's connects: how many a side makes, and how many at once (each is a fresh
+#: connect that waits 1 s per dropped SYN; 32 at once stay far below either listener's
+#: backlog, 64 and 4096, so the kernel drops no SYN of its own). 128 a side at 50 %
+#: puts the binomial bound on a share at 0.21 (harness.fidelity._observe.SHARE_Z).
+SYN_TRIES, SYN_AT_ONCE = 128, 32
+#: The client that per-peer rows cut off (loopback: all of 127/8 is local), and the
+#: address every other client connects from.
+PEER = "127.0.0.2"
 
 
 @dataclass
@@ -381,6 +393,108 @@ def lossy_download(side: Side, servers: Servers) -> Observation:
         s.close()
 
 
+def lossy_connects(side: Side, servers: Servers) -> Observation:
+    """The fault, then :data:`SYN_TRIES` fresh connects (:data:`SYN_AT_ONCE` at a time),
+    each given until half-way past the kernel's second SYN retry (2.5 s on this kernel,
+    which retries every 1 s; read from its settings by ``syn_retry_schedule``). Counted:
+    the share that needed a SYN retry (slower than 0.9 of the first retry's time, or
+    not in at all) and the share not in within the timeout; the time is the median of
+    those that got in on the first retry."""
+    schedule = syn_retry_schedule()
+    first, second = schedule.retries_at[0], schedule.retries_at[1]
+    retried_after, timeout = 0.9 * first, second + (second - first) / 2
+
+    def one(_: int) -> tuple[str, float]:
+        t0 = time.monotonic()
+        try:
+            socket.create_connection((HOST, side.port), timeout=timeout).close()
+        except TimeoutError as exc:
+            kind = "timed out" if exc.errno is None else classify(exc)
+            return kind, time.monotonic() - t0
+        except OSError as exc:
+            return classify(exc), time.monotonic() - t0
+        return "connected", time.monotonic() - t0
+
+    side.fault()
+    with ThreadPoolExecutor(SYN_AT_ONCE) as pool:
+        tries = list(pool.map(one, range(SYN_TRIES)))
+    on_first_retry = [
+        t for kind, t in tries if kind == "connected" and retried_after <= t < 0.9 * second
+    ]
+    counts = {
+        "retried": sum(1 for kind, t in tries if kind != "connected" or t >= retried_after),
+        "failed": sum(1 for kind, _ in tries if kind != "connected"),
+    }
+    return Observation(
+        " or ".join(sorted({kind for kind, _ in tries})),
+        statistics.median(on_first_retry) if on_first_retry else None,
+        tries=len(tries),
+        counts=counts,
+        detail=f"timeout {timeout:g} s, retried = slower than {retried_after:g} s",
+    )
+
+
+def _connect_attempt(port: int, source: str, timeout: float) -> str:
+    try:
+        s = socket.create_connection((HOST, port), timeout=timeout, source_address=(source, 0))
+    except TimeoutError as exc:
+        return "hung" if exc.errno is None else classify(exc)
+    except OSError as exc:
+        return classify(exc)
+    s.close()
+    return "connected"
+
+
+def one_peer_cut_off(side: Side, servers: Servers) -> Observation:
+    """Two clients with keepalive 1/1/2, one from :data:`PEER` and one from 127.0.0.1;
+    the fault on the first's address right after its reply, it parked in recv. Then the
+    other's round trip, and a fresh connect (1.5 s) from each address."""
+    cut = socket.create_connection((HOST, side.port), timeout=5, source_address=(PEER, 0))
+    other = _connect(side.port)
+    try:
+        for s in (cut, other):
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            set_keepalive(s, 1, 1, 2)
+        _round_trips(other, 5)
+        _round_trips(cut, 60)
+        side.fault()
+        t0 = time.monotonic()
+        before = _segs(cut)
+        outcome, seconds, got = _await_outcome(cut, t0, HANG_BOUND_S)
+        segs = _segs(cut) - before
+        other.settimeout(3)
+        try:
+            _round_trips(other, 1)
+            others = "answered"
+        except OSError as exc:
+            others = classify(exc)
+        fresh = (_connect_attempt(side.port, PEER, 1.5), _connect_attempt(side.port, HOST, 1.5))
+        return Observation(
+            f"the other client {others}; new connects: the peer's {fresh[0]}, the other's"
+            f" {fresh[1]}; the peer's {outcome}",
+            seconds,
+            got,
+            segs,
+        )
+    finally:
+        cut.close()
+        other.close()
+
+
+def redis_new_client_frozen(side: Side, servers: Servers) -> Observation:
+    """The fault, then a new redis-py client (socket timeout 1.5 s): its first GET."""
+    side.fault()
+    t0 = time.monotonic()
+    r = _redis(side.port, socket_timeout=1.5)
+    try:
+        r.get("k")
+        return Observation("answered", time.monotonic() - t0)
+    except Exception as exc:
+        return Observation(f"{type(exc).__name__}({classify(exc)})", time.monotonic() - t0)
+    finally:
+        r.close()
+
+
 # -- the kernel's faults --
 
 
@@ -397,6 +511,24 @@ def _random_drop(
     def make(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
         drop = kf.random_drop_from_server if one_way else kf.random_drop
         return (lambda: drop(percent)), kf.clear
+
+    return make
+
+
+def _random_syn_drop(percent: int) -> Callable[[KernelFault, Servers], tuple[Any, Any]]:
+    def make(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
+        return (lambda: kf.drop_random_syns(percent)), kf.clear
+
+    return make
+
+
+def _peer_dead(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
+    return (lambda: kf.drop_peer_both_ways(PEER)), kf.clear
+
+
+def _one_way_dead(direction: str) -> Callable[[KernelFault, Servers], tuple[Any, Any]]:
+    def make(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
+        return (lambda: kf.drop_one_way(direction)), kf.clear
 
     return make
 
@@ -485,6 +617,17 @@ CASES: tuple[Case, ...] = (
     ),
     Case(
         "partition",
+        "two raw sockets, keepalive 1/1/2",
+        f"one client ({PEER}) cut off; the other's round trip; new connects from each",
+        f"nft drop both ways of {PEER}'s segments",
+        "echo",
+        one_peer_cut_off,
+        _peer_dead,
+        ("partition", {"peer": PEER}, "thaw"),
+        segments=True,
+    ),
+    Case(
+        "partition",
         "curl --connect-timeout 2",
         "a new connection",
         _DEAD,
@@ -512,6 +655,16 @@ CASES: tuple[Case, ...] = (
         patient_connect,
         _nft("drop_syns"),
         ("drop_syn", {}, "restore"),
+    ),
+    Case(
+        "syn_loss",
+        f"{SYN_TRIES} raw connects, {SYN_AT_ONCE} at a time",
+        "50 % of SYNs; until past the second SYN retry",
+        "nft numgen random mod 100 < 50 drop of SYNs",
+        "echo",
+        lossy_connects,
+        _random_syn_drop(50),
+        ("syn_loss", {"percent": 50}, "restore"),
     ),
     Case(
         "refuse",
@@ -609,4 +762,43 @@ CASES: tuple[Case, ...] = (
         _sigstop,
         ("freeze", {}, "thaw"),
     ),
+    Case(
+        "freeze",
+        "redis-py, socket timeout 1.5 s",
+        "a new client's GET after the fault (`include_new=True`)",
+        "SIGSTOP of redis-server (an application hang)",
+        "redis",
+        redis_new_client_frozen,
+        _sigstop,
+        ("freeze", {"include_new": True}, "thaw"),
+    ),
+    Case(
+        "freeze",
+        "redis-py, socket timeout 1.5 s",
+        'a GET after the fault, `stream="upstream"`',
+        "nft drop of the client's segments to the server (one way)",
+        "redis",
+        redis_get_frozen,
+        _one_way_dead("upstream"),
+        ("freeze", {"stream": "upstream"}, "thaw"),
+    ),
+    Case(
+        "freeze",
+        "redis-py, socket timeout 1.5 s",
+        'a GET after the fault, `stream="downstream"`',
+        "nft drop of the server's segments to the client (one way)",
+        "redis",
+        redis_get_frozen,
+        _one_way_dead("downstream"),
+        ("freeze", {"stream": "downstream"}, "thaw"),
+    ),
 )
+
+#: The TCP modes with no row, and why (tests/fidelity holds every mode of
+#: :data:`faultnet.modes.MODES` to a row or a reason here). Toxics are not modes: they
+#: change bytes and timing, which no kernel fault makes here (this kernel has no netem).
+NOT_HELD: dict[str, str] = {
+    name: "an undoing, not a failure: held in each row as its mode's undo"
+    for name, m in MODES.items()
+    if m.acts_on == "undo"
+}

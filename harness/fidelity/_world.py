@@ -105,6 +105,28 @@ class KernelFault:
         """New connects hang: SYNs (not SYN-ACKs) to the port are dropped."""
         self._load([f"tcp dport {self.port} tcp flags & (syn | ack) == syn drop"])
 
+    def drop_random_syns(self, percent: int) -> None:
+        """Lossy connects: each SYN to the port (a first one or a retry) dropped with
+        probability *percent* / 100, the rest of the handshake untouched."""
+        self._load(
+            [
+                f"tcp dport {self.port} tcp flags & (syn | ack) == syn"
+                f" numgen random mod 100 < {percent} drop"
+            ]
+        )
+
+    def drop_one_way(self, direction: str) -> None:
+        """A route dead one way: *direction* ``upstream`` drops every segment the
+        clients send to the port, ``downstream`` every segment the port sends them."""
+        field = {"upstream": "dport", "downstream": "sport"}[direction]
+        self._load([f"tcp {field} {self.port} drop"])
+
+    def drop_peer_both_ways(self, peer: str) -> None:
+        """A dead route to one client: every segment between *peer* and the port
+        dropped, every other client's untouched."""
+        p = self.port
+        self._load([f"ip saddr {peer} tcp dport {p} drop", f"ip daddr {peer} tcp sport {p} drop"])
+
     def reject_with_reset(self) -> None:
         """A firewall's reject: every segment to the port answered with an RST."""
         self._load([f"tcp dport {self.port} reject with tcp reset"])
