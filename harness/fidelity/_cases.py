@@ -447,8 +447,8 @@ def _connect_attempt(port: int, source: str, timeout: float) -> str:
 
 def one_peer_cut_off(side: Side, servers: Servers) -> Observation:
     """Two clients with keepalive 1/1/2, one from :data:`PEER` and one from 127.0.0.1;
-    the fault on the first's address right after its reply, it parked in recv. Then the
-    other's round trip, and a fresh connect (1.5 s) from each address."""
+    the fault on the first's address right after its reply, it parked in recv until it
+    notices. Then the other's round trip, and a fresh connect (1.5 s) from each address."""
     cut = socket.create_connection((HOST, side.port), timeout=5, source_address=(PEER, 0))
     other = _connect(side.port)
     try:
@@ -541,6 +541,14 @@ def _sigstop(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
 
 def _server_closes(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
     return servers.echo.close_connections, (lambda: None)
+
+
+def _server_closes_peer(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
+    return (lambda: servers.echo.close_connections(PEER)), (lambda: None)
+
+
+def _abort_peer(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
+    return (lambda: kf.abort_server_sockets(PEER)), (lambda: None)
 
 
 def _nothing(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
@@ -791,6 +799,27 @@ CASES: tuple[Case, ...] = (
         redis_get_frozen,
         _one_way_dead("downstream"),
         ("freeze", {"stream": "downstream"}, "thaw"),
+    ),
+    # One client of two: the peer= rows besides partition's.
+    Case(
+        "sever",
+        "two raw sockets",
+        f"one client ({PEER}) severed; the other's round trip; new connects from each",
+        f"the server closes {PEER}'s sockets (FIN)",
+        "echo",
+        one_peer_cut_off,
+        _server_closes_peer,
+        ("sever", {"peer": PEER}, "thaw"),
+    ),
+    Case(
+        "reset",
+        "two raw sockets",
+        f"one client ({PEER}) reset; the other's round trip; new connects from each",
+        f"{PEER}'s server sockets aborted (ss -K dst {PEER})",
+        "echo",
+        one_peer_cut_off,
+        _abort_peer,
+        ("reset", {"peer": PEER}, "thaw"),
     ),
 )
 

@@ -146,11 +146,13 @@ class KernelFault:
         download's data; the client's ACKs all arrive): one-way loss."""
         self._load([f"tcp sport {self.port} numgen random mod 100 < {percent} drop"])
 
-    def abort_server_sockets(self) -> None:
-        """The peer aborting: every established socket on the port destroyed (``ss -K``,
-        SOCK_DESTROY), which sends the client an RST."""
+    def abort_server_sockets(self, peer: str | None = None) -> None:
+        """The peer aborting: every established socket on the port (with *peer*, those
+        of that client's address only) destroyed (``ss -K``, SOCK_DESTROY), which sends
+        the client an RST."""
+        only = ["dst", peer] if peer is not None else []
         done = subprocess.run(
-            ["ss", "-K", "-t", "state", "established", "sport", "=", f":{self.port}"],
+            ["ss", "-K", "-t", "state", "established", "sport", "=", f":{self.port}", *only],
             capture_output=True,
             text=True,
             timeout=10,
@@ -196,9 +198,11 @@ class EchoServer:
         except OSError:
             pass
 
-    def close_connections(self) -> None:
-        """A clean close by the server: FIN on every connection it has."""
-        conns, self._conns = self._conns, []
+    def close_connections(self, peer: str | None = None) -> None:
+        """A clean close by the server: FIN on every connection it has (with *peer*,
+        on those from that client's address only)."""
+        conns = [c for c in self._conns if peer is None or _peer_host(c) == peer]
+        self._conns = [c for c in self._conns if c not in conns]
         for c in conns:
             with contextlib.suppress(OSError):
                 c.shutdown(socket.SHUT_WR)
@@ -209,6 +213,13 @@ class EchoServer:
         for c in self._conns:
             with contextlib.suppress(OSError):
                 c.close()
+
+
+def _peer_host(conn: socket.socket) -> str | None:
+    try:
+        return str(conn.getpeername()[0])
+    except OSError:  # already gone
+        return None
 
 
 def pattern(n: int) -> bytes:
