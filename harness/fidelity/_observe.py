@@ -72,7 +72,10 @@ class Observation:
         return f"{self.outcome}{when}{segs}"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        doc = asdict(self)
+        if self.seconds is not None:
+            doc["seconds"] = round(self.seconds, 3)  # ms: the record's diffs stay legible
+        return doc
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,18 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help="run only this fault mode's rows (repeatable; default every row)",
     )
     p.add_argument("--json", action="store_true", help="print the rows as one JSON document")
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="also write the rows to harness/fidelity/recorded.json, the README's fidelity"
+        " column (with --mode, replacing those modes' rows only)",
+    )
+    p.add_argument(
+        "--readme-table",
+        action="store_true",
+        help="print the README's modes table with the recorded run's fidelity column and"
+        " exit (runs nothing; no root)",
+    )
     p.set_defaults(func=_run)
 
 
@@ -53,7 +65,33 @@ def _print_row(row: Row) -> None:
     sys.stdout.flush()
 
 
+def _record(rows: list[Row]) -> None:
+    import datetime
+    import os
+
+    from harness.fidelity import CASES
+    from harness.fidelity.readme import RECORDED, load_recorded, merge_rows
+
+    old = load_recorded()["rows"] if RECORDED.exists() else []
+    order = [(c.mode, c.client, c.situation, c.reference) for c in CASES]
+    merged = merge_rows(old, [r.to_json() for r in rows], order)
+    document = {
+        "recorded": {
+            "by": "python -m harness.fidelity --record",
+            "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+            "kernel": os.uname().release,
+        },
+        "rows": merged,
+    }
+    RECORDED.write_text(json.dumps(document, indent=1) + "\n")
+
+
 def _run(args: argparse.Namespace) -> int:
+    if args.readme_table:
+        from harness.fidelity.readme import modes_table
+
+        print(modes_table())
+        return 0
     # Here, not at the top: registering the command must not import the proxy.
     from harness.fidelity import CASES, enter_private_netns, run
 
@@ -71,6 +109,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         json.dump({"rows": [r.to_json() for r in rows]}, sys.stdout, indent=1)
         print()
+    if args.record:
+        _record(rows)
     return 1 if any(r.judged and not r.verdict.same for r in rows) else 0
 
 
