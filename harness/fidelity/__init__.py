@@ -8,13 +8,17 @@ the kernel's version of the fault (nftables dropping both ways, dropping SYNs, a
 share, rejecting with a reset; ``ss -K``; no listener; SIGSTOP) and once through
 faultnet's mode, and records what the client saw (:class:`Observation`). A pair is
 judged the same when the outcome is the same and faultnet's time to notice is within
-1.25x + 0.3 s of the kernel's (:func:`judge`); for a dead route (blackhole, partition)
-the client must also take in no more segments after the fault than the kernel let it.
+1.25x + 0.3 s of the kernel's (:func:`judge`, by its table of checks); for a dead route
+(blackhole, partition) the client must also take in no more segments after the fault
+than the kernel let it; a row of many tries (syn_loss's 128 connects) is judged by its
+shares too, within a binomial bound.
 
 Rows with ``contrast`` are two failures known to differ (faultnet's ``reset`` against a
-firewall's reject): shown with the reason, not judged.
+firewall's reject): shown with the reason, not judged. Every TCP mode has a row or a
+reason for none (``NOT_HELD`` in _cases.py).
 
-Run it with ``python -m harness.fidelity`` or ``faultnet fidelity``.
+Run it with ``python -m harness.fidelity`` or ``faultnet fidelity``; ``--record`` keeps
+the rows in recorded.json, the README's fidelity column (:mod:`harness.fidelity.readme`).
 """
 
 from __future__ import annotations

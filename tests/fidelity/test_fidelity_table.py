@@ -23,7 +23,7 @@ def _require_root() -> None:
     pytest.skip("the fidelity suite needs root: it makes a network namespace and nft rules")
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(420)  # measured: 118 s for 24 rows on 2 shared CPUs
 def test_every_mode_fails_as_the_kernels_own_version_of_it() -> None:
     _require_root()
     for tool, what in (("nft", "nftables"), ("ip", "iproute2"), ("ss", "iproute2")):
@@ -32,7 +32,7 @@ def test_every_mode_fails_as_the_kernels_own_version_of_it() -> None:
     require_program(shutil.which("curl"), "curl")
     pytest.importorskip("redis")
     pytest.importorskip("psycopg")
-    done = run_module("harness.fidelity", "--json", timeout=220)
+    done = run_module("harness.fidelity", "--json", timeout=400)
     assert done.returncode in (0, 1), done.stderr
     rows = json.loads(done.stdout)["rows"]
     table = "\n".join(
