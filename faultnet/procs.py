@@ -37,16 +37,26 @@ __all__ = [
     "fd_count",
     "read_cmdline",
     "read_start_time",
+    "read_stat",
     "signal_exact",
     "stop_exact",
 ]
 
 
+def read_stat(pid: int) -> str | None:
+    """``/proc/PID/stat``, or None if the process is gone. Gone includes reaped between
+    the file's open and its read, which the kernel answers with ESRCH
+    (ProcessLookupError): seen once in a whole-suite run, from is_alive()."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+
+
 def read_start_time(pid: int) -> int | None:
     """The process's start time in clock ticks since boot, or None if it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
+    stat = read_stat(pid)
+    if stat is None:
         return None
     # comm (field 2) may hold spaces and parentheses: split after the last ')'.
     rest = stat[stat.rindex(")") + 2 :].split()
@@ -114,11 +124,8 @@ class ProcessIdentity:
         """
         if read_start_time(self.pid) != self.start_time:
             return False
-        try:
-            state = Path(f"/proc/{self.pid}/stat").read_text()
-        except FileNotFoundError:
-            return False
-        return state[state.rindex(")") + 2] != "Z"
+        stat = read_stat(self.pid)  # None: reaped since the line above
+        return stat is not None and stat[stat.rindex(")") + 2] != "Z"
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

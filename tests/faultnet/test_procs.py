@@ -135,3 +135,36 @@ def test_identity_round_trips_through_json_and_reads_proc() -> None:
         pid = p.pid
     assert read_start_time(pid) is None
     assert fd_count(pid) is None
+
+
+def test_the_kernel_answers_a_read_after_the_reap_with_esrch() -> None:
+    # The window the next test covers, made on purpose: /proc/PID/stat opened while the
+    # child lives, read after it was reaped.
+    with child() as (p, _ident):
+        with open(f"/proc/{p.pid}/stat") as f:
+            p.kill()
+            p.wait()
+            with pytest.raises(ProcessLookupError):
+                f.read()
+
+
+def test_a_process_reaped_between_two_reads_of_its_stat_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A mock, because the moment between is_alive()'s reads of /proc/PID/stat cannot be
+    # hit on demand (a whole-suite run met it once: ProcessLookupError out of
+    # stop_exact); the test above shows the kernel's answer. Here the first read sees
+    # the process, every later one meets the reap.
+    with child() as (p, ident):
+        real, reads = procs.Path.read_text, []
+
+        def reaped(self: procs.Path, *args: object, **kwargs: object) -> str:
+            if str(self) == f"/proc/{p.pid}/stat":
+                reads.append(self)
+                if len(reads) > 1:
+                    raise ProcessLookupError(3, "No such process")
+            return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(procs.Path, "read_text", reaped)
+        assert ident.is_alive() is False
+        assert stop_exact(ident).outcome == "gone"
