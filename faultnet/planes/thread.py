@@ -291,13 +291,15 @@ class Link:
     def offer(self, stream: str, data: bytes | memoryview) -> bool:
         """Write *data* to the lane's ``dst`` (gate first, under the lock); what the
         socket does not take is handed to the thread. False (nothing done) while the gate
-        is closed or earlier bytes are still held: wait for thaw or DRAINED, offer again.
+        is closed or earlier bytes are still held, copied or in the lane's pipe (a lane
+        that was bursting by splice when it was handed over): wait for thaw or DRAINED,
+        offer again.
         Raises ConnectionError if the link has ended or the write failed."""
         with self.plane.lock:
             lane = self.lanes[stream]
             if self.ended:
                 raise ConnectionResetError(self.errno or errno.EBADF, "link ended")
-            if not lane.open or lane.held is not None:
+            if not lane.open or lane.held is not None or lane.piped:
                 lane.waiting = True
                 return False
             try:

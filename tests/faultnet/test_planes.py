@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import os
 import random
 import socket
 from collections.abc import AsyncIterator, Iterable
@@ -26,7 +27,7 @@ import pytest
 import trio
 
 from faultnet import planes
-from faultnet.planes import native
+from faultnet.planes import native, thread
 from tests.conftest import in_ci
 
 STREAMS = ("upstream", "downstream")
@@ -95,11 +96,22 @@ async def open_plane(name: str, splice: bool = True) -> AsyncIterator[planes.Pla
 
 @asynccontextmanager
 async def open_rig(
-    plane: planes.Plane, frozen: Iterable[str] = (), to_trio: Iterable[str] = ()
+    plane: planes.Plane,
+    frozen: Iterable[str] = (),
+    to_trio: Iterable[str] = (),
+    narrow_upstream: bool = False,
 ) -> AsyncIterator[Rig]:
+    """*narrow_upstream*: the plane's ``server`` socket and the server end take little
+    (~100 KiB between them, fixed: no autotuning), its ``client`` socket holds much."""
     with socket.create_server(("127.0.0.1", 0)) as lst:
+        if narrow_upstream:  # inherited by the accepted socket: the plane's client
+            lst.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 18)
         app_client, client = _tcp_pair(lst)
+        if narrow_upstream:  # the server end's
+            lst.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 15)
         server, app_server = _tcp_pair(lst)
+        if narrow_upstream:
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 15)
     for s in (client, server):
         s.setblocking(False)
     rig = Rig(
@@ -288,6 +300,79 @@ async def test_an_offer_the_socket_cannot_take_is_held_then_drained(plane_name: 
         assert got == b"".join(blocks)
         assert refused > 0  # 16 MiB do not fit in loopback's buffers
         assert rig.link.counts() == (16 << 20, 0)
+
+
+async def _stuck_on_a_full_dst(rig: Rig) -> bytes:
+    """With *rig*'s upstream narrow: let the client's socket fill while the lane is
+    frozen (it holds more than the server side takes), thaw, and return once the lane has
+    forwarded what the server side takes and holds the rest: :meth:`Plane.settle` (which
+    reads a lane that may read) moved nothing more. Returns what the client sent. The
+    lane's first read fills the copy buffer, so it bursts by splice: the bytes it holds
+    are in its pipe."""
+    rng = random.Random(7)
+    fd = rig.app_client.socket.fileno()
+    sent = bytearray()
+    rig.link.freeze(["upstream"])
+    while True:
+        block = rng.randbytes(1 << 16)
+        try:
+            sent += block[: os.write(fd, block)]
+        except BlockingIOError:
+            break
+    rig.link.thaw(["upstream"])
+    for _ in range(1000):
+        before = rig.link.counts()[0]
+        rig.plane.settle()
+        if rig.link.counts()[0] == before > 0:
+            assert before < len(sent)  # it holds some
+            return bytes(sent)
+        await trio.lowlevel.checkpoint()
+    raise AssertionError("the lane was still moving after 1000 settles")
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+async def test_an_offer_goes_out_after_the_bytes_a_lane_holds_in_its_pipe(
+    plane_name: str, frozen: bool
+) -> None:
+    """A lane that was bursting by splice and met a full dst holds bytes in its pipe;
+    put on the toxic path then (frozen first, or not), an offer waits for them (refused
+    until DRAINED): held bytes go out before anything newer."""
+    async with (
+        open_plane(plane_name, splice=True) as plane,
+        open_rig(plane, narrow_upstream=True) as rig,
+    ):
+        sent = await _stuck_on_a_full_dst(rig)
+        if isinstance(rig.link, thread.Link):  # the scenario: bytes in the lane's pipe
+            assert rig.link.lanes["upstream"].piped > 0
+        if frozen:
+            rig.link.freeze(["upstream"])
+        rig.link.to_trio("upstream")
+        if frozen:
+            assert rig.link.offer("upstream", b"MARK") is False  # the gate first
+            rig.link.thaw(["upstream"])
+
+        async def offer_then_eof() -> None:
+            while not rig.link.offer("upstream", b"MARK"):
+                await rig.wait_event(planes.DRAINED)
+                rig.events.clear()
+            with trio.fail_after(10):
+                while not rig.link.offer_eof("upstream"):
+                    await rig.changed.wait()
+
+        got = bytearray()
+        async with trio.open_nursery() as n:
+            n.start_soon(offer_then_eof)
+            with trio.fail_after(20):
+                while data := await rig.app_server.receive_some(1 << 20):
+                    got += data
+        written = len(got) - 4
+        assert got[:written] == sent[:written] and got[written:] == b"MARK", (
+            f"the offer went out at byte {got.find(b'MARK')} of {written}, ahead of held bytes"
+        )
+        assert 0 < written <= len(sent)
+        read_for_trio = b"".join(rig.link.take("upstream"))
+        assert sent[written:].startswith(read_for_trio)
+        assert rig.link.counts()[0] == len(got)
 
 
 class _Events(list[tuple[str, "str | None"]]):
