@@ -24,7 +24,8 @@
  * cannot run without it, do nothing) (the freeze
  * stress test goes red; set_widen(us) widens the race it opens, between a gate's look
  * and the syscall, so a bounded run sees it), and hold_write(fd) makes the thread stop, inside its next write
- * to fd and with the mutex held, until release_write() (freeze is seen to wait for it).
+ * to fd (or just after the shutdown that forwards an EOF to fd) and with the mutex held,
+ * until release_write() (freeze is seen to wait for it; a peer reads the FIN then).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -291,12 +292,16 @@ static int maybe_eof(CoreObject *c, LinkObject *k, int li) {
     lane_t *l = &k->lanes[li];
     if (!l->eof_pending || l->held || l->piped || !l->open)
         return 0;
+    /* The flag is set before the FIN can be seen: eof_forwarded() reads it without the
+     * mutex, and a peer that has read the FIN must find it true. */
+    __atomic_store_n(&l->eof_forwarded, 1, __ATOMIC_RELEASE);
     if (shutdown(l->dst, SHUT_WR) < 0 && errno != ENOTCONN) {
+        __atomic_store_n(&l->eof_forwarded, 0, __ATOMIC_RELEASE); /* no FIN went out */
         fail(c, k, li, errno);
         return -1;
     }
+    debug_hold(c, l->dst);
     l->eof_pending = 0;
-    __atomic_store_n(&l->eof_forwarded, 1, __ATOMIC_RELEASE);
     if (k->lanes[1 - li].eof_forwarded && end_link(c, k)) {
         post(c, k, EV_DONE, -1);
         return -1;
@@ -1002,7 +1007,8 @@ static PyMethodDef core_methods[] = {
     {"set_widen", (PyCFunction)core_set_widen, METH_O,
      "Debug: sleep this many us between a gate's look and its syscall (a wider race)."},
     {"hold_write", (PyCFunction)core_hold_write, METH_O,
-     "Debug: stop the thread inside its next write to fd (mutex held)."},
+     "Debug: stop the thread inside its next write to fd, or just after its shutdown of fd "
+     "(mutex held)."},
     {"wait_held", (PyCFunction)core_wait_held, METH_O,
      "Debug: wait (GIL released) until the held write has begun; True if it did."},
     {"release_write", (PyCFunction)core_release_write, METH_NOARGS, "Debug: let it go."},

@@ -41,7 +41,8 @@ through :meth:`Link.take` / :meth:`Link.offer` / :meth:`Link.offer_eof`, which a
 
 **Debug switches** (tests only): ``Core.set_unlocked(True)`` makes freeze and counts skip
 the mutex (the freeze stress test goes red with it), and ``Core.hold_write(fd)`` stops the
-thread inside its next write to *fd* with the mutex held (freeze is seen to wait for it).
+thread inside its next write to *fd*, or just after the shutdown that forwards an EOF to
+it, with the mutex held (freeze is seen to wait for it; a peer reads the FIN meanwhile).
 """
 
 from __future__ import annotations

@@ -528,13 +528,16 @@ class Plane:
     def _maybe_eof(self, link: Link, lane: Lane) -> None:
         if not lane.eof_pending or lane.held is not None or lane.piped or not lane.open:
             return
+        # The flag first: trio reads it without the lock, and a peer that has read the
+        # FIN must find it set (shutdown releases the GIL, so trio can run in between).
+        lane.eof_forwarded = True
         try:
             lane.dst.shutdown(socket.SHUT_WR)
         except OSError as exc:
             if exc.errno != errno.ENOTCONN:
+                lane.eof_forwarded = False  # no FIN went out
                 raise _Failed(exc.errno) from None
         lane.eof_pending = False
-        lane.eof_forwarded = True
         other = link.lanes["downstream" if lane.stream == "upstream" else "upstream"]
         if other.eof_forwarded and self._end(link):
             self._post(link, DONE, None)

@@ -19,6 +19,7 @@ import hashlib
 import os
 import random
 import socket
+import threading
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -100,9 +101,11 @@ async def open_rig(
     frozen: Iterable[str] = (),
     to_trio: Iterable[str] = (),
     narrow_upstream: bool = False,
+    server_type: type[socket.socket] = socket.socket,
 ) -> AsyncIterator[Rig]:
     """*narrow_upstream*: the plane's ``server`` socket and the server end take little
-    (~100 KiB between them, fixed: no autotuning), its ``client`` socket holds much."""
+    (~100 KiB between them, fixed: no autotuning), its ``client`` socket holds much.
+    *server_type*: the class of the plane's ``server`` socket (a test's hook)."""
     with socket.create_server(("127.0.0.1", 0)) as lst:
         if narrow_upstream:  # inherited by the accepted socket: the plane's client
             lst.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 18)
@@ -112,6 +115,8 @@ async def open_rig(
         server, app_server = _tcp_pair(lst)
         if narrow_upstream:
             server.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 15)
+        if server_type is not socket.socket:
+            server = server_type(server.family, server.type, fileno=server.detach())
     for s in (client, server):
         s.setblocking(False)
     rig = Rig(
@@ -140,14 +145,6 @@ async def _receive(stream: trio.SocketStream, n: int, timeout: float = 10) -> by
             assert data, f"EOF after {len(out)} of {n} bytes"
             out += data
     return bytes(out)
-
-
-def _eof_forwarded(link: planes.Link, stream: str) -> bool:
-    """eof_forwarded once the plane's section that forwarded it is over: counts() takes
-    the plane's lock first. (The thread plane sets the flag just after its shutdown(),
-    so a peer can read the FIN before the flag reads True: 1 run in a suite here.)"""
-    link.counts()
-    return link.eof_forwarded(stream)
 
 
 async def _nothing_arrives(stream: trio.SocketStream) -> None:
@@ -187,14 +184,14 @@ async def test_a_freeze_is_total_and_thaw_delivers_held_bytes_in_order(plane_nam
         await rig.app_client.send_all(b"during")
         await rig.app_client.send_eof()  # held behind the bytes
         await _nothing_arrives(rig.app_server)
-        assert rig.link.counts() == (6, 0) and not _eof_forwarded(rig.link, "upstream")
+        assert rig.link.counts() == (6, 0) and not rig.link.eof_forwarded("upstream")
         await rig.app_server.send_all(b"other way")  # the other lane is not frozen
         assert await _receive(rig.app_client, 9) == b"other way"
         rig.link.thaw(["upstream"])
         assert await _receive(rig.app_server, 6) == b"during"
         with trio.fail_after(5):
             assert await rig.app_server.receive_some(10) == b""
-        assert _eof_forwarded(rig.link, "upstream") and not rig.link.ended
+        assert rig.link.eof_forwarded("upstream") and not rig.link.ended
 
 
 async def test_lanes_frozen_at_add_start_closed(plane_name: str) -> None:
@@ -215,7 +212,7 @@ async def test_half_close_each_way_then_done(plane_name: str) -> None:
         assert await _receive(rig.app_server, 3) == b"req"
         with trio.fail_after(5):
             assert await rig.app_server.receive_some(10) == b""
-        assert _eof_forwarded(rig.link, "upstream") and not _eof_forwarded(rig.link, "downstream")
+        assert rig.link.eof_forwarded("upstream") and not rig.link.eof_forwarded("downstream")
         await rig.app_server.send_all(b"response")  # the other way goes on
         assert await _receive(rig.app_client, 8) == b"response"
         assert not rig.link.ended
@@ -225,6 +222,44 @@ async def test_half_close_each_way_then_done(plane_name: str) -> None:
         with trio.fail_after(5):
             assert await rig.app_client.receive_some(10) == b""
         assert rig.link.end() is False  # already ended
+
+
+def _held_after_shutdown() -> tuple[type[socket.socket], threading.Event, threading.Event]:
+    """The thread plane's hook: a socket class whose shutdown() returns only once *go* is
+    set (the FIN is out, the plane's lock held; *shut* says it got there), as the native
+    core's ``hold_write(fd)`` holds it. Returns (the class, shut, go)."""
+    shut, go = threading.Event(), threading.Event()
+
+    class Held(socket.socket):
+        def shutdown(self, how: int) -> None:
+            super().shutdown(how)
+            shut.set()
+            go.wait(10)
+
+    return Held, shut, go
+
+
+async def test_eof_forwarded_is_true_once_the_peer_can_read_the_fin(plane_name: str) -> None:
+    """The flag is set no later than the FIN goes out: the plane is held just after its
+    shutdown(), the peer reads the FIN, and eof_forwarded already says so. (Set after
+    the shutdown, as both planes did: red on both.)"""
+    hook, shut, go = _held_after_shutdown()
+    async with open_plane(plane_name) as plane, open_rig(plane, server_type=hook) as rig:
+        core = getattr(plane, "_core", None)  # the native plane's debug hold
+        if core is not None:
+            core.hold_write(rig.socks[1].fileno())
+        try:
+            await rig.app_client.send_eof()
+            held = core.wait_held if core is not None else shut.wait
+            assert await trio.to_thread.run_sync(held, 5.0), "no shutdown began"
+            with trio.fail_after(5):
+                assert await rig.app_server.receive_some(10) == b""  # the FIN
+            assert rig.link.eof_forwarded("upstream")
+        finally:
+            go.set()
+            if core is not None:
+                core.release_write()
+        assert rig.link.counts() == (0, 0) and not rig.link.ended
 
 
 async def test_a_peer_reset_ends_the_link_with_reset(plane_name: str) -> None:
@@ -275,7 +310,7 @@ async def test_the_toxic_path_hands_chunks_to_trio_and_takes_offers(plane_name: 
         assert await _receive(rig.app_server, 5) == b"CHUNK"
         with trio.fail_after(5):
             assert await rig.app_server.receive_some(10) == b""
-        assert rig.link.counts() == (5, 0) and _eof_forwarded(rig.link, "upstream")
+        assert rig.link.counts() == (5, 0) and rig.link.eof_forwarded("upstream")
 
 
 async def test_an_offer_the_socket_cannot_take_is_held_then_drained(plane_name: str) -> None:
@@ -524,8 +559,6 @@ async def _script(name: str, seed: int, splice: bool, toxic: bool) -> list[objec
                 nursery.start_soon(_toxic_pump, rig, s)
 
         def snapshot(step: object, *what: object) -> tuple[object, ...]:
-            # counts() first: it takes the plane's lock, so the thread's section that
-            # forwarded an EOF the peer already read has finished (its flag is set).
             counts = rig.link.counts()
             return (
                 step,
