@@ -38,6 +38,7 @@ from faultnet.sockopts import (
     detach_filter,
     flush_ack,
     set_linger_reset,
+    set_nodelay,
     tcp_retransmits,
     tcp_state,
     tcp_unacked,
@@ -485,7 +486,7 @@ class Connection:
         try:
             self.server = server = socket.socket(family, socket.SOCK_STREAM)
             server.setblocking(False)
-            server.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            set_nodelay(server)  # as the client socket: see sockopts
             bound_unsent(server)  # what a freeze lets through is bounded: see sockopts
             err = server.connect_ex(sockaddr)
         except OSError as exc:

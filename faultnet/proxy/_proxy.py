@@ -32,7 +32,13 @@ from faultnet.proxy._faultstate import (
     ListenerFaults,
     NewConnectionFaults,
 )
-from faultnet.sockopts import bound_unsent, detach_filter, raise_fd_limit, set_linger_reset
+from faultnet.sockopts import (
+    bound_unsent,
+    detach_filter,
+    raise_fd_limit,
+    set_linger_reset,
+    set_nodelay,
+)
 from faultnet.toxics.base import Toxic
 
 __all__ = ["SEVER_LINGER_S", "Proxy", "open_proxy"]
@@ -256,6 +262,7 @@ class Proxy:
         """A connection just accepted: list it, log it and start it on the plane."""
         assert self._plane is not None
         client.setblocking(False)
+        set_nodelay(client)  # a toxic's split writes must not meet delayed ACK: see sockopts
         bound_unsent(client)  # what a freeze lets through is bounded: see sockopts
         try:
             peer_addr = client.getpeername()[:2]
