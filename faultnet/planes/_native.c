@@ -584,7 +584,8 @@ static void service_again(CoreObject *c) {
         c->again_on[fd] = 0;
         service(c, fd);
     }
-    memmove(c->again, c->again + n, (size_t)(c->nagain - n) * sizeof *c->again);
+    if (c->nagain > n) /* never with none: memmove of NULL is undefined, even of 0 bytes */
+        memmove(c->again, c->again + n, (size_t)(c->nagain - n) * sizeof *c->again);
     c->nagain -= n;
 }
 
