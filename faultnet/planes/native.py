@@ -37,13 +37,15 @@ calls it would cost a second GIL hand-off per batch for nothing.
 behind the link's last event; :meth:`Plane._deliver` drops the reference once the batch
 is built, so no event ever points at a freed link.
 
-**The toxic path** stays in Python: :class:`faultnet.planes.thread.ToxicLane` drives it
+**The toxic path** stays in Python: :class:`faultnet.proxy._toxicpath.ToxicLane` drives it
 through :meth:`Link.take` / :meth:`Link.offer` / :meth:`Link.offer_eof`, which are C calls.
 
 **Debug switches** (tests only): ``Core.set_unlocked(True)`` makes freeze and counts skip
 the mutex (the freeze stress test goes red with it), and ``Core.hold_write(fd)`` stops the
 thread inside its next write to *fd*, or just after the shutdown that forwards an EOF to
-it, with the mutex held (freeze is seen to wait for it; a peer reads the FIN meanwhile).
+it, with the mutex held (freeze is seen to wait for it; a peer reads the FIN meanwhile);
+``Core.set_edges_only(True)`` turns the again list off (queued bytes stall: the test of
+that list goes red with it).
 """
 
 from __future__ import annotations
