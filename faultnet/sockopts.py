@@ -12,7 +12,7 @@ import resource
 import socket
 import struct
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
 
 __all__ = [
     "TCP_STATES",
@@ -52,7 +52,11 @@ TCP_STATES = {1: "ESTABLISHED", 7: "CLOSE", 8: "CLOSE_WAIT", 9: "LAST_ACK", 4: "
 class _Sock(Protocol):
     def fileno(self) -> int: ...
     def setsockopt(self, level: int, opt: int, value: int | bytes, /) -> None: ...
-    def getsockopt(self, level: int, opt: int, buflen: int = ..., /) -> bytes: ...
+    # Overloaded as socket.socket's is (no buflen: an int), so a plain socket fits.
+    @overload
+    def getsockopt(self, level: int, opt: int, /) -> int: ...
+    @overload
+    def getsockopt(self, level: int, opt: int, buflen: int, /) -> bytes: ...
 
 
 def attach_drop_all(sock: _Sock) -> None:

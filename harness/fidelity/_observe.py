@@ -161,7 +161,7 @@ def classify(exc: BaseException) -> str:
     e: BaseException | None = exc
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, OSError) and e.errno in errno.errorcode:
+        if isinstance(e, OSError) and e.errno is not None and e.errno in errno.errorcode:
             return errno.errorcode[e.errno]
         for arg in e.args:
             if isinstance(arg, int | str):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from harness.fidelity._cases import CASES, Case, Servers, Side
@@ -134,8 +135,8 @@ def run(cases: Iterable[Case] = CASES, on_row: Callable[[Row], None] | None = No
             if port is None:
                 row = Row(case, None, None, Verdict(False, f"skipped: no {case.server}"), False)
             else:
-                ref = _observe(case, lambda c=case, p=port: _kernel_side(c, p, servers), servers)
-                fn = _observe(case, lambda c=case, p=port: _faultnet_side(c, p), servers)
+                ref = _observe(case, partial(_kernel_side, case, port, servers), servers)
+                fn = _observe(case, partial(_faultnet_side, case, port), servers)
                 verdict = judge(ref, fn, segments=case.segments)
                 if case.contrast is not None:
                     verdict = Verdict(verdict.same, case.contrast)

@@ -387,7 +387,7 @@ class ProxyThread:
         if not self._ready.wait(10) or self.proxy is None:
             raise EnvironmentProblem(f"the faultnet proxy did not start: {self._error!r}")
         assert self.proxy.address is not None
-        self.port = int(self.proxy.address[1])
+        self.port: int = int(self.proxy.address[1])
 
     def _main(self, upstream_port: int) -> None:
         async def run() -> None:

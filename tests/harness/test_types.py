@@ -1,5 +1,5 @@
 """The experiment API's types hold: mypy --strict on its modules (harness/experiment,
-harness/runner), as CI runs it. Their imports are not all typed, so they are followed
+harness/runner) and on the fidelity suite (harness/fidelity), as CI runs it. Their imports are not all typed, so they are followed
 silently (their own errors are not this check's)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_experiment_api_is_mypy_strict_clean() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "mypy", "--strict", "--follow-imports=silent"]
-        + ["harness/experiment", "harness/runner"],
+        + ["harness/experiment", "harness/runner", "harness/fidelity"],
         cwd=ROOT,
         capture_output=True,
         text=True,
