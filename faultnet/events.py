@@ -52,6 +52,8 @@ _CONN_CLOSE_FIELDS = (
     "dropped_upstream",
     "dropped_downstream",
     "retransmits",
+    "hop_dropped",
+    "hop_retransmits",
 )
 
 #: The event log's vocabulary (proxies and the server).
@@ -84,6 +86,12 @@ EVENTS: dict[str, Event] = _table(
     Event("held_fin", ("conn", "stream"), "a FIN arrived on a frozen stream: held"),
     Event("held_rst", ("conn", "stream"), "an RST arrived on a frozen stream: held"),
     Event("queued_reset", ("peer",), "refuse reset a connection the kernel had queued"),
+    Event(
+        "hop_opened",
+        ("conn", "ports"),
+        "a connection's bytes cross an internal hop from now on (loss both ways)",
+    ),
+    Event("hop_failed", ("conn", "error"), "a connection's internal hop failed: reset"),
     # -- faults and toxics --
     Event(
         "fault_applied",
@@ -100,6 +108,7 @@ EVENTS: dict[str, Event] = _table(
             "sessions",
             "attributes",
             "seed",
+            "both_ways",
         ),
         "a fault mode in force: what it acted on",
     ),

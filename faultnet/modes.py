@@ -80,7 +80,7 @@ class Mode:
     #: in ``undoes``.
     acts_on: Literal["connections", "listener", "datagrams", "undo"]
     #: The keyword arguments it takes besides ``stream`` (TCP: include_new, only,
-    #: percent, peer; UDP: its impairment's attributes), and those it requires.
+    #: percent, peer, both_ways; UDP: its impairment's attributes), and those it requires.
     params: tuple[str, ...] = ()
     required: tuple[str, ...] = ()
     #: Takes ``stream=`` ("both", "upstream", "downstream").
@@ -124,6 +124,12 @@ class Mode:
         return "peer" in self.params
 
     @property
+    def takes_both_ways(self) -> bool:
+        """Takes ``both_ways=`` (loss of the segments travelling each way, the peers'
+        ACKs included, on an internal hop; with ``stream`` both only)."""
+        return "both_ways" in self.params
+
+    @property
     def counts_connections(self) -> bool:
         """Whether applying it returns how many open connections it acted on."""
         return self.per_connection or self.takes_peer
@@ -136,10 +142,18 @@ class Mode:
         only: Iterable[int] | None = None,
         percent: float | None = None,
         peer: str | None = None,
+        both_ways: bool = False,
     ) -> None:
         """Raise :class:`ModeArgumentError` for an argument this mode does not take, or
         a bad value (the one validation: :func:`request` returns what it checked)."""
-        self.request(stream=stream, include_new=include_new, only=only, percent=percent, peer=peer)
+        self.request(
+            stream=stream,
+            include_new=include_new,
+            only=only,
+            percent=percent,
+            peer=peer,
+            both_ways=both_ways,
+        )
 
     def request(
         self,
@@ -149,6 +163,7 @@ class Mode:
         only: object = None,
         percent: object = None,
         peer: object = None,
+        both_ways: object = False,
     ) -> FaultRequest:
         """Check every argument against this row, once, with one message for each
         mistake, and return the request normalised: the streams it names, *only* as a
@@ -205,6 +220,20 @@ class Mode:
             raise ModeArgumentError(f"percent must be a number, not {percent!r}")
         elif not 0 <= percent <= 100:
             raise ModeArgumentError(f"percent must be between 0 and 100, not {percent}")
+        if not isinstance(both_ways, bool):
+            raise ModeArgumentTypeError(
+                f"both_ways must be true or false, not {_type_name(both_ways)}"
+            )
+        if both_ways and not self.takes_both_ways:
+            raise ModeArgumentError(
+                f"both_ways applies to {_names('takes_both_ways')} only, not {self.name}"
+            )
+        if both_ways and stream != "both":
+            # One hop carries both streams (their ACKs ride on each other's segments),
+            # so its loss cannot be split by stream.
+            raise ModeArgumentError(
+                f"both_ways loses both streams on one hop: stream must be both, not {stream}"
+            )
         # A bad peer raises parse_peer's AddressError (a ValueError too).
         selector = parse_peer(peer) if peer is not None else None
         return FaultRequest(
@@ -216,6 +245,7 @@ class Mode:
             percent=percent,
             peer=selector,
             peer_text=peer,
+            both_ways=both_ways,
         )
 
 
@@ -235,11 +265,13 @@ class FaultRequest:
     #: The client selector (host, port or None), and as written.
     peer: tuple[str, int | None] | None
     peer_text: str | None
+    #: Loss of both directions on an internal hop (loss only).
+    both_ways: bool = False
 
 
 def request(name: object, **arguments: Any) -> FaultRequest:
     """The request to apply mode *name* with *arguments* (stream, include_new, only,
-    percent, peer), checked once: :class:`ModeArgumentError` says what is wrong, or
+    percent, peer, both_ways), checked once: :class:`ModeArgumentError` says what is wrong, or
     :class:`~faultnet.addresses.AddressError` for a peer that is not ``HOST[:PORT]``."""
     return mode(name).request(**arguments)
 
@@ -314,17 +346,22 @@ MODES: dict[str, Mode] = {
             "loss",
             "connections",
             params=(
+                "include_new",
                 "only",
                 "percent",
                 "peer",
+                "both_ways",
             ),
             undone_by="thaw",
             takes_stream=True,
             default_percent=5.0,
             summary="real segment loss: its own TCP retransmits, bytes arrive intact but late",
             control="assert_lossy",
-            effect="each arriving segment dropped with p = percent "
-            "(a random socket filter); retransmits reported",
+            effect="one way: each segment arriving at the proxy dropped with p = percent "
+            "(a random socket filter), the proxy's own never; `both_ways=True`: the "
+            "bytes cross an internal hop losing p of the segments each way, ACKs "
+            "included, as a lossy route; retransmits reported",
+            new_connections="unchanged (`include_new`)",
         ),
         Mode(
             "partition",
@@ -413,6 +450,7 @@ def markdown_table(fidelity: Mapping[str, str] | None = None) -> str:
                 ("percent", m.takes_percent),
                 ("stream=", m.takes_stream),
                 ("peer=", m.takes_peer),
+                ("both_ways=", m.takes_both_ways),
             )
             if takes
         ]

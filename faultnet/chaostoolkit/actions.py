@@ -29,6 +29,7 @@ def _apply(
     connections: list | None = None,
     percent: float | None = None,
     peer: str | None = None,
+    both_ways: bool = False,
     api_url: str | None = None,
     configuration: dict | None = None,
 ) -> dict:
@@ -39,6 +40,7 @@ def _apply(
         connections=connections,
         percent=percent,
         peer=peer,
+        both_ways=both_ways or None,
     )
     return api_request(
         "POST", _path(proxy, "/faults"), body, api_url_=api_url, configuration=configuration
@@ -68,6 +70,10 @@ def _mode_action(m: Mode) -> Callable[..., dict]:
     if m.takes_peer:
         params.append(
             Parameter("peer", Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=str)
+        )
+    if m.takes_both_ways:
+        params.append(
+            Parameter("both_ways", Parameter.POSITIONAL_OR_KEYWORD, default=False, annotation=bool)
         )
     params.append(
         Parameter("api_url", Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=str)

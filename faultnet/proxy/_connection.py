@@ -30,6 +30,7 @@ from faultnet import bpf, planes
 from faultnet.addresses import format_address
 from faultnet.eventlog import JsonlWriter
 from faultnet.proxy._faultstate import LABELS, FaultState
+from faultnet.proxy._hop import HOP, Hop
 from faultnet.proxy._toxicpath import ToxicLane
 from faultnet.seeds import derive_seed
 from faultnet.sockopts import (
@@ -119,6 +120,15 @@ class ConnectionInfo:
     retransmits: int = 0
     #: The ``loss`` in force here, percent per stream (absent when none).
     loss: dict[str, float] | None = None
+    #: The streams whose ``loss`` is both ways (``both_ways``: on the hop), or None.
+    loss_both_ways: list[str] | None = None
+    #: The connection's bytes cross its internal hop (since a two-way loss; it stays,
+    #: lossless, after thaw).
+    on_hop: bool = False
+    #: Segments the hop's filters dropped (both ends: each way's data and ACKs).
+    hop_dropped: int = 0
+    #: Segments the hop's two ends retransmitted (``tcpi_total_retrans``).
+    hop_retransmits: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -154,7 +164,11 @@ class Connection:
         #: The faults in force; changed only by :meth:`enter`.
         self.faults = FaultState()
         #: The filter on each socket now (what :meth:`_refilter` last attached).
-        self._filters: dict[str, bpf.Program | None] = {"client": inherited, "server": None}
+        self._filters: dict[str, bpf.Program | None] = {
+            "client": inherited,
+            "server": None,
+            "hop": None,
+        }
         #: How it is being ended (severed, reset, closed ...), once a fault or the proxy
         #: has started ending it.
         self.closing: str | None = None
@@ -173,6 +187,11 @@ class Connection:
         self._toxic_lanes: dict[str, ToxicLane] = {}
         self._toxic_scopes: dict[str, trio.CancelScope] = {}
         self._wakes: dict[str, trio.Event] = {s: trio.Event() for s in STREAMS}
+        #: The internal hop (two-way loss), once the connection is on it, and its links.
+        self.hop: Hop | None = None
+        self._hop_link: ChainLink | None = None
+        #: :meth:`start` has run: a hop can be set up (not before: see :meth:`_refilter`).
+        self._started = False
         self._scope = trio.CancelScope()
         self._nursery: trio.Nursery | None = None
         self._hosted = False
@@ -198,9 +217,11 @@ class Connection:
             for s in opening:
                 self._wake(s)
 
-    def apply(self, mode: str, streams: tuple[str, ...], fraction: float = 0.0) -> None:
+    def apply(
+        self, mode: str, streams: tuple[str, ...], fraction: float = 0.0, both_ways: bool = False
+    ) -> None:
         """Apply the transition *mode* to *streams* (see faultnet.proxy._faultstate)."""
-        self.enter(self.faults.apply(mode, streams, fraction))
+        self.enter(self.faults.apply(mode, streams, fraction, both_ways))
 
     def _refilter(self) -> None:
         """Put on each socket the filter the fault state asks for (once the upstream
@@ -211,8 +232,15 @@ class Connection:
         client (5 segments in 6 s, measured: a live peer to its keepalive). So while the
         client has not acknowledged everything, it gets :func:`bpf.pure_acks_only`
         first (:attr:`draining`), and drop-all once :meth:`drained`; an ACK the proxy
-        owes the client is sent now rather than on its delayed-ACK timer."""
+        owes the client is sent now rather than on its delayed-ACK timer.
+
+        The ``hop`` filter goes on the ends of the internal hop, which is set up (and the
+        connection's bytes put through it) the first time it is asked for, once the
+        connection has started (:meth:`start` calls again)."""
         for side, program in self.faults.filters().items():
+            if side == "hop":
+                self._refilter_hop(program)
+                continue
             sock = self.client if side == "client" else self.server
             if sock is None or sock.fileno() < 0 or program == self._filters[side]:
                 continue
@@ -227,6 +255,41 @@ class Connection:
                 self._filter_drops[side].attached(sock)
                 bpf.attach(sock, program)
             self._filters[side] = program
+
+    def _refilter_hop(self, program: bpf.Program | None) -> None:
+        if program is not None and self.hop is None and self._started:
+            self._board_hop()
+        if self.hop is not None:
+            self.hop.refilter(program)
+            self._filters["hop"] = program
+
+    def _board_hop(self) -> None:
+        """Put the connection's bytes through a hop of its own from now on (for good):
+        the hop joins both chains as their innermost layer, and both lanes go to the
+        toxic path. Bytes the plane already holds go out first, as for a toxic added
+        live. Failing to make the hop (out of descriptors) resets this connection only."""
+        if self.closing is not None or self._done.is_set():
+            return
+        try:
+            hop = Hop()
+        except OSError as exc:
+            self.log_event("hop_failed", error=repr(exc))
+            self.end("reset")
+            return
+        self.hop = hop
+        rng = random.Random(derive_seed(self.proxy.seed, self.id, HOP.name))
+        link = ChainLink(HOP, self.id, "upstream", rng, self.sever, self.reset, self)
+        link.pair()
+        link.state["hop"] = hop
+        link.state["on_failure"] = self._hop_failed
+        self._hop_link = link
+        self.log_event("hop_opened", ports=hop.ports)
+        self._put_on_path(link)
+
+    def _hop_failed(self, why: str) -> None:
+        if self.closing is None and not self._done.is_set():
+            self.log_event("hop_failed", error=why)
+            self.end("reset")
 
     @property
     def draining(self) -> bool:
@@ -321,6 +384,7 @@ class Connection:
         else:
             state = "open"
         dropped_up, dropped_down, retransmits = self.drops()
+        hop_dropped, hop_retransmits = self.hop.counts() if self.hop is not None else (0, 0)
         return ConnectionInfo(
             id=self.id,
             peer=self.peer,
@@ -333,18 +397,29 @@ class Connection:
             dropped_downstream=dropped_down,
             retransmits=retransmits,
             loss=self.faults.loss_percent(),
+            loss_both_ways=self.faults.loss_both_ways(),
+            on_hop=self.hop is not None,
+            hop_dropped=hop_dropped,
+            hop_retransmits=hop_retransmits,
         )
 
     # -- toxics --
 
     def wants_copy(self, stream: str) -> bool:
-        """True once any toxic applies to *stream* here (the plane hands it to trio)."""
-        return any(link is not None and stream in link.streams for link in self.links.values())
+        """True once any toxic (or the hop) applies to *stream* here (the plane hands it
+        to trio)."""
+        return any(
+            link is not None and stream in link.streams
+            for link in (*self.links.values(), self._hop_link)
+        )
 
     def chain(self, stream: str) -> ToxicChain:
         """The toxics that apply to *stream* here, in the order they were added (both-
-        stream toxics as layers: see :func:`faultnet.toxics.chain.chain_of`)."""
-        return chain_of((self.links.get(t.name) for t in self.proxy.toxics), stream)
+        stream toxics as layers: see :func:`faultnet.toxics.chain.chain_of`), and the
+        hop, innermost, once the connection is on it."""
+        return chain_of(
+            (*(self.links.get(t.name) for t in self.proxy.toxics), self._hop_link), stream
+        )
 
     def sink(self, stream: str) -> Sink | None:
         """What writes *stream*'s bytes now, for a both-stream toxic's own writes."""
@@ -367,6 +442,10 @@ class Connection:
         if toxic.both_streams:
             link.pair()
         self.links[toxic.name] = link
+        self._put_on_path(link)
+
+    def _put_on_path(self, link: ChainLink) -> None:
+        """*link* is in this connection's chains from now on: its streams go to trio."""
         self._signal_chain_changed()
         # From now on the stream's bytes go to trio; its chain runs in the host task.
         if self.link is not None:
@@ -415,7 +494,7 @@ class Connection:
         with self._scope:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                for link in self.links.values():
+                for link in (*self.links.values(), self._hop_link):
                     if link is not None and link.toxic.name not in self._toxic_scopes:
                         self._start_toxic(link)
                 # Every lane on the toxic path, not only those a toxic applies to now:
@@ -453,6 +532,10 @@ class Connection:
         plane's events end the connection."""
         for t in self.proxy.toxics:
             self.attach_toxic(t)
+        self._started = True
+        self._refilter()  # a hop it starts with (two-way loss with include_new)
+        if self.closing is not None:
+            return
         target = self.proxy._upstream_target
         if target is None:  # a host name: resolve it first, in a task
             self._spawn(self._resolve_then_connect, plane)
@@ -571,9 +654,12 @@ class Connection:
                 if how == "reset":
                     set_linger_reset(sock)
                 sock.close()
+        if self.hop is not None:
+            self.hop.close()  # what it still held is lost with the connection, as on a route
         self._done.set()
         info = self.info()
         self.proxy._connections.pop(self.id, None)
+        hop = {"hop_dropped": info.hop_dropped, "hop_retransmits": info.hop_retransmits}
         self.log_event(
             "conn_close",
             how=how,
@@ -583,4 +669,5 @@ class Connection:
             dropped_upstream=info.dropped_upstream,
             dropped_downstream=info.dropped_downstream,
             retransmits=info.retransmits,
+            **(hop if info.on_hop else {}),
         )

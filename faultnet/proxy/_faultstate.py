@@ -21,7 +21,13 @@ What a state wants is read off it:
 * a stream's gate is closed while its condition is FROZEN or BLACKHOLED;
 * the client-side socket drops every segment while *any* stream is BLACKHOLED (the
   blackhole's filter sits there: it is what makes the client's kernel see a dead route),
-  else it loses the upstream's fraction; the upstream socket loses the downstream's;
+  else it loses the upstream's one-way fraction; the upstream socket loses the
+  downstream's;
+* a stream's loss *both ways* (``both_ways``) is not on those sockets: it is on the
+  connection's internal hop (``hop``, faultnet/proxy/_hop.py), whose two ends each drop
+  that fraction of what arrives, so segments travelling either way are lost, ACKs
+  included. One hop carries both streams, so it loses the larger two-way fraction of
+  the two while either stream has one (``loss(both_ways=True)`` sets both at once);
 * the label is one row of :data:`LABELS`.
 
 New connections start from :class:`NewConnectionFaults`: the ``include_new`` state of
@@ -72,38 +78,43 @@ class StreamFault:
     """The fault in force on one stream."""
 
     condition: Condition = Condition.OPEN
-    #: Fraction of segments arriving at the proxy for this stream that are dropped.
+    #: Fraction of segments arriving at the proxy for this stream that are dropped (one
+    #: way), or with ``both_ways`` of the segments crossing the hop either way.
     loss: float = 0.0
+    both_ways: bool = False
 
     @property
     def closed(self) -> bool:
         return self.condition is not Condition.OPEN
 
     def join(self, other: StreamFault) -> StreamFault:
-        """Both in force at once (a new connection under two selectors)."""
-        return StreamFault(max(self.condition, other.condition), max(self.loss, other.loss))
+        """Both in force at once (a new connection under two selectors): the larger
+        loss, as it is (one way or both)."""
+        lossy = max(self, other, key=lambda f: (f.loss, f.both_ways))
+        return StreamFault(max(self.condition, other.condition), lossy.loss, lossy.both_ways)
 
 
 CLEAR = StreamFault()
 
 
-def _freeze(f: StreamFault, fraction: float) -> StreamFault:
+def _freeze(f: StreamFault, fraction: float, both_ways: bool) -> StreamFault:
     return replace(f, condition=max(f.condition, Condition.FROZEN))
 
 
-def _blackhole(f: StreamFault, fraction: float) -> StreamFault:
+def _blackhole(f: StreamFault, fraction: float, both_ways: bool) -> StreamFault:
     return replace(f, condition=Condition.BLACKHOLED)
 
 
-def _loss(f: StreamFault, fraction: float) -> StreamFault:
-    return replace(f, loss=fraction)
+def _loss(f: StreamFault, fraction: float, both_ways: bool) -> StreamFault:
+    return replace(f, loss=fraction, both_ways=both_ways and fraction > 0)
 
 
-def _thaw(f: StreamFault, fraction: float) -> StreamFault:
+def _thaw(f: StreamFault, fraction: float, both_ways: bool) -> StreamFault:
     return CLEAR
 
 
-#: Mode -> its transition of one stream (``fraction`` is loss's; the others ignore it).
+#: Mode -> its transition of one stream (``fraction`` and ``both_ways`` are loss's; the
+#: others ignore them).
 #: Sever and reset end the connection and are not states; the listener modes are
 #: :class:`ListenerFaults`'.
 TRANSITIONS = {
@@ -141,9 +152,11 @@ class FaultState:
     def __getitem__(self, stream: str) -> StreamFault:
         return self.upstream if stream == "upstream" else self.downstream
 
-    def apply(self, mode: str, streams: Iterable[str], fraction: float = 0.0) -> FaultState:
+    def apply(
+        self, mode: str, streams: Iterable[str], fraction: float = 0.0, both_ways: bool = False
+    ) -> FaultState:
         """The state after *mode* on *streams* (a subset of both)."""
-        return _transition(self, mode, tuple(streams), fraction)
+        return _transition(self, mode, tuple(streams), fraction, both_ways)
 
     def join(self, other: FaultState) -> FaultState:
         return FaultState(*(self[s].join(other[s]) for s in STREAMS))
@@ -168,13 +181,25 @@ class FaultState:
 
     def filters(self) -> Mapping[str, bpf.Program | None]:
         """The filter each socket carries: ``client`` (what the client sends arrives
-        there) and ``server`` (the upstream socket). Read-only (shared)."""
+        there), ``server`` (the upstream socket) and ``hop`` (each end of the internal
+        hop, where two-way loss is). Read-only (shared)."""
         return self._filters
 
     @functools.cached_property
     def _filters(self) -> Mapping[str, bpf.Program | None]:
-        client = bpf.drop_all() if self.blackholed() else _loss_program(self.upstream.loss)
-        return MappingProxyType({"client": client, "server": _loss_program(self.downstream.loss)})
+        up, down = (self[s].loss if not self[s].both_ways else 0.0 for s in STREAMS)
+        client = bpf.drop_all() if self.blackholed() else _loss_program(up)
+        return MappingProxyType(
+            {
+                "client": client,
+                "server": _loss_program(down),
+                "hop": _loss_program(self.hop_loss()),
+            }
+        )
+
+    def hop_loss(self) -> float:
+        """The fraction the internal hop loses each way: the larger two-way loss (0: none)."""
+        return max((self[s].loss for s in STREAMS if self[s].both_ways), default=0.0)
 
     @property
     def label(self) -> str:
@@ -183,6 +208,10 @@ class FaultState:
     def loss_percent(self) -> dict[str, float] | None:
         """The loss in force, percent per stream (None when none)."""
         return {s: self[s].loss * 100 for s in STREAMS if self[s].loss} or None
+
+    def loss_both_ways(self) -> list[str] | None:
+        """The streams whose loss is both ways (on the hop), sorted (None when none)."""
+        return sorted(s for s in STREAMS if self[s].both_ways) or None
 
     def conditions(self, condition: Condition) -> list[str]:
         """The streams in *condition*, sorted by name."""
@@ -194,12 +223,14 @@ _NO_FAULT = FaultState()
 
 @functools.lru_cache(maxsize=1024)
 def _transition(
-    state: FaultState, mode: str, streams: tuple[str, ...], fraction: float
+    state: FaultState, mode: str, streams: tuple[str, ...], fraction: float, both_ways: bool
 ) -> FaultState:
     # Memoised: the same few states recur on every connection, and returning the same
     # object lets its cached reads (closed, filters) serve them all.
     step = TRANSITIONS[mode]
-    return FaultState(*(step(state[s], fraction) if s in streams else state[s] for s in STREAMS))
+    return FaultState(
+        *(step(state[s], fraction, both_ways) if s in streams else state[s] for s in STREAMS)
+    )
 
 
 #: A partition's selector: (host, port or None), or ALL for every client.
@@ -211,14 +242,16 @@ ALL: Selector = ("*", None)
 class NewConnectionFaults:
     """The faults connections accepted from now on start with."""
 
-    #: ``include_new`` of freeze and blackhole.
+    #: ``include_new`` of freeze, blackhole and loss.
     default: FaultState = _NO_FAULT
     #: Partition selector -> its state; a selector is dropped once its state is clear.
     partitions: dict[Selector, FaultState] = field(default_factory=dict)
 
-    def apply(self, mode: str, streams: Iterable[str]) -> None:
-        """freeze/blackhole with include_new."""
-        self.default = self.default.apply(mode, streams)
+    def apply(
+        self, mode: str, streams: Iterable[str], fraction: float = 0.0, both_ways: bool = False
+    ) -> None:
+        """freeze, blackhole or loss with include_new."""
+        self.default = self.default.apply(mode, streams, fraction, both_ways)
 
     def partition(self, selector: Selector) -> None:
         state = self.partitions.get(selector, _NO_FAULT)

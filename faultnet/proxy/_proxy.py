@@ -306,6 +306,7 @@ class Proxy:
         only: Iterable[int] | None = None,
         percent: float | None = None,
         peer: str | None = None,
+        both_ways: bool = False,
     ) -> int | None:
         """Apply the mode (or undo) *name* from :data:`faultnet.modes.MODES` with the
         arguments its row says it takes (a percent it is not given is the row's default);
@@ -316,7 +317,13 @@ class Proxy:
         The same as calling the method of that name: total on return too."""
         return await self.apply_request(
             request(
-                name, stream=stream, include_new=include_new, only=only, percent=percent, peer=peer
+                name,
+                stream=stream,
+                include_new=include_new,
+                only=only,
+                percent=percent,
+                peer=peer,
+                both_ways=both_ways,
             )
         )
 
@@ -401,30 +408,51 @@ class Proxy:
         percent: float,
         stream: str = "both",
         *,
+        both_ways: bool = False,
+        include_new: bool = False,
         only: Iterable[int] | None = None,
         peer: str | None = None,
     ) -> int:
         """Real segment loss on every open connection (or those in *only* / from
-        *peer*): each segment arriving at the proxy on *stream* is dropped with
-        probability *percent* / 100 by a socket filter, so the client's (``upstream``) or
-        the server's (``downstream``) own TCP sees the loss and retransmits; bytes still
-        arrive intact and in order. Live: replaces any loss already set there. Undone by
-        :meth:`thaw`. Returns how many connections.
+        *peer*; ``include_new`` also on connections accepted later, until thaw): TCP
+        itself sees the loss and retransmits; bytes still arrive intact and in order.
+        Live: replaces any loss already set there. Undone by :meth:`thaw`. Returns how
+        many connections.
 
-        Which way it loses: only segments arriving at the proxy, never the proxy's
-        own. ``downstream`` drops what the server sends (its data, and its ACKs of
-        upstream bytes); ``upstream`` what the client sends; ``both`` both, so each
-        stream's data and its receiver's ACKs are lost, each on a different leg. That
-        is one-way loss on each leg: held against the kernel's own random drop (the
-        fidelity table), ``downstream`` matches a route losing the server's segments
-        (16 MiB at 20 %, 9 runs: medians 0.68 s and 0.67 s), while a route losing both
-        ways recovers far more slowly than ``both`` (medians 4.68 s against 0.47 s): a
-        lost ACK of a retransmission costs the route an RTO, the proxy's legs never.
+        Which way it loses. By default (one way) only segments arriving at the proxy,
+        never the proxy's own: each segment arriving on *stream* is dropped with
+        probability *percent* / 100 by a socket filter. ``downstream`` drops what the
+        server sends (its data, and its ACKs of upstream bytes); ``upstream`` what the
+        client sends; ``both`` both, so each stream's data and its receiver's ACKs are
+        lost, each on a different leg, and the proxy's data to the client (on a
+        download) is never lost. Held against the kernel's own random drop (the
+        fidelity table), ``downstream`` matches a route losing the server's segments,
+        while a route losing both ways recovers far more slowly than one-way ``both``
+        (a lost ACK of a retransmission costs the route an RTO, the proxy's legs never).
+
+        With ``both_ways=True`` (stream both only) the loss is a lossy route's: the
+        connection's bytes cross an internal loopback hop whose two ends both drop
+        *percent* of what arrives (faultnet/proxy/_hop.py), so segments travelling
+        either way are lost, data and ACKs, and the hop's TCP retransmits and backs off
+        as a real route's would; the client-facing and upstream sockets lose nothing.
+        Judged against the kernel's two-way random drop (the fidelity table). Its
+        costs: a connection once on the hop stays on it (thaw takes its loss off, the
+        hop stays, lossless), and its bytes go through trio (the toxic path), slower
+        than the plane alone.
 
         The kernel draws the random (it cannot be seeded): what actually happened is in
         :meth:`connections` (``dropped_upstream``/``dropped_downstream``,
-        ``retransmits``) and in each connection's ``conn_close`` record."""
-        return await self._call("loss", percent=percent, stream=stream, only=only, peer=peer)
+        ``retransmits``; on the hop ``hop_dropped``, ``hop_retransmits``) and in each
+        connection's ``conn_close`` record."""
+        return await self._call(
+            "loss",
+            percent=percent,
+            stream=stream,
+            both_ways=both_ways,
+            include_new=include_new,
+            only=only,
+            peer=peer,
+        )
 
     async def thaw(
         self,
@@ -534,13 +562,18 @@ class Proxy:
 
     def _loss(self, req: FaultRequest) -> int:
         conns = self._live(req.only, req.peer)
+        fraction = req.percent / 100.0
         for c in conns:
-            c.apply("loss", req.streams, req.percent / 100.0)
+            c.apply("loss", req.streams, fraction, req.both_ways)
+        if req.include_new:
+            self._new.apply("loss", req.streams, fraction, req.both_ways)
         self.log.write(
             "fault_applied",
             mode="loss",
             percent=req.percent,
             stream=req.stream,
+            both_ways=req.both_ways,
+            include_new=req.include_new,
             peer=req.peer_text,
             connections=[c.id for c in conns],
         )
@@ -703,6 +736,8 @@ class Proxy:
             "syn_dropped": self._listener_faults.syn_dropped,
             "frozen_new": default.conditions(Condition.FROZEN),
             "blackhole_new": default.blackholed(),
+            "loss_new": default.loss_percent(),
+            "loss_new_both_ways": default.loss_both_ways(),
             "syn_loss": self._listener_faults.syn_loss * 100,
             "partitioned": ["*"] * everyone
             + sorted(h if p is None else format_address((h, p)) for h, p in peers),

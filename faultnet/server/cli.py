@@ -266,8 +266,14 @@ _connections = _listing(
         f"#{x['id']}  {x['peer']}  up={x['bytes_upstream']}  "
         f"down={x['bytes_downstream']}  {x['state']}"
         + (
-            f"  loss={x['loss']}  dropped={x['dropped_upstream']}/"
+            f"  loss={x['loss']}{' both ways' if x.get('loss_both_ways') else ''}"
+            f"  dropped={x['dropped_upstream']}/"
             f"{x['dropped_downstream']}  retransmits={x['retransmits']}"
+            + (
+                f"  hop: dropped={x['hop_dropped']} retransmits={x['hop_retransmits']}"
+                if x.get("on_hop")
+                else ""
+            )
             if x.get("loss") or x.get("dropped_upstream") or x.get("dropped_downstream")
             else ""
         )
@@ -283,6 +289,7 @@ def _fault(args: argparse.Namespace, c: ApiClient) -> Any:
         connections=args.connection,
         percent=args.percent,
         peer=args.peer,
+        both_ways=args.both_ways or None,
         **{param: getattr(args, param) for param in _UDP_PARAMS},
     )
     r = c.request("POST", f"/proxies/{c.quote(args.proxy)}/faults", body)
@@ -628,6 +635,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="P",
         help=f"{_modes_that('takes_percent')}: the chance (0-100) each segment or SYN is "
         "dropped (default: the mode's own, see the API)",
+    )
+    p.add_argument(
+        "--both-ways",
+        action="store_true",
+        help=f"{_modes_that('takes_both_ways')}: lose segments travelling either way, ACKs "
+        "included, as a lossy route (an internal hop; --stream both only); default: "
+        "only segments arriving at the proxy",
     )
     for param in _UDP_PARAMS:
         p.add_argument(

@@ -268,6 +268,14 @@ def _schemas() -> dict[str, Any]:
                         if m.takes_percent
                     ),
                 },
+                "both_ways": {
+                    "type": "boolean",
+                    "default": False,
+                    "description": f"{_modes_that('takes_both_ways')} only (stream both): "
+                    "lose segments travelling either way, ACKs included, as a lossy route "
+                    "(the connection's bytes cross an internal hop, for good); default only "
+                    "segments arriving at the proxy (its own never)",
+                },
                 "peer": {
                     "type": "string",
                     "description": f"{_modes_that('takes_peer')}: act only on the client at "
@@ -286,6 +294,18 @@ def _schemas() -> dict[str, Any]:
                 "syn_dropped": {"type": "boolean"},
                 "frozen_new": {"type": "array", "items": {"type": "string"}},
                 "blackhole_new": {"type": "boolean"},
+                "loss_new": {
+                    "type": "object",
+                    "nullable": True,
+                    "description": "include_new of loss: percent per stream",
+                    "additionalProperties": {"type": "number"},
+                },
+                "loss_new_both_ways": {
+                    "type": "array",
+                    "nullable": True,
+                    "items": {"type": "string"},
+                    "description": "the streams of loss_new lost both ways",
+                },
                 "syn_loss": {"type": "number", "description": "percent of SYNs dropped"},
                 "partitioned": {
                     "type": "array",
@@ -341,6 +361,25 @@ def _schemas() -> dict[str, Any]:
                 "nullable": True,
                 "additionalProperties": {"type": "number"},
                 "description": "the loss in force, percent per stream",
+            },
+            loss_both_ways={
+                "type": "array",
+                "nullable": True,
+                "items": {"type": "string"},
+                "description": "the streams whose loss is both ways (on the internal hop)",
+            },
+            on_hop={
+                "type": "boolean",
+                "description": "the bytes cross the connection's internal hop (since a "
+                "loss both ways; it stays, lossless, after thaw)",
+            },
+            hop_dropped={
+                "type": "integer",
+                "description": "segments the hop's filters dropped, both ways",
+            },
+            hop_retransmits={
+                "type": "integer",
+                "description": "segments the hop's two ends retransmitted (TCP_INFO)",
             },
         ),
         "Events": {

@@ -63,6 +63,7 @@ _FAULT_ARGUMENTS = {
     "connections": "only",
     "percent": "percent",
     "peer": "peer",
+    "both_ways": "both_ways",
 }
 
 
@@ -620,6 +621,8 @@ class ProxyRegistry:
         result: dict[str, Any] = {"proxy": name, "mode": req.mode.name, "stream": req.stream}
         if body.get("percent") is not None:
             result["percent"] = req.percent
+        if req.both_ways:
+            result["both_ways"] = True
         if req.peer_text is not None:
             result["peer"] = req.peer_text
         if affected is not None:

@@ -562,9 +562,9 @@ RESET_WORDS = (
 )
 
 LOSS_WORDS = (
-    "not the same loss: faultnet drops segments arriving at the proxy (each stream's data,"
-    " the receiver's ACKs), never the proxy's own, so each leg loses one way only and"
-    " recovers faster than a route losing both ways"
+    "not the same loss, by design: one-way loss drops segments arriving at the proxy (each"
+    " stream's data, the receiver's ACKs), never the proxy's own, so each leg loses one way"
+    " only and recovers faster than a route losing both ways (both_ways=True is that route)"
 )
 
 CASES: tuple[Case, ...] = (
@@ -741,7 +741,18 @@ CASES: tuple[Case, ...] = (
     Case(
         "loss",
         "raw socket, 2 MiB download + sha256",
-        "20 % both ways, median of 15",
+        "20 % both ways (both_ways=True), median of 15",
+        "nft numgen random mod 100 < 20 drop, both ways",
+        "echo",
+        lossy_download,
+        _random_drop(20),
+        ("loss", {"percent": 20, "both_ways": True}, "thaw"),
+        runs=15,
+    ),
+    Case(
+        "loss",
+        "raw socket, 2 MiB download + sha256",
+        "20 % one way on each leg (stream both), median of 15",
         "nft numgen random mod 100 < 20 drop, both ways",
         "echo",
         lossy_download,

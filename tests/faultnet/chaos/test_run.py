@@ -54,6 +54,8 @@ async def assert_as_found(proxy) -> None:
         "syn_dropped": False,
         "frozen_new": [],
         "blackhole_new": False,
+        "loss_new": None,
+        "loss_new_both_ways": None,
         "syn_loss": 0.0,
         "partitioned": [],
     }
