@@ -106,6 +106,9 @@ def test_help_is_exit_0_and_an_unknown_option_is_exit_2(argv: list[str]) -> None
         ["-m", "faultnet", "server", "--token-file", MISSING],
         ["-m", "harness.fleet_verify", MISSING],
         ["-m", "harness.fidelity", "--mode", "no-such-mode"],
+        # Said before any request is made: no server is needed to be told.
+        ["-m", "faultnet", "fault", "p", "loss", "--both-ways", "--stream", "upstream"],
+        ["-m", "faultnet", "fault", "p", "freeze", "--both-ways"],
         ["-m", "harness.fleet", "--chaos-plan", MISSING],
         ["-m", "harness.enclave", "--port", "99999", "--state", "STATE"],
         ["-m", "harness.enclave", "--port", "-1", "--state", "STATE"],

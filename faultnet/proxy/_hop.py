@@ -143,6 +143,8 @@ class Hop:
     # -- moving bytes (trio) --
 
     def _stream_pair(self) -> tuple[trio.SocketStream, trio.SocketStream]:
+        if self.closed:
+            raise ConnectionResetError("the hop is closed")
         if self._streams is None:
             self._streams = (
                 trio.SocketStream(trio.socket.from_stdlib_socket(self.a)),
@@ -211,6 +213,8 @@ class Hop:
     async def run(self, links: dict[str, ChainLink], on_failure: Callable[[str], None]) -> None:
         """Read each end and inject what arrives past the hop, until both EOFs have
         crossed or the hop is closed; *on_failure* (why) if the hop's TCP failed."""
+        if self.closed:
+            return  # the connection ended before this task ran
         a, b = self._stream_pair()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._out, b, links["upstream"], on_failure)

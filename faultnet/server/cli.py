@@ -118,7 +118,7 @@ def _client_command(func: Callable[[argparse.Namespace, ApiClient], Any]) -> Cal
         try:
             client = ApiClient(args.api, token=args.token)
             result = func(args, client)
-        except ApiUnavailable as exc:
+        except (ApiUnavailable, ModeArgumentError) as exc:
             _err(str(exc))
             return 2
         except ApiFailure as exc:
@@ -282,6 +282,13 @@ _connections = _listing(
 
 
 def _fault(args: argparse.Namespace, c: ApiClient) -> Any:
+    if args.both_ways:  # said here, before any request: no UDP mode takes it either
+        row = MODES.get(args.mode)
+        if row is None or not row.takes_both_ways:
+            raise ModeArgumentError(
+                f"both_ways applies to {_modes_that('takes_both_ways')} only, not {args.mode}"
+            )
+        row.check(stream=args.stream, both_ways=True)
     body = fault_body(
         args.mode,
         stream=args.stream,
