@@ -741,24 +741,29 @@ CASES: tuple[Case, ...] = (
     Case(
         "loss",
         "raw socket, 2 MiB download + sha256",
-        "20 % both ways (both_ways=True), median of 15",
+        "20 % both ways (both_ways=True), median of 30",
         "nft numgen random mod 100 < 20 drop, both ways",
         "echo",
         lossy_download,
         _random_drop(20),
         ("loss", {"percent": 20, "both_ways": True}, "thaw"),
-        runs=15,
+        # A route losing both ways has heavy tails (backed-off RTOs: 2 MiB took 0.00 to
+        # 17.3 s in 60 of the kernel's runs), and a median of 15 drawn from them moves
+        # by more than the judge allows: resampling those 60 runs, two medians of 15 of
+        # the kernel's own agree 71 % of the time, of 30 85 %. Against faultnet's 60
+        # runs, 77 % and 91 %.
+        runs=30,
     ),
     Case(
         "loss",
         "raw socket, 2 MiB download + sha256",
-        "20 % one way on each leg (stream both), median of 15",
+        "20 % one way on each leg (stream both), median of 9",
         "nft numgen random mod 100 < 20 drop, both ways",
         "echo",
         lossy_download,
         _random_drop(20),
         ("loss", {"percent": 20}, "thaw"),
-        runs=15,
+        runs=9,
         contrast=LOSS_WORDS,
     ),
     Case(
