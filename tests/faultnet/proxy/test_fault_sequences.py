@@ -1,14 +1,15 @@
 """The proxy's fault state machine, against a model, on real sockets.
 
-Hypothesis draws sequences of freeze / blackhole / loss / partition / thaw / sever over
-streams, ``only=`` and ``peer=``, with new connections arriving from two client
+Hypothesis draws sequences of freeze / blackhole / loss (one way, or both ways on the
+connection's internal hop) / partition / thaw / sever over streams, ``only=`` and ``peer=``, with new connections arriving from two client
 addresses (127.0.0.1 and 127.0.0.2). After every step each connection is checked
 against a model written here from the README's semantics, independently of
 faultnet.proxy._faultstate:
 
 * the listing's ``state`` and ``loss``, and ``proxy.state``;
 * the filter the kernel holds on each of the proxy's sockets (SO_GET_FILTER's length:
-  1 for the blackhole's drop-all, 4 for a loss program, 0 for none);
+  1 for the blackhole's drop-all, 4 for a loss program, 0 for none), and on both ends of
+  a connection's hop once it has one (it keeps it, lossless, after thaw);
 * which bytes cross: while neither socket has a filter, a byte is sent each way; on an
   open stream it, and everything held before it, must arrive; on a closed one the plane
   must not move it (its counter is unchanged after ``settle``). At the end everything
@@ -128,6 +129,9 @@ class Pair:
         self.client, self.server, self.id, self.peer = client, server, cid, peer
         self.condition = dict.fromkeys(STREAMS, "open")
         self.loss = dict.fromkeys(STREAMS, 0.0)
+        #: Per stream: its loss is both ways (on the hop); and whether it has a hop.
+        self.both_ways = dict.fromkeys(STREAMS, False)
+        self.on_hop = False
         self.sent = dict.fromkeys(STREAMS, 0)
         self.received = dict.fromkeys(STREAMS, 0)
 
@@ -136,11 +140,18 @@ class Pair:
 
     def filters(self) -> tuple[int, int]:
         """The model's (client socket, upstream socket) filter lengths."""
+        one_way = {s: self.loss[s] and not self.both_ways[s] for s in STREAMS}
         if "blackholed" in self.condition.values():
             client = DROP_ALL_LEN
         else:
-            client = LOSS_LEN if self.loss["upstream"] else 0
-        return client, LOSS_LEN if self.loss["downstream"] else 0
+            client = LOSS_LEN if one_way["upstream"] else 0
+        return client, LOSS_LEN if one_way["downstream"] else 0
+
+    def hop_filter(self) -> int | None:
+        """The model's filter length on each end of the hop (None: no hop)."""
+        if not self.on_hop:
+            return None
+        return LOSS_LEN if any(self.loss[s] and self.both_ways[s] for s in STREAMS) else 0
 
 
 selectors = st.sampled_from([None, *PEERS])
@@ -210,6 +221,7 @@ class FaultSequences(RuleBasedStateMachine):
             for s in streams:
                 pair.condition[s] = "open"
                 pair.loss[s] = 0.0
+                pair.both_ways[s] = False
         if only is None:
             if peer is None:
                 for s in streams:
@@ -278,6 +290,16 @@ class FaultSequences(RuleBasedStateMachine):
         for pair in self._selected(only, peer):
             for s in self._streams(stream):
                 pair.loss[s] = percent / 100
+                pair.both_ways[s] = False
+
+    @rule(percent=st.sampled_from([5.0, 30.0]), data=st.data())
+    def loss_both_ways(self, percent: float, data: st.DataObject) -> None:
+        only, peer = self._only(data), data.draw(selectors)
+        self.px.call(self.px.proxy.loss, percent, only=only, peer=peer, both_ways=True)
+        for pair in self._selected(only, peer):
+            pair.loss = dict.fromkeys(STREAMS, percent / 100)
+            pair.both_ways = dict.fromkeys(STREAMS, True)
+            pair.on_hop = True
 
     @rule(peer=selectors)
     def partition(self, peer: str | None) -> None:
@@ -313,6 +335,9 @@ class FaultSequences(RuleBasedStateMachine):
             assert info.state == label(pair.condition["upstream"], pair.condition["downstream"])
             loss = {s: pair.loss[s] * 100 for s in STREAMS if pair.loss[s]} or None
             assert info.loss == loss
+            both = sorted(s for s in STREAMS if pair.loss[s] and pair.both_ways[s]) or None
+            assert info.loss_both_ways == both
+            assert info.on_hop == pair.on_hop
         state = self.px.call_sync(lambda: self.px.proxy.state)
         assert state["frozen_new"] == sorted(s for s in STREAMS if self.new[s] == "frozen")
         assert state["blackhole_new"] == ("blackholed" in self.new.values())
@@ -329,13 +354,16 @@ class FaultSequences(RuleBasedStateMachine):
             conn = conns[pair.id]
             got = (filter_length(conn.client), filter_length(conn.server))
             assert got == pair.filters(), f"conn {pair.id}: filters {got}, model {pair.filters()}"
+            hop = None if conn.hop is None else {filter_length(e) for e in (conn.hop.a, conn.hop.b)}
+            want = pair.hop_filter()
+            assert hop == (None if want is None else {want}), f"conn {pair.id}: hop {hop}"
 
     @invariant()
     def bytes_cross_open_streams_and_not_closed_ones(self) -> None:
         if not hasattr(self, "px"):
             return
         for pair in self.pairs.values():
-            if pair.filters() != (0, 0):
+            if pair.filters() != (0, 0) or pair.hop_filter():
                 # A filter drops data or the ACKs that clock it (a blackholed client's
                 # ACKs, with Nagle holding the next write): what crosses then moves on
                 # the retransmission timer, not now. Teardown checks it all arrives.
