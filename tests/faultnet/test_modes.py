@@ -140,7 +140,7 @@ async def test_proxy_apply_calls_the_mode_and_refuses_what_it_does_not_take() ->
         assert proxy.connections()[0].state == "frozen-upstream"
         assert await proxy.apply("thaw") == 1
         assert await proxy.apply("drop-syn") is None and proxy.state["syn_dropped"]
-        with pytest.raises(ValueError, match="include_new applies to freeze and blackhole"):
+        with pytest.raises(ValueError, match="include_new applies to freeze, blackhole and loss"):
             await proxy.apply("refuse", include_new=True)
         await proxy.apply("restore")
         await s.aclose()

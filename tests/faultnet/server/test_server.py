@@ -530,6 +530,13 @@ async def test_fault_errors(api: httpx.AsyncClient, upstream: Address) -> None:
         ({"mode": "freeze", "connections": [True]}, 400, "bad request body"),
         ({"mode": "refuse", "connections": [1]}, 400, "connections applies to"),
         ({"mode": "freeze", "connections": [1], "include_new": True}, 400, "connections and"),
+        (
+            {"mode": "loss", "both_ways": True, "stream": "upstream"},
+            400,
+            "both_ways loses both streams",
+        ),
+        ({"mode": "freeze", "both_ways": True}, 400, "both_ways applies to loss only"),
+        ({"mode": "loss", "both_ways": "yes"}, 400, "bad request body"),
     ]
     for body, status, message in cases:
         assert_error(await api.post("/proxies/p/faults", json=body), status, message)
@@ -539,6 +546,24 @@ async def test_fault_errors(api: httpx.AsyncClient, upstream: Address) -> None:
     assert_error(r, 409, "proxy is disabled")
     assert (await api.get("/proxies/p/faults")).json() == {"proxy": "p", "enabled": False}
     assert (await api.get("/proxies/p/connections")).json() == []
+
+
+async def test_loss_both_ways_through_the_api(api: httpx.AsyncClient, upstream: Address) -> None:
+    p = await create(api, "p", upstream)
+    a = await trio.open_tcp_stream(*parse_address(p["listen"]))
+    await roundtrip(a)
+    body = {"mode": "loss", "percent": 5, "both_ways": True, "include_new": True}
+    r = (await api.post("/proxies/p/faults", json=body)).json()
+    assert (r["connections"], r["both_ways"]) == (1, True)
+    assert r["state"]["loss_new"] == {"upstream": 5.0, "downstream": 5.0}
+    await roundtrip(a, b"x" * 1000)
+    (c,) = (await api.get("/proxies/p/connections")).json()
+    assert c["on_hop"] and c["loss_both_ways"] == ["downstream", "upstream"]
+    await api.post("/proxies/p/faults", json={"mode": "thaw"})
+    (c,) = (await api.get("/proxies/p/connections")).json()
+    assert c["on_hop"] and c["loss"] is None and c["loss_both_ways"] is None
+    await a.aclose()
+    await until_listed(api, "p", 0)
 
 
 async def test_connections_listing(api: httpx.AsyncClient, upstream: Address) -> None:
