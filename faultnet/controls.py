@@ -276,7 +276,12 @@ async def assert_lossy(
     baseline: the same transfer on a fresh connection to *address* made here, which a
     loss applied earlier does not touch. The kernel's random cannot be seeded, so this
     scores what happened, not what was asked. Returns (baseline retransmits, retransmits
-    under loss), both counting only the needed ones."""
+    under loss), both counting only the needed ones.
+
+    It proves one-way loss (the client's segments dropped on arrival). Under
+    ``loss(both_ways=True)`` the client's own TCP loses nothing (the proxy's internal
+    hop loses and resends), so this control stays red there: that loss shows in the
+    transfer's time and in the hop's counters (``hop_dropped``, ``hop_retransmits``)."""
     start = time.perf_counter()
     try:
         with trio.fail_after(timeout):

@@ -465,7 +465,9 @@ class Proxy:
         are delivered in order, then any held FIN or RST. Also thaws those streams of
         ``include_new`` (unless *only* or *peer*) and of every partition (of *peer*'s,
         with *peer*); a partition whose streams are all thawed has ended. Thawing one
-        stream and then the other ends exactly where thawing both at once does."""
+        stream and then the other ends exactly where thawing both at once does. A
+        connection that two-way loss put on its internal hop stays on it, the hop's
+        filters off (while one stream still has a two-way loss, the hop keeps it)."""
         return await self._call("thaw", stream=stream, only=only, peer=peer)
 
     async def sever(self, *, only: Iterable[int] | None = None, peer: str | None = None) -> int:
