@@ -567,6 +567,15 @@ LOSS_WORDS = (
     " only and recovers faster than a route losing both ways (both_ways=True is that route)"
 )
 
+TWO_WAY_WORDS = (
+    "close, not yet judged the same: over 2 MiB the medians were 0.66 s (kernel) and"
+    " 0.76 s (faultnet) of 30 runs, 0.43 and 0.46 s in another run, but runs range"
+    " 0.00-17.3 s (backed-off retransmission timeouts) and a median of them moves by more"
+    " than the judge allows (resampled, kernel against faultnet judged the same 77 % of the"
+    " time at 15 runs, 91 % at 30: a flaky verdict); over 8 MiB the hop was slower, 1.71 s"
+    " against the kernel's 1.07 s"
+)
+
 CASES: tuple[Case, ...] = (
     Case(
         "blackhole",
@@ -741,18 +750,14 @@ CASES: tuple[Case, ...] = (
     Case(
         "loss",
         "raw socket, 2 MiB download + sha256",
-        "20 % both ways (both_ways=True), median of 30",
+        "20 % both ways (both_ways=True), median of 15",
         "nft numgen random mod 100 < 20 drop, both ways",
         "echo",
         lossy_download,
         _random_drop(20),
         ("loss", {"percent": 20, "both_ways": True}, "thaw"),
-        # A route losing both ways has heavy tails (backed-off RTOs: 2 MiB took 0.00 to
-        # 17.3 s in 60 of the kernel's runs), and a median of 15 drawn from them moves
-        # by more than the judge allows: resampling those 60 runs, two medians of 15 of
-        # the kernel's own agree 71 % of the time, of 30 85 %. Against faultnet's 60
-        # runs, 77 % and 91 %.
-        runs=30,
+        runs=15,
+        contrast=TWO_WAY_WORDS,
     ),
     Case(
         "loss",
