@@ -88,9 +88,9 @@ def _cell(rows: list[Mapping[str, Any]]) -> str:
         text += f"{_figures(judged[0])})"
     else:
         text = "no judged pair"
-    for r in rows:
-        if not r["judged"] and r["kernel"] is not None:
-            text += f"; unlike {r['reference']} (a contrast, not judged)"
+    contrasts = [r["reference"] for r in rows if not r["judged"] and r["kernel"] is not None]
+    for reference in dict.fromkeys(contrasts):  # each once: two rows may share one
+        text += f"; unlike {reference} (a contrast, not judged)"
     return text.replace("|", "\\|")
 
 
