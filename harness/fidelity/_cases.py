@@ -200,6 +200,16 @@ def _redis(port: int, **kwargs: Any) -> Any:
     )
 
 
+def _first_get(r: Any, t0: float) -> Observation:
+    """One GET through redis-py: answered, or the error it raised (its class and the
+    errno it carries), timed from *t0*."""
+    try:
+        r.get("k")
+        return Observation("answered", time.monotonic() - t0)
+    except Exception as exc:
+        return Observation(f"{type(exc).__name__}({classify(exc)})", time.monotonic() - t0)
+
+
 def redis_idle_get(side: Side, servers: Servers) -> Observation:
     """redis-py with keepalive 1/1/2 and a 4 s socket timeout: GETs, the fault, 3.5 s
     idle, one more GET."""
@@ -248,12 +258,7 @@ def redis_get_frozen(side: Side, servers: Servers) -> Observation:
         for _ in range(20):
             r.get("k")
         side.fault()
-        t0 = time.monotonic()
-        try:
-            r.get("k")
-            return Observation("answered", time.monotonic() - t0)
-        except Exception as exc:
-            return Observation(f"{type(exc).__name__}({classify(exc)})", time.monotonic() - t0)
+        return _first_get(r, time.monotonic())
     finally:
         r.close()
 
@@ -487,10 +492,7 @@ def redis_new_client_frozen(side: Side, servers: Servers) -> Observation:
     t0 = time.monotonic()
     r = _redis(side.port, socket_timeout=1.5)
     try:
-        r.get("k")
-        return Observation("answered", time.monotonic() - t0)
-    except Exception as exc:
-        return Observation(f"{type(exc).__name__}({classify(exc)})", time.monotonic() - t0)
+        return _first_get(r, t0)
     finally:
         r.close()
 
