@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,6 +119,15 @@ def parse_lines(text: str) -> tuple[list[_Line], list[Refusal]]:
     return lines, bad
 
 
+def _pidfd_alive(pidfd: int) -> bool:
+    """Whether the process behind *pidfd* has not exited yet (signal 0 through it)."""
+    try:
+        signal.pidfd_send_signal(pidfd, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def read_cwd(pid: int) -> Path | None:
     """The working directory of *pid*, or None if it cannot be read."""
     try:
@@ -138,6 +148,12 @@ class Allowlist:
         self._pinned: dict[tuple[int, int, str], ProcessIdentity] = {}
         #: The same key -> why the pin refused it (two-column lines gone at the pin).
         self._refused: dict[tuple[int, int, str], str] = {}
+        #: (pid, start time) of each pinned identity -> a pidfd of that very process,
+        #: held from the pin on. The start time counts 10 ms ticks and a command line
+        #: read mid-exec is empty, so a successor started in the same tick could pass
+        #: for it (seen once in a whole-suite run); the pidfd cannot: once its process
+        #: has exited, it never names another.
+        self._pidfds: dict[tuple[int, int], int] = {}
         self._pinned_at: bool = False
 
     def _read(self) -> str:
@@ -163,12 +179,40 @@ class Allowlist:
                     refused.append(Refusal(ln.number, ln.name, ln.pid, "gone at the pin"))
                 continue
             key = (ln.number, ln.pid, ln.name)
-            try:
-                self._pinned[key] = ProcessIdentity.of(ln.pid)
-            except ProcessLookupError:
+            ident = self._pin_one(ln.pid)
+            if ident is None:
                 self._refused[key] = "gone at the pin"
                 refused.append(Refusal(ln.number, ln.name, ln.pid, "gone at the pin"))
+            else:
+                self._pinned[key] = ident
         return sorted(refused, key=lambda r: r.line)
+
+    def _pin_one(self, pid: int) -> ProcessIdentity | None:
+        # The pidfd first, then the identity read from /proc, then the pidfd still live:
+        # so what /proc said is of the pidfd's process (a PID is reused only after its
+        # process is gone).
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return None
+        try:
+            ident = ProcessIdentity.of(pid)
+        except ProcessLookupError:
+            ident = None
+        if ident is None or not _pidfd_alive(pidfd):
+            os.close(pidfd)
+            return None
+        old = self._pidfds.pop((ident.pid, ident.start_time), None)
+        if old is not None:  # the same process on two lines: one descriptor is enough
+            os.close(old)
+        self._pidfds[(ident.pid, ident.start_time)] = pidfd
+        return ident
+
+    def close(self) -> None:
+        """Close the pidfds the pin holds (the runner does, at its end)."""
+        for pidfd in self._pidfds.values():
+            os.close(pidfd)
+        self._pidfds.clear()
 
     def entries(self) -> dict[str, ProcessIdentity | str]:
         """Name -> the identity listed (or pinned), or why that name's line cannot be
@@ -200,6 +244,11 @@ class Allowlist:
         if isinstance(listed, str):
             return Verdict(None, listed)
         verdict = self.check(listed)
+        pidfd = self._pidfds.get((listed.pid, listed.start_time))
+        if verdict.identity is not None and pidfd is not None and not _pidfd_alive(pidfd):
+            return Verdict(
+                None, "pid reused: the process pinned at the start has exited", listed.pid
+            )
         if verdict.identity is None or self.cwd_root is None:
             return verdict
         cwd = read_cwd(listed.pid)
@@ -231,5 +280,13 @@ class Allowlist:
         return Verdict(listed, None, listed.pid)
 
     def signal(self, listed: ProcessIdentity, sig: int) -> bool:
-        """Send *sig* through a pidfd if the PID still names *listed* (False if not)."""
-        return signal_exact(listed, sig)
+        """Send *sig* through a pidfd if the PID still names *listed* (False if not):
+        the one held since the pin where there is one."""
+        pidfd = self._pidfds.get((listed.pid, listed.start_time))
+        if pidfd is None:
+            return signal_exact(listed, sig)
+        try:
+            signal.pidfd_send_signal(pidfd, sig)
+        except ProcessLookupError:
+            return False
+        return True

@@ -263,6 +263,7 @@ class Runner:
         return self.result
 
     def _end(self) -> None:
+        self.allowlist.close()  # after every undo: SIGCONT goes through the pinned pidfds
         counts = dict(self.result.counts)
         self._write(
             "end",

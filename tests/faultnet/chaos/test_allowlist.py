@@ -112,7 +112,46 @@ def test_a_pid_reused_after_the_start_is_never_signalled(tmp_path: Path) -> None
     assert reason in (
         "victim: pid reused: start time differs from the listed one",
         "victim: pid reused: command line differs from the listed one",
+        "victim: pid reused: the process pinned at the start has exited",
     )
+
+
+# The worst case of the scenario above, made on purpose: the newcomer started in the
+# victim's clock tick (every start time reads the same) and the victim's command line
+# was read mid-exec (empty, so not compared). Only the pidfd held since the pin tells
+# them apart (a whole-suite run met this once and signalled the newcomer).
+_REUSE_SAME_TICK = (
+    """
+import faultnet.chaos._allowlist as al, faultnet.procs as procs
+from faultnet.procs import ProcessIdentity
+al.read_start_time = procs.read_start_time = lambda pid: 1
+ProcessIdentity.of = classmethod(lambda cls, pid: cls(pid, 1, ()))
+"""
+    + _REUSE
+)
+
+
+def test_a_successor_in_the_same_tick_is_told_apart_by_the_pinned_pidfd(
+    tmp_path: Path,
+) -> None:
+    if not _pid_namespaces():
+        if in_ci():
+            pytest.fail("unshare --pid is not permitted here (CI runs as root)")
+        pytest.skip("unshare --pid is not permitted here (needs root)")
+    r = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c"]
+        + [_REUSE_SAME_TICK, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert r.returncode == 0, r.stderr
+    records = json.loads(r.stdout)
+    assert [rec["event"] for rec in records if rec["event"] in ("fault", "skip")] == ["skip"]
+    ((event, target, rail, reason),) = _rails(records)
+    assert (event, target, rail) == ("skip", "process:victim", "pid-allowlist")
+    assert reason == "victim: pid reused: the process pinned at the start has exited"
 
 
 async def test_a_line_that_cannot_be_pinned_is_a_logged_refusal(sleepers, tmp_path: Path) -> None:
