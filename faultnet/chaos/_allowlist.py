@@ -10,7 +10,11 @@ spawners never interleave).
 
 Pinning. Chaos pins EVERY line when a run starts, before its first fault
 (:meth:`Allowlist.pin`): a line with a start time is pinned to it; a line with only
-``pid`` and ``name`` is pinned to the process holding that PID at that moment. A line
+``pid`` and ``name`` is pinned to the process holding that PID at that moment, and a
+pidfd of that process is held until the run ends: a start time counts 10 ms ticks and a
+command line read mid-exec is empty, so a successor started in the same tick could pass
+the identity check; the pidfd never names it (once its process exits, verify refuses and
+signal reaches nobody). A line
 that cannot be pinned (malformed, or its PID gone at the start) is a refusal the runner
 logs. A two-column line that appears AFTER the pin is refused, never pinned: by then the
 PID may already name another process (seen with ``unshare --pid``: a listed process
