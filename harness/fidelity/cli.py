@@ -30,6 +30,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the rows as one JSON document")
     p.add_argument(
+        "--judged-only",
+        action="store_true",
+        help="skip the contrasts (rows shown beside the kernel's, never judged): the"
+        " verdict only, as the test suite runs it",
+    )
+    p.add_argument(
         "--record",
         action="store_true",
         help="also write the rows to harness/fidelity/recorded.json, the README's fidelity"
@@ -101,6 +107,10 @@ def _run(args: argparse.Namespace) -> int:
         if unknown:
             raise UsageError(f"no fidelity rows for mode {', '.join(unknown)}")
         cases = [c for c in cases if c.mode in args.mode]
+    if args.judged_only:
+        if args.record:
+            raise UsageError("--record writes every row of a mode: not with --judged-only")
+        cases = [c for c in cases if c.contrast is None]
     enter_private_netns()
     if not args.json:
         print("| mode | client; situation | kernel's own fault | faultnet | verdict |")

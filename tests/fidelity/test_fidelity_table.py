@@ -32,7 +32,8 @@ def test_every_mode_fails_as_the_kernels_own_version_of_it() -> None:
     require_program(shutil.which("curl"), "curl")
     pytest.importorskip("redis")
     pytest.importorskip("psycopg")
-    done = run_module("harness.fidelity", "--json", timeout=400)
+    # The contrasts (never judged) are the record's: the loss ones alone are 48 runs.
+    done = run_module("harness.fidelity", "--json", "--judged-only", timeout=400)
     assert done.returncode in (0, 1), done.stderr
     rows = json.loads(done.stdout)["rows"]
     table = "\n".join(
@@ -51,6 +52,13 @@ def test_help_describes_the_exit_codes() -> None:
     done = run_module("harness.fidelity", "--help")
     assert done.returncode == 0
     assert "Exit 0" in done.stdout
+
+
+def test_judged_only_with_record_is_a_usage_error_on_one_line() -> None:
+    done = run_module("harness.fidelity", "--judged-only", "--record")
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0
+    assert "--judged-only" in done.stderr
 
 
 def test_an_unknown_mode_is_a_usage_error_on_one_line() -> None:
