@@ -90,20 +90,28 @@ def _pid_namespaces() -> bool:
     return r.returncode == 0
 
 
-def test_a_pid_reused_after_the_start_is_never_signalled(tmp_path: Path) -> None:
+def _in_pid_namespace(script: str, tmp_path: Path) -> list[dict[str, Any]]:
+    """Run *script* (given *tmp_path*) as PID 1's child in a PID namespace of its own;
+    the records it prints."""
     if not _pid_namespaces():
         if in_ci():
             pytest.fail("unshare --pid is not permitted here (CI runs as root)")
         pytest.skip("unshare --pid is not permitted here (needs root)")
     r = subprocess.run(
-        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", _REUSE, str(tmp_path)],
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", script]
+        + [str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=60,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert r.returncode == 0, r.stderr
-    records = json.loads(r.stdout)
+    records: list[dict[str, Any]] = json.loads(r.stdout)
+    return records
+
+
+def test_a_pid_reused_after_the_start_is_never_signalled(tmp_path: Path) -> None:
+    records = _in_pid_namespace(_REUSE, tmp_path)
     assert [rec["event"] for rec in records if rec["event"] in ("fault", "skip")] == ["skip"]
     # The newcomer may start in the very clock tick (10 ms) the victim's start time was
     # taken in: then its command line is what tells them apart (seen in 1 suite run).
@@ -134,20 +142,7 @@ ProcessIdentity.of = classmethod(lambda cls, pid: cls(pid, 1, ()))
 def test_a_successor_in_the_same_tick_is_told_apart_by_the_pinned_pidfd(
     tmp_path: Path,
 ) -> None:
-    if not _pid_namespaces():
-        if in_ci():
-            pytest.fail("unshare --pid is not permitted here (CI runs as root)")
-        pytest.skip("unshare --pid is not permitted here (needs root)")
-    r = subprocess.run(
-        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c"]
-        + [_REUSE_SAME_TICK, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    assert r.returncode == 0, r.stderr
-    records = json.loads(r.stdout)
+    records = _in_pid_namespace(_REUSE_SAME_TICK, tmp_path)
     assert [rec["event"] for rec in records if rec["event"] in ("fault", "skip")] == ["skip"]
     ((event, target, rail, reason),) = _rails(records)
     assert (event, target, rail) == ("skip", "process:victim", "pid-allowlist")
