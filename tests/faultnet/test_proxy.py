@@ -15,6 +15,7 @@ import trio
 
 from faultnet import controls
 from faultnet.eventlog import read_jsonl
+from faultnet.modes import MODES
 from faultnet.probe import ProbeKind, probe
 from faultnet.proxy import Proxy, ProxyError, open_proxy
 from faultnet.sockopts import attach_drop_all, detach_filter, set_keepalive
@@ -336,6 +337,23 @@ async def test_freeze_acts_on_open_connections_unless_include_new() -> None:
         await after.send_all(b"ok")
         with trio.fail_after(5):
             assert await read_exactly(after, 2) == b"ok"
+
+
+@pytest.mark.parametrize("mode", [m.name for m in MODES.values() if m.counts_connections])
+async def test_a_fault_acts_on_a_connection_still_in_the_accept_queue(mode: str) -> None:
+    """A client's connect() returns once the kernel has queued the connection; a fault
+    called at once, before the accept loop's turn, acts on that connection too."""
+    async with echo_server() as up, open_proxy(up) as proxy:
+        # Blocking connect, no trio checkpoint after it: the accept loop cannot have run.
+        client = socket.create_connection(proxy.address, timeout=5)
+        try:
+            assert proxy.connections() == []
+            assert await proxy.apply(mode) == 1
+            if mode == "freeze":
+                stream = trio.SocketStream(trio.socket.from_stdlib_socket(client))
+                await controls.assert_frozen(stream, stream, window=0.2)
+        finally:
+            client.close()
 
 
 async def test_freeze_race_no_byte_crosses_after_freeze_returns() -> None:
