@@ -100,10 +100,22 @@ def _control_test(args: argparse.Namespace) -> int:
     steps: list[Step] = []
 
     async def run() -> int:
-        if args.protocol in ("tcp", "both"):
-            steps.extend(await run_control_test(progress))
-        if args.protocol in ("udp", "both"):
-            steps.extend(await run_udp_control_test(progress))
+        # TCP's and UDP's run at once (each on proxies of its own); steps listed TCP first.
+        tcp: list[Step] = []
+        udp: list[Step] = []
+
+        async def run_tcp() -> None:
+            tcp.extend(await run_control_test(progress))
+
+        async def run_udp() -> None:
+            udp.extend(await run_udp_control_test(progress))
+
+        async with trio.open_nursery() as nursery:
+            if args.protocol in ("tcp", "both"):
+                nursery.start_soon(run_tcp)
+            if args.protocol in ("udp", "both"):
+                nursery.start_soon(run_udp)
+        steps.extend(tcp + udp)
         return 0
 
     # Ctrl-C cancels the test: its proxies and listeners close, exit 130, one line.
