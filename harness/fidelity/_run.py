@@ -9,7 +9,7 @@ from functools import partial
 from typing import Any
 
 from harness.fidelity._cases import CASES, Case, Servers, Side
-from harness.fidelity._observe import Observation, Verdict, judge, median_of
+from harness.fidelity._observe import Observation, Verdict, judge
 from harness.fidelity._world import (
     EchoServer,
     KernelFault,
@@ -113,14 +113,11 @@ def _faultnet_side(case: Case, port: int) -> Side:
 
 
 def _observe(case: Case, make: Callable[[], Side], servers: Servers) -> Observation:
-    runs = []
-    for _ in range(case.runs):
-        side = make()
-        try:
-            runs.append(case.scenario(side, servers))
-        finally:
-            side.close()
-    return runs[0] if case.runs == 1 else median_of(runs)
+    side = make()
+    try:
+        return case.scenario(side, servers)
+    finally:
+        side.close()
 
 
 def run(cases: Iterable[Case] = CASES, on_row: Callable[[Row], None] | None = None) -> list[Row]:

@@ -65,8 +65,8 @@ def _figures(row: Mapping[str, Any]) -> str:
         share = next(iter(k["counts"]))
         return (
             f"{share} {k['counts'][share] / k['tries']:.0%} / "
-            f"{f['counts'].get(share, 0) / f['tries']:.0%} of {k['tries']} connects, a retry"
-            f" in {_seconds(k['seconds'])} / {_seconds(f['seconds'])}"
+            f"{f['counts'].get(share, 0) / f['tries']:.0%} of {k['tries']} {k['tries_of']},"
+            f" {k['seconds_of']} {_seconds(k['seconds'])} / {_seconds(f['seconds'])}"
         )
     if k["outcome"] == f["outcome"]:
         return f"{k['outcome']} in {_seconds(k['seconds'])} / {_seconds(f['seconds'])}"

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 from faultnet.modes import MODES, markdown_table
-from harness.fidelity._cases import CASES
+from harness.fidelity._cases import CASES, LOSS_WORDS, Case
+from harness.fidelity._observe import Observation, judge
 from harness.fidelity.cli import main
 from harness.fidelity.readme import (
     fidelity_column,
@@ -19,6 +20,7 @@ from harness.fidelity.readme import (
 )
 
 KEYS = [(c.mode, c.client, c.situation, c.reference) for c in CASES]
+SIDES = ("kernel", "faultnet")
 
 
 def test_the_recorded_run_has_every_row_of_the_table_and_no_other() -> None:
@@ -32,6 +34,23 @@ def test_the_recorded_run_has_every_row_of_the_table_and_no_other() -> None:
 def test_the_recorded_run_judged_every_pair_the_same() -> None:
     differ = [r for r in load_recorded()["rows"] if r["judged"] and not r["same"]]
     assert not differ, differ
+
+
+def test_the_recorded_one_way_loss_is_told_apart_from_the_kernel_s_two_way_loss() -> None:
+    """The loss rows' judge can tell (its breakage, measured): one-way loss on each leg
+    against the kernel's loss both ways, a contrast of the recorded run, is judged
+    different by the same checks that judge ``both_ways=True`` the same."""
+    (contrast,) = [c for c in CASES if c.contrast == LOSS_WORDS]
+    row = next(r for r in load_recorded()["rows"] if row_key(r) == _key(contrast))
+    ref, fn = (Observation(**{**row[s], "times": tuple(row[s]["times"])}) for s in SIDES)
+    assert not judge(ref, fn).same, judge(ref, fn).text
+    (two_way,) = [c for c in CASES if c.faultnet[1].get("both_ways")]
+    row = next(r for r in load_recorded()["rows"] if row_key(r) == _key(two_way))
+    assert row["judged"] and row["same"], row["verdict"]
+
+
+def _key(case: Case) -> tuple[str, str, str, str]:
+    return (case.mode, case.client, case.situation, case.reference)
 
 
 def _row(mode: str, same: bool = True, judged: bool = True, **kw: Any) -> dict[str, Any]:
@@ -84,10 +103,12 @@ def test_a_mode_of_many_tries_shows_its_shares() -> None:
             "seconds": 1.02,
             "tries": 128,
             "counts": {"retried": retried, "failed": 13},
+            "tries_of": "connects",
+            "seconds_of": "a retry got in at",
         }
     assert fidelity_column([row])["syn_loss"] == (
         "same in 1 of 1 pair (kernel / faultnet: retried 45% / 48% of 128 connects, a retry"
-        " in 1.02 s / 1.02 s)"
+        " got in at 1.02 s / 1.02 s)"
     )
 
 
