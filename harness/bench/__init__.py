@@ -9,6 +9,11 @@ What one run measures, each arm against the same upstream process:
   compares with a digest precomputed over the same stream (``--verify sha256``; inline
   SHA-256 ran ~1.7 GB/s here, which caps direct loopback). Byte count and content are checks:
   a mismatch fails the run (exit 1). Rounds alternate the arms; the median is reported.
+  With it, each arm's CPU per GiB: the proxy's, and the ends' (this process sending, the
+  upstream receiving); from those the target against direct gets its ceiling on this
+  machine: direct's time per GiB over (ends' + proxy's CPU per GiB) / CPUs, the most any
+  proxy on these CPUs could reach (a proxied GiB crosses TCP twice and costs its ends
+  more wake-ups: 0.65 CPU-s against direct's 0.45, measured here).
 * **RTT**: 64-byte ping-pong on one connection (TCP_NODELAY both ends), p50 and p99,
   twice: free-running, and with every process on the path pinned to one CPU
   (``--rtt-cpu``), where the RTT added over direct is the proxy's own work.

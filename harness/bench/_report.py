@@ -50,6 +50,8 @@ def format_report(res: dict[str, Any]) -> str:
         (f"bulk MB/s ({human_size(p['bytes'])}, median of {p['rounds']})", ("bulk", "mbps"),
          _num(".0f"), "throughput_vs_direct", "throughput_vs_socat"),
         ("  proxy CPU s/GiB", ("bulk", "proxy_cpu_s_per_gib"), _num(".2f"), None, None),
+        ("  ends' CPU s/GiB (sender + receiver)", ("bulk", "ends_cpu_s_per_gib"), _num(".2f"),
+         None, None),
         ("RTT p50 us (64 B ping-pong)", ("rtt", "p50_us"), _num(".1f"),
          "rtt_p50_vs_direct", "rtt_p50_vs_socat"),
         ("RTT p99 us", ("rtt", "p99_us"), _num(".1f"), "rtt_p99_vs_direct", "rtt_p99_vs_socat"),

@@ -239,3 +239,20 @@ def test_the_callgrind_dump_total_is_read(tmp_path: Path) -> None:
     dump = tmp_path / "cg.1.1"
     dump.write_text("version: 1\ncmd: x\nevents: Ir\nfn=main\n1 5\nsummary: 834000\n")
     assert _totals(dump) == 834000
+
+
+def test_the_bulk_ceiling_is_direct_s_time_over_the_cpu_a_proxied_gib_needs() -> None:
+    """Direct moved a GiB in 0.3 s; through the proxy the ends spent 0.6 CPU-s and the
+    proxy 0.4: on 2 CPUs at least 0.5 s, so 0.3 / 0.5 = 0.6x is the most any proxy gets."""
+    from harness.bench._run import GIB, _ratios
+
+    mbps = GIB / 0.3 / 1e6
+    f = {"ends_cpu_s_per_gib": 0.6, "proxy_cpu_s_per_gib": 0.4, "cpus": 2}
+    arms = {"direct": {"bulk": {"mbps": mbps}}, "socat": {}, "faultnet": {"bulk": f}}
+    assert _ratios(arms)["throughput_ceiling_vs_direct"] == pytest.approx(0.6)
+    # Four CPUs: twice the room.
+    arms["faultnet"]["bulk"] = {**f, "cpus": 4}
+    assert _ratios(arms)["throughput_ceiling_vs_direct"] == pytest.approx(1.2)
+    # Not measured (the upstream's CPU unreadable): no ceiling claimed.
+    arms["faultnet"]["bulk"] = {**f, "ends_cpu_s_per_gib": None}
+    assert _ratios(arms)["throughput_ceiling_vs_direct"] is None
