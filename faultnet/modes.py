@@ -134,27 +134,6 @@ class Mode:
         """Whether applying it returns how many open connections it acted on."""
         return self.per_connection or self.takes_peer
 
-    def check(
-        self,
-        *,
-        stream: str = "both",
-        include_new: bool = False,
-        only: Iterable[int] | None = None,
-        percent: float | None = None,
-        peer: str | None = None,
-        both_ways: bool = False,
-    ) -> None:
-        """Raise :class:`ModeArgumentError` for an argument this mode does not take, or
-        a bad value (the one validation: :func:`request` returns what it checked)."""
-        self.request(
-            stream=stream,
-            include_new=include_new,
-            only=only,
-            percent=percent,
-            peer=peer,
-            both_ways=both_ways,
-        )
-
     def request(
         self,
         *,

@@ -288,7 +288,7 @@ def _fault(args: argparse.Namespace, c: ApiClient) -> Any:
             raise ModeArgumentError(
                 f"both_ways applies to {_modes_that('takes_both_ways')} only, not {args.mode}"
             )
-        row.check(stream=args.stream, both_ways=True)
+        row.request(stream=args.stream, both_ways=True)
     body = fault_body(
         args.mode,
         stream=args.stream,

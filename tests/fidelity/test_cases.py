@@ -24,4 +24,4 @@ def test_each_row_calls_its_own_mode_and_undoes_it_with_the_mode_s_undo() -> Non
         method, kwargs, undoing = c.faultnet
         assert method == c.mode, c.name
         assert MODES[c.mode].undone_by in (undoing, None), c.name
-        MODES[c.mode].check(**kwargs)  # arguments the mode takes
+        MODES[c.mode].request(**kwargs)  # arguments the mode takes
