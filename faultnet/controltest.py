@@ -2,11 +2,12 @@
 broken on purpose.
 
 A control that has only ever been seen passing is indistinguishable from one that always
-passes. :func:`run_control_test` starts its own throwaway echo upstream and proxy on
-loopback and, for every mode: checks the negative control, applies the real mode and
-runs its positive control (must pass), undoes it, then applies each breakage (a stand-in
-that looks like the mode but is not) and runs the same control (must fail). The probe
-classification is recorded either side of every switch.
+passes. :func:`run_control_test` starts its own throwaway echo upstream and, for the
+negative control and for every mode, a proxy of its own on loopback (they run at once).
+On each it applies the real mode and runs its positive control (must pass), undoes it,
+then applies each breakage (a stand-in that looks like the mode but is not) and runs the
+same control (must fail). The probe classification is recorded either side of every
+switch.
 """
 
 from __future__ import annotations
