@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from faultnet.modes import MODES, markdown_table
-from harness.fidelity._cases import CASES, LOSS_WORDS, Case
+from harness.fidelity._cases import CASES, Case
 from harness.fidelity._observe import Observation, judge
 from harness.fidelity.cli import main
 from harness.fidelity.readme import (
@@ -20,7 +20,6 @@ from harness.fidelity.readme import (
 )
 
 KEYS = [(c.mode, c.client, c.situation, c.reference) for c in CASES]
-SIDES = ("kernel", "faultnet")
 
 
 def test_the_recorded_run_has_every_row_of_the_table_and_no_other() -> None:
@@ -36,17 +35,26 @@ def test_the_recorded_run_judged_every_pair_the_same() -> None:
     assert not differ, differ
 
 
-def test_the_recorded_one_way_loss_is_told_apart_from_the_kernel_s_two_way_loss() -> None:
-    """The loss rows' judge can tell (its breakage, measured): one-way loss on each leg
-    against the kernel's loss both ways, a contrast of the recorded run, is judged
-    different by the same checks that judge ``both_ways=True`` the same."""
-    (contrast,) = [c for c in CASES if c.contrast == LOSS_WORDS]
-    row = next(r for r in load_recorded()["rows"] if row_key(r) == _key(contrast))
-    ref, fn = (Observation(**{**row[s], "times": tuple(row[s]["times"])}) for s in SIDES)
-    assert not judge(ref, fn).same, judge(ref, fn).text
+def test_the_loss_judge_tells_the_kernel_s_one_way_loss_from_its_two_way_loss() -> None:
+    """The loss rows' judge can tell (its breakage, on measured data): the kernel's own
+    one-way loss (the server's segments) judged against its two-way loss, both from the
+    recorded run, is different, by the same checks that judge ``both_ways=True`` the
+    same as the latter. (One-way loss on each leg, the contrast, lies between the two and
+    closer to the route: 17-24 % backed off against 34-43 % in three runs, once within
+    the bound, so it is shown, not claimed told apart.)"""
+    rows = {row_key(r): r for r in load_recorded()["rows"]}
+    (one_way,) = [
+        c for c in CASES if c.faultnet[1].get("stream") == "downstream" and c.mode == "loss"
+    ]
     (two_way,) = [c for c in CASES if c.faultnet[1].get("both_ways")]
-    row = next(r for r in load_recorded()["rows"] if row_key(r) == _key(two_way))
-    assert row["judged"] and row["same"], row["verdict"]
+    kernel_one_way = _observed(rows[_key(one_way)]["kernel"])
+    kernel_two_way = _observed(rows[_key(two_way)]["kernel"])
+    assert not judge(kernel_two_way, kernel_one_way).same
+    assert rows[_key(two_way)]["judged"] and rows[_key(two_way)]["same"]
+
+
+def _observed(doc: dict[str, Any]) -> Observation:
+    return Observation(**{**doc, "times": tuple(doc["times"])})
 
 
 def _key(case: Case) -> tuple[str, str, str, str]:
