@@ -27,7 +27,15 @@ from faultnet.probe import probe
 from faultnet.proxy import Proxy, open_proxy
 from faultnet.testing import echo_server, read_exactly
 
-__all__ = ["BREAKAGES", "NEGATIVE", "REAL_ARGS", "Step", "Timings", "run_control_test"]
+__all__ = [
+    "BREAKAGES",
+    "NEGATIVE",
+    "REAL_ARGS",
+    "Step",
+    "Timings",
+    "run_control_test",
+    "variant_key",
+]
 
 Address = tuple[str, int]
 
@@ -78,6 +86,8 @@ NEGATIVE = "pass"
 #: The arguments the real arm of a mode that needs some is applied with (by name).
 REAL_ARGS: dict[str, dict[str, Any]] = {
     "loss": {"percent": 10},
+    # 100 round trips at 10 % both ways: 17-21 stalled (the control wants more than 3).
+    "loss+both_ways": {"percent": 10, "both_ways": True},
     # 50 % makes "connected at once" and "connected on the 1 s retry" equally likely.
     "syn_loss": {"percent": 50},
 }
@@ -86,7 +96,8 @@ REAL_ARGS: dict[str, dict[str, Any]] = {
 #: ``(what, apply, undo)`` or ``(what, apply, undo, apply's keyword arguments)`` with
 #: *apply* and *undo* names of :class:`Proxy` methods ("" = do nothing). Every mode of
 #: :data:`faultnet.modes.MODES` that has a control has a row (tests/faultnet/test_modes.py
-#: checks), and so does :data:`NEGATIVE`.
+#: checks), and so does :data:`NEGATIVE`, and each variant with a control of its own
+#: (``Mode.variant_controls``) under ``MODE+FLAG`` (:func:`variant_key`).
 BREAKAGES: dict[str, tuple[tuple[Any, ...], ...]] = {
     NEGATIVE: (("listener closed", "refuse", "restore"),),
     "freeze": (
@@ -118,6 +129,15 @@ BREAKAGES: dict[str, tuple[tuple[Any, ...], ...]] = {
         ("refuse as a no-op", "", ""),
     ),
     "loss": (("loss whose filter is never attached", "", ""),),
+    "loss+both_ways": (
+        ("two-way loss as a no-op", "", ""),
+        (
+            "one-way loss on both streams (the client's own segments dropped)",
+            "loss",
+            "thaw",
+            {"percent": 10},
+        ),
+    ),  # fmt: skip
     "syn_loss": (
         ("syn_loss as a no-op", "", ""),
         ("every SYN dropped (drop_syn)", "drop_syn", "restore"),
@@ -186,11 +206,17 @@ def _controls(
         "assert_reset": lambda s: controls.assert_reset(s, t.close_s),
         "assert_blackholed": lambda s: controls.assert_blackholed(s, t.blackhole_s),
         "assert_lossy": lambda s: controls.assert_lossy(s, addr, t.loss_bytes),
+        "assert_lossy_route": lambda s: controls.assert_lossy_route(s),
         "assert_partitioned": lambda s: controls.assert_partitioned(
             s, addr, t.frozen_window_s, t.probe_s
         ),
     }
     return on_listener, on_link
+
+
+def variant_key(mode: str, flag: str) -> str:
+    """:data:`REAL_ARGS` and :data:`BREAKAGES` key of *mode* with *flag* set."""
+    return f"{mode}+{flag}"
 
 
 #: One arm of a mode's group: (arm, control, expected, apply, undo, apply's kwargs).
@@ -216,6 +242,13 @@ def _groups() -> list[tuple[str, list[_Arm]]]:
             args = kwargs[0] if kwargs else None
             arms.append((f"breakage: {what}", m.control, "red", apply, undo, args))
         groups.append((m.name, arms))
+        for flag, control in m.variant_controls:
+            key = variant_key(m.name, flag)
+            arms = [(f"real ({flag})", control, "pass", m.name, m.undone_by or "", REAL_ARGS[key])]
+            for what, apply, undo, *kwargs in BREAKAGES[key]:
+                args = kwargs[0] if kwargs else None
+                arms.append((f"breakage ({flag}): {what}", control, "red", apply, undo, args))
+            groups.append((m.name, arms))
     return groups
 
 

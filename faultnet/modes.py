@@ -96,6 +96,9 @@ class Mode:
     #: The control that proves it is in force (in :mod:`faultnet.controls`, or
     #: :mod:`faultnet.udp.controls`), or None.
     control: str | None = None
+    #: The controls of its variants, as (the flag argument, the control): where the
+    #: mode with that flag is proven in force by another control than its own.
+    variant_controls: tuple[tuple[str, str], ...] = ()
     #: What it does to open connections (TCP) or to datagrams (UDP), and to new
     #: connections: the README tables' columns.
     effect: str = "unchanged"
@@ -336,6 +339,7 @@ MODES: dict[str, Mode] = {
             default_percent=5.0,
             summary="real segment loss: its own TCP retransmits, bytes arrive intact but late",
             control="assert_lossy",
+            variant_controls=(("both_ways", "assert_lossy_route"),),
             effect="one way: each segment arriving at the proxy dropped with p = percent "
             "(a random socket filter), the proxy's own never; `both_ways=True`: the "
             "bytes cross an internal hop losing p of the segments each way, ACKs "

@@ -47,6 +47,8 @@ def test_control_test_cli_passes_and_every_breakage_goes_red() -> None:
         "sever that resets",
         "reset that closes cleanly",
         "filter is never attached",
+        "real (both_ways)",
+        "the client's own segments dropped",
         "another peer partitioned",
         "every SYN dropped",
         "held datagrams dropped",

@@ -15,7 +15,7 @@ import trio
 
 import faultnet
 import faultnet.controls
-from faultnet.controltest import BREAKAGES, NEGATIVE
+from faultnet.controltest import BREAKAGES, NEGATIVE, REAL_ARGS, variant_key
 from faultnet.modes import MODES, Mode, ModeArgumentError, markdown_table, mode
 from faultnet.proxy import Proxy
 from faultnet.server import ApiError
@@ -26,7 +26,9 @@ from faultnet.udp.modes import UDP_MODES
 from harness.fidelity.readme import modes_table
 
 README = Path(__file__).resolve().parents[2] / "README.md"
-CONTROLS = {m.control for m in MODES.values() if m.control}
+CONTROLS = {m.control for m in MODES.values() if m.control} | {
+    control for m in MODES.values() for _, control in m.variant_controls
+}
 
 
 def test_mode_accepts_the_cli_spelling_and_names_the_valid_ones() -> None:
@@ -66,7 +68,12 @@ def test_the_controls_list_is_the_table_s_controls() -> None:
 
 
 def test_the_control_test_has_a_real_arm_and_breakages_for_every_control() -> None:
-    assert set(BREAKAGES) == {NEGATIVE, *(m.name for m in MODES.values() if m.control)}
+    variants = {variant_key(m.name, flag) for m in MODES.values() for flag, _ in m.variant_controls}
+    assert set(BREAKAGES) == {NEGATIVE, *(m.name for m in MODES.values() if m.control), *variants}
+    # A variant's flag is an argument its mode takes, and its real arm sets it.
+    for m in MODES.values():
+        for flag, _ in m.variant_controls:
+            assert flag in m.params and REAL_ARGS[variant_key(m.name, flag)][flag] is True
     for rows in BREAKAGES.values():
         assert rows
         for _, apply, undo, *kwargs in rows:
