@@ -11,9 +11,8 @@ judged the same when the outcome is the same and faultnet's time to notice is wi
 1.25x + 0.3 s of the kernel's (:func:`judge`, by its table of checks); for a dead route
 (blackhole, partition) the client must also take in no more segments after the fault
 than the kernel let it; a row of many tries (syn_loss's 128 connects, loss's 192
-downloads) is judged by its shares too, within a binomial bound, and where each try
-took a time of its own, by a rank-sum test of those times (a median of a few heavy-tailed
-times moves more than the judge allows).
+downloads) is judged by its shares too, within a binomial bound (a median of a few
+heavy-tailed times moves more than the judge allows; the shares of many do not).
 
 Rows with ``contrast`` are two failures known to differ (faultnet's ``reset`` against a
 firewall's reject): shown with the reason, not judged. Every TCP mode has a row or a

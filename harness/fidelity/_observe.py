@@ -6,7 +6,7 @@ import errno
 import math
 import os
 import socket
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -17,7 +17,6 @@ __all__ = [
     "Verdict",
     "classify",
     "judge",
-    "rank_sum_z",
     "segs_in",
     "share_bound",
 ]
@@ -61,8 +60,8 @@ class Observation:
     tries: int | None = None
     counts: Mapping[str, int] = field(default_factory=dict)
     #: For a row of many tries: what they are (``connects``), what *seconds* is (``a
-    #: retry got in at``), and, where each try took a time of its own, those times,
-    #: judged by :func:`rank_sum_z`.
+    #: retry got in at``), and, where each try took a time of its own, those times (kept
+    #: for the record; the shares and the median are what is judged).
     tries_of: str = ""
     seconds_of: str = ""
     times: tuple[float, ...] = ()
@@ -95,27 +94,6 @@ def share_bound(k1: int, n1: int, k2: int, n2: int) -> float:
     (:data:`SHARE_Z` pooled standard deviations of their difference)."""
     pooled = (k1 + k2) / (n1 + n2)
     return SHARE_Z * math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2))
-
-
-def rank_sum_z(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """The Wilcoxon rank-sum statistic of two samples of times, as a z-score: how many
-    standard deviations the rank sum of *xs* lies from what it would be if both were
-    drawn from one distribution (ties take their mean rank; the normal approximation,
-    sound from about 20 a side). Unlike a median it is not moved by the heavy tail of
-    backed-off retransmission timeouts, and it sees a shift of the whole distribution."""
-    pooled = sorted([(x, 0) for x in xs] + [(y, 1) for y in ys])
-    n1, n2 = len(xs), len(ys)
-    rank_sum, i = 0.0, 0
-    while i < len(pooled):
-        j = i
-        while j + 1 < len(pooled) and pooled[j + 1][0] == pooled[i][0]:
-            j += 1
-        mean_rank = (i + j) / 2 + 1
-        rank_sum += mean_rank * sum(1 for k in range(i, j + 1) if pooled[k][1] == 0)
-        i = j + 1
-    expected = n1 * (n1 + n2 + 1) / 2
-    sd = math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12)
-    return (rank_sum - expected) / sd
 
 
 # Each check of a pair: None when it holds, else what differs. judge() runs them in
@@ -160,23 +138,12 @@ def _same_shares(ref: Observation, fn: Observation, segments: bool) -> str | Non
     return None
 
 
-def _same_times(ref: Observation, fn: Observation, segments: bool) -> str | None:
-    if len(ref.times) < 20 or len(fn.times) < 20:
-        return None
-    z = rank_sum_z(fn.times, ref.times)
-    if abs(z) > SHARE_Z:
-        way = "slower" if z > 0 else "faster"
-        return f"different times ({way} by the rank-sum test: z = {z:+.1f}, beyond {SHARE_Z})"
-    return None
-
-
 #: What makes two observations the same failure, in the order judged.
 CHECKS: tuple[tuple[str, _Check], ...] = (
     ("the same outcome", _same_outcome),
     (f"time to notice within {1 + RATIO:g}x + {SLACK_S:g} s", _same_time),
     ("no more segments after the fault (rows that count them)", _no_more_segments),
     ("each share of many tries within the binomial bound", _same_shares),
-    ("the times of many tries alike by the rank-sum test", _same_times),
 )
 
 
@@ -184,8 +151,7 @@ def judge(reference: Observation, faultnet: Observation, *, segments: bool = Fal
     """Judge a pair by :data:`CHECKS`: the same outcome; a time to notice within
     :data:`RATIO` x + :data:`SLACK_S` of the reference's; with *segments*, faultnet's
     client takes in no more segments after the fault than the reference's (a dead route
-    sends nothing); for many tries, each share within :func:`share_bound`, and their
-    times, where each try has one, alike by :func:`rank_sum_z` (within :data:`SHARE_Z`)."""
+    sends nothing); for many tries, each share within :func:`share_bound`."""
     for _, check in CHECKS:
         why = check(reference, faultnet, segments)
         if why is not None:
