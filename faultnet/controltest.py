@@ -225,31 +225,31 @@ _Arm = tuple[str, str, str, str, str, "dict[str, Any] | None"]
 
 def _groups() -> list[tuple[str, list[_Arm]]]:
     """Every mode's arms, in order: the negative control first, then each mode with a
-    control: its real arm (from :data:`faultnet.modes.MODES`), then its breakages."""
-    negative: list[_Arm] = [("real", "assert_accepting", "pass", "", "", None)]
-    negative += [
-        (f"breakage: {what}", "assert_accepting", "red", apply, undo, None)
-        for what, apply, undo in BREAKAGES[NEGATIVE]
-    ]
-    groups = [(NEGATIVE, negative)]
+    control: its real arm (from :data:`faultnet.modes.MODES`), then its breakages, then
+    those of each variant with a control of its own."""
+    groups = [(NEGATIVE, _arms(NEGATIVE, "assert_accepting", "", "", None))]
     for m in MODES.values():
         if m.control is None:
             continue
-        arms: list[_Arm] = [
-            ("real", m.control, "pass", m.name, m.undone_by or "", REAL_ARGS.get(m.name))
-        ]
-        for what, apply, undo, *kwargs in BREAKAGES[m.name]:
-            args = kwargs[0] if kwargs else None
-            arms.append((f"breakage: {what}", m.control, "red", apply, undo, args))
-        groups.append((m.name, arms))
+        undo = m.undone_by or ""
+        groups.append((m.name, _arms(m.name, m.control, m.name, undo, REAL_ARGS.get(m.name))))
         for flag, control in m.variant_controls:
             key = variant_key(m.name, flag)
-            arms = [(f"real ({flag})", control, "pass", m.name, m.undone_by or "", REAL_ARGS[key])]
-            for what, apply, undo, *kwargs in BREAKAGES[key]:
-                args = kwargs[0] if kwargs else None
-                arms.append((f"breakage ({flag}): {what}", control, "red", apply, undo, args))
-            groups.append((m.name, arms))
+            groups.append((m.name, _arms(key, control, m.name, undo, REAL_ARGS[key], flag)))
     return groups
+
+
+def _arms(
+    key: str, control: str, apply: str, undo: str, args: dict[str, Any] | None, flag: str = ""
+) -> list[_Arm]:
+    """The real arm (*apply* with *args*, undone by *undo*) and the breakages of
+    :data:`BREAKAGES` [*key*], each scored by *control*; a variant's arms name its *flag*."""
+    tag = f" ({flag})" if flag else ""
+    arms: list[_Arm] = [(f"real{tag}", control, "pass", apply, undo, args)]
+    for what, b_apply, b_undo, *kwargs in BREAKAGES[key]:
+        b_args = kwargs[0] if kwargs else None
+        arms.append((f"breakage{tag}: {what}", control, "red", b_apply, b_undo, b_args))
+    return arms
 
 
 async def run_control_test(
