@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterable, Iterator
+import inspect
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -112,10 +113,38 @@ def _faultnet_side(case: Case, port: int) -> Side:
     return Side("faultnet", proxy.port, fault, undo, close=close)
 
 
-def _observe(case: Case, make: Callable[[], Side], servers: Servers) -> Observation:
+def _observe(case: Case, port: int, servers: Servers) -> tuple[Observation, Observation]:
+    """The kernel's observation of *case* and faultnet's. A plain scenario runs on one
+    side and then the other, each side made just before and closed just after; a
+    generator scenario runs on both sides made at once, taking turns (kernel, faultnet,
+    faultnet, kernel, ...) so that neither side's tries all fall in a busier minute."""
+    makers = (partial(_kernel_side, case, port, servers), partial(_faultnet_side, case, port))
+    if not inspect.isgeneratorfunction(case.scenario):
+        return _observe_alone(case, makers[0], servers), _observe_alone(case, makers[1], servers)
+    with contextlib.ExitStack() as stack:
+        turns: list[Generator[None, None, Observation]] = []
+        for make in makers:
+            side = make()
+            stack.callback(side.close)
+            turns.append(case.scenario(side, servers))
+            stack.callback(turns[-1].close)  # a failed run ends the other side's too
+        seen: list[Observation | None] = [None, None]
+        order = [0, 1]
+        while seen[0] is None or seen[1] is None:
+            for i in order:
+                if seen[i] is None:
+                    try:
+                        next(turns[i])
+                    except StopIteration as done:
+                        seen[i] = done.value
+            order.reverse()
+        return seen[0], seen[1]
+
+
+def _observe_alone(case: Case, make: Callable[[], Side], servers: Servers) -> Observation:
     side = make()
     try:
-        return case.scenario(side, servers)
+        return case.scenario(side, servers)  # type: ignore[return-value]
     finally:
         side.close()
 
@@ -132,8 +161,7 @@ def run(cases: Iterable[Case] = CASES, on_row: Callable[[Row], None] | None = No
             if port is None:
                 row = Row(case, None, None, Verdict(False, f"skipped: no {case.server}"), False)
             else:
-                ref = _observe(case, partial(_kernel_side, case, port, servers), servers)
-                fn = _observe(case, partial(_faultnet_side, case, port), servers)
+                ref, fn = _observe(case, port, servers)
                 verdict = judge(ref, fn, segments=case.segments)
                 if case.contrast is not None:
                     verdict = Verdict(verdict.same, case.contrast)
