@@ -37,16 +37,21 @@ __all__ = ["CASES", "NOT_HELD", "Case", "Servers", "Side"]
 #: How long a client is given before its silence is called a hang.
 HANG_BOUND_S = 9.0
 #: The lossy downloads (:func:`lossy_downloads`): how many a side makes, how many at
-#: once, the size of each and the time each is given. TCP's minimum retransmission
-#: timeout is 200 ms (TCP_RTO_MIN), so a download slower than :data:`TIMED_OUT_S` waited
-#: one out: without one, 512 KiB took at most 0.09 s through the kernel's loss and
-#: 0.17 s through faultnet's (32 at once on 2 CPUs shared with two whole-suite runs; the
-#: hop's bytes go through trio). One slower than :data:`BACKED_OFF_S` waited out more
-#: than two minimum timeouts: a backed-off one (0.2 + 0.4 s: a retransmit lost too) or
-#: three.
+#: once, the size of each and the time each is given.
 LOSS_TRIES, LOSS_AT_ONCE = 192, 32
 LOSS_TRY_BYTES, LOSS_GIVEN_S = 512 * 1024, 3.0
-TIMED_OUT_S, BACKED_OFF_S = 0.19, 0.5
+#: The shares of the lossy downloads counted by their time: name -> slower than this.
+#: "backed off" waited out more than two minimum retransmission timeouts (TCP_RTO_MIN is
+#: 200 ms): a backed-off one (0.2 + 0.4 s: a retransmit lost too) or three. Each
+#: threshold is above the judge's slack (harness.fidelity._observe.SLACK_S, the time the
+#: proxy may add to any answer), or that tolerance alone could move a try across it.
+#: A share of those slower than 0.19 s (one timeout waited out) was counted until it
+#: failed that: through the hop (two-way loss, its bytes through trio) downloads that
+#: waited no timeout took up to 0.18 s under load, and the share moved with the load,
+#: both ways (faultnet 65 % against the kernel's 81 % beside a second pytest worker;
+#: 94-95 % against 76-82 % beside two busy loops; the same when quiet), while "backed
+#: off" held in all of them (33 vs 40 %, 42 vs 41 %, 44 vs 38 %).
+LOSS_SHARES: dict[str, float] = {"backed off": 0.5}
 #: syn_loss's connects: how many a side makes, and how many at once (each is a fresh
 #: connect that waits 1 s per dropped SYN; 32 at once stay far below either listener's
 #: backlog, 64 and 4096, so the kernel drops no SYN of its own). 128 a side at 50 %
@@ -82,8 +87,8 @@ class Side:
 #: returns its observation; the run alternates the sides' turns (kernel, faultnet,
 #: faultnet, kernel, ...). Why: the retransmission timings of many lossy downloads move
 #: with the load on the machine, and two sides run one after the other can see two
-#: loads (under two whole-suite runs faultnet's timed-out share was 66 % where the
-#: kernel's, a minute before, was 82 %; quiet, the two agreed in 14 runs of 15).
+#: loads (a two-way loss row once judged different under two whole-suite runs, each
+#: side's six batches alike; quiet, the sides agreed in the other 14 runs of 15).
 Scenario = Callable[[Side, Servers], "Observation | Generator[None, None, Observation]"]
 
 
@@ -392,11 +397,10 @@ def lossy_downloads(side: Side, servers: Servers) -> Generator[None, None, Obser
     """:data:`LOSS_TRIES` downloads of :data:`LOSS_TRY_BYTES`, :data:`LOSS_AT_ONCE` at a
     time on fresh connections, the fault made once they are all connected and undone
     after (a batch is a turn: the sides alternate, see :data:`Scenario`); each checked
-    by sha256 and given :data:`LOSS_GIVEN_S`. Counted: downloads
-    that waited out a retransmission timeout (slower than :data:`TIMED_OUT_S`), that
-    backed off (slower than :data:`BACKED_OFF_S`) and that were not done in the time
-    given (``unfinished``, timed at what they were given). The time is the median; the
-    times are kept for the record.
+    by sha256 and given :data:`LOSS_GIVEN_S`. Counted: each share of
+    :data:`LOSS_SHARES` (slower than its threshold) and the downloads not done in the
+    time given (``unfinished``, timed at what they were given). The time is the median;
+    the times are kept for the record.
 
     Why many short downloads at once, not a few long ones: under 20 % loss both ways a
     download's time is a sum of retransmission timeouts that double when a retransmit
@@ -443,8 +447,7 @@ def lossy_downloads(side: Side, servers: Servers) -> Generator[None, None, Obser
         statistics.median(times),
         tries=len(tries),
         counts={
-            "timed out": sum(1 for t in times if t > TIMED_OUT_S),
-            "backed off": sum(1 for t in times if t > BACKED_OFF_S),
+            **{share: sum(1 for t in times if t > s) for share, s in LOSS_SHARES.items()},
             "unfinished": sum(1 for kind, _ in tries if kind == "unfinished"),
         },
         tries_of="downloads",

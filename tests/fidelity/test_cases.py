@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from faultnet.modes import MODES
-from harness.fidelity._cases import CASES, NOT_HELD
+from harness.fidelity._cases import CASES, LOSS_SHARES, NOT_HELD
+from harness.fidelity._observe import SLACK_S
 
 
 def test_every_tcp_mode_has_a_row_or_a_reason_for_none() -> None:
@@ -25,3 +26,10 @@ def test_each_row_calls_its_own_mode_and_undoes_it_with_the_mode_s_undo() -> Non
         assert method == c.mode, c.name
         assert MODES[c.mode].undone_by in (undoing, None), c.name
         MODES[c.mode].request(**kwargs)  # arguments the mode takes
+
+
+def test_each_share_counted_by_time_is_slower_than_the_judge_s_slack() -> None:
+    # Else the time the judge lets the proxy add could alone move a try across it.
+    assert LOSS_SHARES
+    for share, threshold in LOSS_SHARES.items():
+        assert threshold > SLACK_S, share
