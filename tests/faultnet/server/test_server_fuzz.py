@@ -34,9 +34,9 @@ from faultnet.testing import read_line
 MAX_EXAMPLES = 12
 
 schema = schemathesis.openapi.from_dict(openapi_document(__version__))
-#: One test per operation, each with an id of its own. Not ``schema.parametrize()``: its
-#: items share one node id (``test_api_fuzz``), and pytest-xdist, which schedules by node
-#: id, ran 1 of the 23 and reported the run green (measured).
+#: One test per operation, each with an id of its own. Not ``schema.parametrize()``: under
+#: pytest 9.2 its items share one node id (``test_api_fuzz``), and pytest-xdist, which
+#: schedules by node id, ran 1 of the 23 and reported the run green (measured).
 OPERATIONS = [result.ok() for result in schema.get_all_operations()]
 
 
