@@ -237,7 +237,13 @@ class Connection:
         The ``hop`` filter goes on the ends of the internal hop, which is set up (and the
         connection's bytes put through it) the first time it is asked for, once the
         connection has started (:meth:`start` calls again)."""
-        for side, program in self.faults.filters().items():
+        wanted = self.faults.filters()
+        if self._filters == wanted:
+            # Each socket already has what the state asks for: the loop below would do
+            # nothing (a hop's filter is recorded only once the hop exists). Most
+            # transitions of a fault over many connections (freeze, thaw) are this case.
+            return
+        for side, program in wanted.items():
             if side == "hop":
                 self._refilter_hop(program)
                 continue

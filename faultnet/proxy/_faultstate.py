@@ -152,6 +152,17 @@ class FaultState:
     def __getitem__(self, stream: str) -> StreamFault:
         return self.upstream if stream == "upstream" else self.downstream
 
+    # Hashed once per state: every transition looks its state up in _transition's
+    # cache, and the dataclass's own hash, two StreamFaults deep, was recomputed each
+    # time (measured with the refilter's shortcut under callgrind: a connection's
+    # freeze or thaw went from 28,300 instructions to 20,400).
+    def __hash__(self) -> int:
+        return self._hash
+
+    @functools.cached_property
+    def _hash(self) -> int:
+        return hash((self.upstream, self.downstream))
+
     def apply(
         self, mode: str, streams: Iterable[str], fraction: float = 0.0, both_ways: bool = False
     ) -> FaultState:

@@ -88,6 +88,20 @@ def test_thawing_the_streams_one_at_a_time_equals_thawing_both_from_any_state() 
             assert state.apply("thaw", DOWN).apply("thaw", UP) == FaultState()
 
 
+def test_equal_states_hash_alike_however_they_were_made() -> None:
+    # The hash is cached per state object: equal states made by different paths (a
+    # transition, a join, the constructor) must still meet in a set and in the
+    # transitions' cache.
+    steps = list(itertools.product(TRANSITIONS, (BOTH, UP, DOWN)))
+    made: list[FaultState] = []
+    for (a, sa), (b, sb) in itertools.product(steps, repeat=2):
+        state = FaultState().apply(a, sa, 0.3).apply(b, sb, 0.3)
+        made += [state, state.join(FaultState()), FaultState(state.upstream, state.downstream)]
+    for x, y in itertools.product(made, repeat=2):
+        assert x != y or hash(x) == hash(y), (x, y)
+    assert len(set(made)) == len({(s.upstream, s.downstream) for s in made}) > 10
+
+
 def test_every_pair_of_conditions_has_a_label() -> None:
     assert set(LABELS) == set(itertools.product(Condition, repeat=2))
 
