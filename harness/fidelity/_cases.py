@@ -21,9 +21,10 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from faultnet.controls import syn_retry_schedule
@@ -51,7 +52,7 @@ LOSS_TRY_BYTES, LOSS_GIVEN_S = 512 * 1024, 3.0
 #: both ways (faultnet 65 % against the kernel's 81 % beside a second pytest worker;
 #: 94-95 % against 76-82 % beside two busy loops; the same when quiet), while "backed
 #: off" held in all of them (33 vs 40 %, 42 vs 41 %, 44 vs 38 %).
-LOSS_SHARES: dict[str, float] = {"backed off": 0.5}
+LOSS_SHARES: Mapping[str, float] = MappingProxyType({"backed off": 0.5})
 #: syn_loss's connects: how many a side makes, and how many at once (each is a fresh
 #: connect that waits 1 s per dropped SYN; 32 at once stay far below either listener's
 #: backlog, 64 and 4096, so the kernel drops no SYN of its own). 128 a side at 50 %
