@@ -22,6 +22,7 @@ __all__ = [
     "bound_unsent",
     "flush_ack",
     "detach_filter",
+    "filter_length",
     "raise_fd_limit",
     "set_keepalive",
     "set_linger_reset",
@@ -71,6 +72,14 @@ def detach_filter(sock: _Sock) -> None:
     except OSError as exc:
         if exc.errno != 2:
             raise
+
+
+def filter_length(sock: _Sock) -> int:
+    """Instructions in the classic BPF filter on *sock* (0: none). Read with
+    SO_GET_FILTER (the same number as SO_ATTACH_FILTER): given a buffer, the kernel
+    returns as its length the filter's instruction count."""
+    # 1024 bytes: Python's cap on getsockopt's buffer, room for 128 instructions.
+    return len(sock.getsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, 1024))
 
 
 def set_linger_reset(sock: _Sock) -> None:
@@ -152,8 +161,9 @@ def tcp_retransmits_needed(sock: _Sock) -> int:
 
 def socket_drops(sock: _Sock) -> int:
     """Segments the kernel dropped on their way into *sock* (``sk_drops``): those a
-    socket filter refused, plus any dropped for want of buffer (rare on loopback).
-    Each dropped data segment is one the sender must retransmit."""
+    socket filter refused, any dropped for want of buffer (rare on loopback), and the
+    copies TCP discards as old data (a retransmission of what *sock* already had: its
+    ACK was lost). A data segment a filter dropped is one the sender must retransmit."""
     mem = sock.getsockopt(socket.SOL_SOCKET, _SO_MEMINFO, 9 * 4)
     return int(struct.unpack_from("9I", mem)[8])
 
@@ -212,10 +222,12 @@ class FilterDrops:
     faultnet's filters is on it (:meth:`attached` .. :meth:`detached`).
 
     The kernel's one counter also takes drops for want of receive buffer (a gRPC
-    connection with no fault at all showed 1 and 5 over 16 MB); counting only the
-    windows a filter is in force keeps those out of a connection that had no fault,
-    though one that happens under a filter is still counted with it. *read* is
-    :func:`socket_drops` (replaceable in tests)."""
+    connection with no fault at all showed 1 and 5 over 16 MB) and the duplicates TCP
+    discards (see :func:`socket_drops`); counting only the windows a filter is in force
+    keeps those out of a connection that had no fault, though those that happen under a
+    filter are counted with it (under loss, a retransmission whose original arrived but
+    whose ACK the filter dropped). *read* is :func:`socket_drops` (replaceable in
+    tests)."""
 
     def __init__(self, read: Callable[[Any], int] | None = None) -> None:
         self._read = read or socket_drops

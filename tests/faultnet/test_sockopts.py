@@ -11,10 +11,12 @@ from faultnet.probe import ProbeKind, probe
 from faultnet.sockopts import (
     attach_drop_all,
     detach_filter,
+    filter_length,
     raise_fd_limit,
     set_keepalive,
     set_linger_reset,
     set_user_timeout,
+    socket_drops,
     tcp_retransmits,
     tcp_retransmits_needed,
     tcp_state,
@@ -121,6 +123,25 @@ async def test_a_retransmit_the_peer_already_had_is_not_needed() -> None:
             lambda: tcp_retransmits_needed(client) < tcp_retransmits(client),
             what="a retransmit reported back as a duplicate",
         )
+    finally:
+        for s in (listener, client, server):
+            s.close()
+
+
+async def test_a_duplicate_tcp_discards_counts_in_socket_drops_without_a_filter() -> None:
+    # Why a drop count taken while retransmissions are still due can grow with no filter
+    # on the socket (FilterDrops, the hop's test): the kernel counts in sk_drops the
+    # copies TCP throws away as old data, not only what a filter refused.
+    listener, client, server = _connected()
+    try:
+        attach_drop_all(client)  # the client's ACKs come back to nothing: it resends
+        assert filter_length(client) == 1 and filter_length(server) == 0
+        client.sendall(b"x" * 1000)
+        assert _recv_exactly(server, 1000) == b"x" * 1000
+        await wait_until(lambda: socket_drops(server) >= 1, what="a duplicate discarded")
+        assert filter_length(server) == 0
+        detach_filter(client)
+        assert filter_length(client) == 0
     finally:
         for s in (listener, client, server):
             s.close()

@@ -44,6 +44,7 @@ from hypothesis.stateful import (
 
 from faultnet.planes import available_planes
 from faultnet.proxy import open_proxy
+from faultnet.sockopts import filter_length
 
 PEERS = ("127.0.0.1", "127.0.0.2")
 STREAMS = ("upstream", "downstream")
@@ -52,18 +53,10 @@ MAX_LIVE = 3
 #: up to the sender's backed-off retransmission timer for bytes written while a filter
 #: dropped the ACKs (a few hundred ms in these short examples).
 ARRIVAL_BOUND_S = 10.0
-#: SO_GET_FILTER (linux/asm-generic/socket.h): with a buffer, the length it returns is
-#: the number of instructions of the filter attached.
-SO_GET_FILTER = 26
 #: Instruction counts of faultnet.bpf's programs: drop_all, drop_fraction.
 DROP_ALL_LEN, LOSS_LEN = 1, 4
 
 ORDER = {"open": 0, "frozen": 1, "blackholed": 2}
-
-
-def filter_length(sock: socket.socket) -> int:
-    # 1024 bytes: Python's cap on getsockopt's buffer, room for 128 instructions.
-    return len(sock.getsockopt(socket.SOL_SOCKET, SO_GET_FILTER, 1024))
 
 
 def label(up: str, down: str) -> str:

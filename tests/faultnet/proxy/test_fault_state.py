@@ -7,21 +7,14 @@ its own state's filter, not its listener's."""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import trio
 
 from faultnet.proxy import Proxy
+from faultnet.sockopts import filter_length
 from faultnet.testing import open_link, read_exactly, wait_until
 
 pytestmark = pytest.mark.usefixtures("each_plane")
-
-SO_GET_FILTER = 26
-
-
-def _filter_length(sock: socket.socket) -> int:
-    return len(sock.getsockopt(socket.SOL_SOCKET, SO_GET_FILTER, 1024))
 
 
 async def _forwards(proxy: Proxy, client: trio.SocketStream, server: trio.SocketStream) -> None:
@@ -47,7 +40,7 @@ async def test_thawing_each_stream_in_turn_leaves_an_open_link_forwarding(
         (info,) = proxy.connections()
         assert info.state == "open"
         (conn,) = proxy._connections.values()
-        assert _filter_length(conn.client) == 0, "the blackhole's drop filter is still on"
+        assert filter_length(conn.client) == 0, "the blackhole's drop filter is still on"
         assert proxy.state["blackhole_new"] is False and proxy.state["partitioned"] == []
         await _forwards(proxy, client, server)
 
@@ -83,6 +76,6 @@ async def test_a_connection_accepted_under_a_listener_filter_does_not_inherit_it
         fresh = await trio.open_tcp_stream(*proxy.address)
         await wait_until(lambda: len(proxy._connections) == 2)
         newest = max(proxy._connections.values(), key=lambda c: c.id)
-        assert _filter_length(newest.client) == 0
+        assert filter_length(newest.client) == 0
         assert newest.info().state == "open"
         await fresh.aclose()
