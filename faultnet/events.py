@@ -77,6 +77,12 @@ EVENTS: dict[str, Event] = _table(
     ),
     Event("stopped", (), "a proxy has stopped"),
     Event("accept_error", ("error",), "accept() failed (out of descriptors or memory)"),
+    Event(
+        "fd_reserve",
+        ("state", "limit", "reserve", "refused"),
+        "past the descriptor reserve: clients reset at once (refusing), or carried again"
+        " (admitting, with how many were refused)",
+    ),
     # -- TCP connections --
     Event("conn_open", ("conn", "peer"), "a connection was accepted"),
     Event("conn_close", _CONN_CLOSE_FIELDS, "a connection ended, how, and what crossed"),

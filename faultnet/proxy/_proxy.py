@@ -32,6 +32,7 @@ from faultnet.proxy._faultstate import (
     ListenerFaults,
     NewConnectionFaults,
 )
+from faultnet.proxy._reserve import DescriptorReserve
 from faultnet.sockopts import (
     bound_unsent,
     detach_filter,
@@ -84,7 +85,9 @@ class Proxy:
 
     Run it with ``await nursery.start(proxy.serve)`` or ``async with open_proxy(...)``.
     ``address`` is the bound address (port 0 becomes the real port). Thousands of
-    connections at once are fine; the soft descriptor limit is raised to the hard one.
+    connections at once are fine; the soft descriptor limit is raised to the hard one,
+    and a reserve beneath it is kept free for the API: a client past it is reset at once
+    (:mod:`faultnet.proxy._reserve`).
 
     ``dataplane`` names what moves the bytes (:mod:`faultnet.planes`: a plane in
     :data:`faultnet.planes.PLANES`); the default is ``$FAULTNET_DATAPLANE``, else the
@@ -123,6 +126,10 @@ class Proxy:
         self.toxics: list[Toxic] = []
         self.address: Address | None = None
         self.fd_limit = raise_fd_limit()
+        #: Connections past the descriptor limit's reserve are reset at once.
+        self._fd_reserve = DescriptorReserve(self.fd_limit, self.log)
+        #: An accept() error episode is under way (logged once, at its start).
+        self._accept_failing = False
         self._splice = splice and hasattr(os, "splice")
         self.dataplane = dataplane or planes.default_plane()
         if self.dataplane not in planes.available_planes():
@@ -250,12 +257,15 @@ class Proxy:
                     except OSError as exc:
                         if listener.fileno() < 0 or exc.errno == errno.EBADF:
                             return  # closed under us by refuse(): its scope is cancelled
-                        # EMFILE/ENFILE/ENOBUFS: out of descriptors or memory. Log, back
-                        # off briefly, keep serving: one connection's trouble is not the
-                        # proxy's.
-                        self.log.write("accept_error", error=exc.strerror or str(exc))
+                        # EMFILE/ENFILE/ENOBUFS: out of descriptors or memory (the
+                        # reserve makes it rare: something else took them). Log once
+                        # per episode, back off briefly, keep serving.
+                        if not self._accept_failing:
+                            self._accept_failing = True
+                            self.log.write("accept_error", error=exc.strerror or str(exc))
                         await trio.sleep(0.05)
                         break
+                    self._accept_failing = False
                     self._admit(client, addr)
 
     def _admit_queued(self) -> None:
@@ -278,6 +288,8 @@ class Proxy:
     def _admit(self, client: socket.socket, addr: tuple[Any, ...]) -> None:
         """A connection just accepted: list it, log it and start it on the plane."""
         assert self._plane is not None
+        if not self._fd_reserve.admits(client):
+            return  # reset at once: carrying it would take the reserve's descriptors
         client.setblocking(False)
         set_nodelay(client)  # a toxic's split writes must not meet delayed ACK: see sockopts
         bound_unsent(client)  # what a freeze lets through is bounded: see sockopts
