@@ -219,22 +219,36 @@ async def assert_udp_lossy(
         return observed
 
 
-async def assert_udp_delayed(address: Address, min_ms: float, timeout: float = 2.0) -> float:
-    """Positive control for latency: one datagram's echo comes back intact, no sooner
-    than *min_ms* milliseconds. Returns the round trip in seconds."""
-    result = await udp_probe(address, timeout)
-    require_kind(
-        "assert_udp_delayed", result, UdpProbeKind.ANSWERED, f"an echo after at least {min_ms:g} ms"
-    )
-    if result.elapsed_s * 1000.0 < min_ms:
-        raise ControlFailed(
+async def assert_udp_delayed(
+    address: Address, min_ms: float, timeout: float = 2.0, tries: int = 3
+) -> float:
+    """Positive control for latency: *tries* datagrams, one after another, each echoed
+    intact no sooner than *min_ms* milliseconds. Returns the quickest round trip in
+    seconds.
+
+    A delay in force is a floor, so one echo under it proves there is none, while a
+    slow echo proves nothing (a loaded machine is slow too: one probe alone let a
+    breakage pass in the suite at load ~10). So every echo must clear the floor, and
+    the first that does not turns the control red."""
+    quickest = float("inf")
+    for _ in range(tries):
+        result = await udp_probe(address, timeout)
+        require_kind(
             "assert_udp_delayed",
+            result,
+            UdpProbeKind.ANSWERED,
             f"an echo after at least {min_ms:g} ms",
-            f"an echo after {result.elapsed_s * 1000:.1f} ms",
-            result.elapsed_s,
-            "no delay in force",
         )
-    return result.elapsed_s
+        if result.elapsed_s * 1000.0 < min_ms:
+            raise ControlFailed(
+                "assert_udp_delayed",
+                f"every echo after at least {min_ms:g} ms",
+                f"an echo after {result.elapsed_s * 1000:.1f} ms",
+                result.elapsed_s,
+                "no delay in force",
+            )
+        quickest = min(quickest, result.elapsed_s)
+    return quickest
 
 
 async def assert_udp_duplicated(address: Address, window: float = 0.5) -> int:
