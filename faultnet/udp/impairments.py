@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, fields, replace
+from functools import cached_property
 from typing import Any
 
 __all__ = ["SIZE_ACTIONS", "Fate", "Impairment", "draw", "fate"]
@@ -85,15 +86,14 @@ class Impairment:
             raise ValueError(
                 f"size_action must be one of {', '.join(SIZE_ACTIONS)}, not {self.size_action!r}"
             )
-        active = bool(
+
+    @cached_property
+    def active(self) -> bool:
+        """Whether any impairment is on (computed once: it is asked per datagram; a
+        frozen dataclass's cached_property writes the instance's __dict__ directly)."""
+        return bool(
             self.loss or self.latency_ms or self.jitter_ms or self.duplicate or self.reorder
         ) or (self.size_limit is not None)
-        object.__setattr__(self, "_active", active)
-
-    @property
-    def active(self) -> bool:
-        """Whether any impairment is on (computed once: it is asked per datagram)."""
-        return self._active
 
     def with_(self, **changes: Any) -> Impairment:
         """A copy with *changes* (validated; unknown names raise ValueError)."""

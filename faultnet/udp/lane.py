@@ -24,6 +24,7 @@ an unbounded queue.
 from __future__ import annotations
 
 import math
+import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -75,7 +76,7 @@ class Lane:
 
     def __init__(
         self,
-        sock: object,
+        sock: socket.socket,
         send: Callable[[bytes], object],
         on_error: Callable[[OSError, bytes], object] = lambda exc, payload: None,
         *,
