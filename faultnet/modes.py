@@ -27,14 +27,19 @@ This module imports nothing from faultnet but :mod:`faultnet.addresses` (to pars
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any, Literal
 
 from faultnet.addresses import parse_peer
 
 __all__ = [
     "MODES",
+    "TABLES",
+    "TCP",
+    "Argument",
+    "ModeTable",
     "STREAM_CHOICES",
     "Mode",
     "FaultRequest",
@@ -56,7 +61,8 @@ class ModeArgumentError(ValueError):
 
 
 class ModeArgumentTypeError(ModeArgumentError):
-    """An argument of the wrong type (the API answers "bad request body")."""
+    """An argument of the wrong type, or a request body of the wrong shape (the API
+    answers "bad request body")."""
 
 
 def _type_name(value: object) -> str:
@@ -65,7 +71,180 @@ def _type_name(value: object) -> str:
         return "boolean"
     if isinstance(value, int | float):
         return "number"
-    return {str: "string", list: "array", tuple: "array"}.get(type(value), "object")
+    names: dict[type, str] = {str: "string", list: "array", tuple: "array"}
+    return names.get(type(value), "object")
+
+
+#: What an argument's value is: one of ``choices``; true or false; a list of connection
+#: ids; a number; a whole number; a peer's ``HOST[:PORT]``.
+Kind = Literal["choice", "flag", "ids", "number", "whole", "peer"]
+
+
+@dataclass(frozen=True)
+class Argument:
+    """One argument a fault mode may take, declared once: its type, range and default,
+    what may not come with it, and the messages that say what is wrong with it.
+
+    A message template is formatted with ``key``, ``label``, ``value``, ``type`` (the
+    value's JSON type), ``choices``, ``minimum`` and ``maximum``."""
+
+    #: The keyword (the proxy method's, and the request's).
+    name: str
+    kind: Kind
+    protocol: Literal["tcp", "udp"] = "tcp"
+    #: Its key in a JSON fault request ("": the name).
+    json_key: str = ""
+    #: The value that stands for "not given" where it is not None (stream "both", a
+    #: false flag): such a value is checked before anything else, since only a valid one
+    #: can be compared with it.
+    absent: object = None
+    #: The value used when it is not given (a row may declare its own: loss's percent).
+    default: object = None
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] = ()
+    #: The mode cannot be applied without it.
+    required: bool = False
+    #: The arguments it cannot be combined with.
+    excludes: tuple[str, ...] = ()
+    #: (argument, value): it may only be given while that argument has that value.
+    needs: tuple[str, str] | None = None
+    #: Whether the fault result repeats it (as given).
+    echo: bool = True
+    #: The name the messages use ("": the key): a UDP impairment's attribute.
+    label: str = ""
+    wrong_type: str = "{label} must be a number, not {value!r}"
+    #: A wrong type is a malformed body (ModeArgumentTypeError), not a plain mistake.
+    wrong_type_is_body: bool = False
+    out_of_range: str = ""
+    unmet: str = ""
+    #: What it does (the OpenAPI document's and the CLI's prose).
+    doc: str = ""
+
+    @property
+    def key(self) -> str:
+        return self.json_key or self.name
+
+    def given(self, value: object) -> bool:
+        """Whether *value* gives this argument (None, or its absent value, does not)."""
+        if value is None:
+            return False
+        return self.absent is None or type(value) is not type(self.absent) or value != self.absent
+
+    def collect(self, value: object) -> object:
+        """*value* made a tuple if it is a list of ids (an iterator is read once)."""
+        if self.kind != "ids" or isinstance(value, str | bytes | Mapping):
+            return value
+        return tuple(value) if isinstance(value, Iterable) else value
+
+    def check(self, value: object, as_given: object = None) -> None:
+        """Raise if *value* (:meth:`collect`'s of *as_given*, which the message shows)
+        is not of this argument's type and range."""
+        if not _IS_KIND[self.kind](self, value):
+            error = ModeArgumentTypeError if self.wrong_type_is_body else ModeArgumentError
+            raise error(self.say(self.wrong_type, value if as_given is None else as_given))
+        if isinstance(value, int | float) and not self._in_range(value):
+            raise ModeArgumentError(self.say(self.out_of_range, value))
+
+    def _in_range(self, value: float) -> bool:
+        # A chain where both bounds are known, so that NaN is out of a range (as the
+        # checks this replaced said: percent's `not 0 <= p <= 100`, a UDP delay's `< 0`).
+        if self.minimum is not None and self.maximum is not None:
+            return self.minimum <= value <= self.maximum
+        return not (self.minimum is not None and value < self.minimum)
+
+    def say(self, template: str, value: object = None) -> str:
+        return template.format(
+            key=self.key,
+            label=self.label or self.key,
+            value=value,
+            type=_type_name(value),
+            choices=", ".join(self.choices),
+            minimum=self.minimum,
+            maximum=self.maximum,
+        )
+
+
+def _is_id_list(arg: Argument, value: object) -> bool:
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        return False
+    return all(type(i) is int for i in value)  # bool is not an id
+
+
+#: Kind -> whether a value is one.
+_IS_KIND: dict[str, Callable[[Argument, object], bool]] = {
+    "choice": lambda arg, v: v in arg.choices,
+    "flag": lambda arg, v: isinstance(v, bool),
+    "ids": _is_id_list,
+    "number": lambda arg, v: isinstance(v, int | float) and not isinstance(v, bool),
+    "whole": lambda arg, v: isinstance(v, int) and not isinstance(v, bool),
+    "peer": lambda arg, v: isinstance(v, str),
+}
+
+
+#: The TCP proxy's arguments (:data:`TCP_ARGUMENTS` lists them in the order a request
+#: is checked).
+STREAM = Argument(
+    "stream",
+    "choice",
+    absent="both",
+    default="both",
+    choices=STREAM_CHOICES,
+    echo=False,  # the result always says it
+    wrong_type="stream was invalid: it must be one of {choices}, not {value!r}",
+    doc="the streams it acts on",
+)
+INCLUDE_NEW = Argument(
+    "include_new",
+    "flag",
+    absent=False,
+    default=False,
+    echo=False,
+    wrong_type="{key} must be true or false, not {type}",
+    wrong_type_is_body=True,
+    doc="also catch connections accepted later, until their undo",
+)
+ONLY = Argument(
+    "only",
+    "ids",
+    json_key="connections",
+    excludes=("include_new",),
+    echo=False,  # the result's "connections" is how many it acted on
+    wrong_type="{key} must be a list of connection ids, not {value!r}",
+    wrong_type_is_body=True,
+    doc="act only on these live connections (ids); default all",
+)
+PERCENT = Argument(
+    "percent",
+    "number",
+    minimum=0,
+    maximum=100,
+    wrong_type="{key} must be a number, not {value!r}",
+    out_of_range="{key} must be between {minimum:g} and {maximum:g}, not {value}",
+    doc="the chance (0-100) each segment or SYN is dropped",
+)
+BOTH_WAYS = Argument(
+    "both_ways",
+    "flag",
+    absent=False,
+    default=False,
+    # One hop carries both streams (their ACKs ride on each other's segments), so its
+    # loss cannot be split by stream.
+    needs=("stream", "both"),
+    unmet="{key} loses both streams on one hop: stream must be both, not {value}",
+    wrong_type="{key} must be true or false, not {type}",
+    wrong_type_is_body=True,
+    doc="lose segments travelling either way, ACKs included, as a lossy route",
+)
+PEER = Argument(
+    "peer",
+    "peer",
+    excludes=("include_new",),
+    wrong_type="{key} must be HOST or HOST:PORT, not {type}",
+    wrong_type_is_body=True,
+    doc="act only on the client at this address, HOST or HOST:PORT",
+)
+TCP_ARGUMENTS = (PEER, STREAM, INCLUDE_NEW, ONLY, PERCENT, BOTH_WAYS)
 
 
 @dataclass(frozen=True)
@@ -79,18 +258,21 @@ class Mode:
     #: new connections; "datagrams": a UDP proxy's datagrams; "undo": undoes the modes
     #: in ``undoes``.
     acts_on: Literal["connections", "listener", "datagrams", "undo"]
-    #: The keyword arguments it takes besides ``stream`` (TCP: include_new, only,
-    #: percent, peer, both_ways; UDP: its impairment's attributes), and those it requires.
-    params: tuple[str, ...] = ()
-    required: tuple[str, ...] = ()
-    #: Takes ``stream=`` ("both", "upstream", "downstream").
-    takes_stream: bool = False
+    #: The arguments it takes (its method's keywords), ``stream`` among them where it
+    #: takes one.
+    arguments: tuple[Argument, ...] = ()
     #: For an undo: the modes it ends.
     undoes: tuple[str, ...] = ()
     #: The mode that ends this one, or None (sever and reset cannot be undone).
     undone_by: str | None = None
-    #: The percent used when none is given (felt, not fatal, as on a poor real link).
-    default_percent: float | None = None
+    #: The fault result's key for what applying it returns ("connections": how many it
+    #: acted on; "released": the datagrams a UDP thaw let go), or None.
+    result_key: str | None = None
+    #: Behaviour: it listens again first, if the listener was closed (restore after
+    #: refuse); it waits until the connections it cut stop taking their client's ACKs in
+    #: (blackhole, partition: see Proxy._drain).
+    rebinds_listener: bool = False
+    drains: bool = False
     #: One line: what a client sees.
     summary: str = ""
     #: The control that proves it is in force (in :mod:`faultnet.controls`, or
@@ -104,6 +286,24 @@ class Mode:
     effect: str = "unchanged"
     new_connections: str = "unchanged"
     protocol: Literal["tcp", "udp"] = "tcp"
+
+    def argument(self, name: str) -> Argument | None:
+        """Its declaration of argument *name*, or None if it does not take it."""
+        return next((a for a in self.arguments if a.name == name), None)
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        """The names of the arguments it takes besides ``stream``."""
+        return tuple(a.name for a in self.arguments if a.name != "stream")
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        return tuple(a.name for a in self.arguments if a.required)
+
+    @property
+    def takes_stream(self) -> bool:
+        """Takes ``stream=`` ("both", "upstream", "downstream")."""
+        return self.argument("stream") is not None
 
     @property
     def takes_include_new(self) -> bool:
@@ -133,102 +333,21 @@ class Mode:
         return "both_ways" in self.params
 
     @property
+    def default_percent(self) -> float | None:
+        """The percent used when none is given (felt, not fatal, as on a poor real link)."""
+        found = self.argument("percent")
+        return None if found is None else found.default  # type: ignore[return-value]
+
+    @property
     def counts_connections(self) -> bool:
         """Whether applying it returns how many open connections it acted on."""
-        return self.per_connection or self.takes_peer
+        return self.result_key == "connections"
 
-    def request(
-        self,
-        *,
-        stream: object = "both",
-        include_new: object = False,
-        only: object = None,
-        percent: object = None,
-        peer: object = None,
-        both_ways: object = False,
-    ) -> FaultRequest:
-        """Check every argument against this row, once, with one message for each
-        mistake, and return the request normalised: the streams it names, *only* as a
-        tuple of ids, the row's default percent where none is given, *peer* parsed.
-        Values may come from JSON (the API) or Python (the methods) alike."""
-        if peer is not None:
-            if not self.takes_peer:
-                raise ModeArgumentError(
-                    f"peer applies to {_names('takes_peer')} only, not {self.name}"
-                )
-            if include_new:
-                raise ModeArgumentError("peer and include_new cannot be combined")
-            if not isinstance(peer, str):
-                raise ModeArgumentTypeError(
-                    f"peer must be HOST or HOST:PORT, not {_type_name(peer)}"
-                )
-        if stream not in STREAM_CHOICES:
-            raise ModeArgumentError(
-                f"stream was invalid: it must be one of {', '.join(STREAM_CHOICES)}, not {stream!r}"
-            )
-        if stream != "both" and not self.takes_stream:
-            raise ModeArgumentError(
-                f"stream applies to {_names('takes_stream')} only, not {self.name}"
-            )
-        if not isinstance(include_new, bool):
-            raise ModeArgumentTypeError(
-                f"include_new must be true or false, not {_type_name(include_new)}"
-            )
-        if include_new and not self.takes_include_new:
-            raise ModeArgumentError(
-                f"include_new applies to {_names('takes_include_new')} only, not {self.name}"
-            )
-        ids: tuple[int, ...] | None = None
-        if only is not None:
-            if not self.per_connection:
-                raise ModeArgumentError(
-                    f"connections applies to {_names('per_connection')} only, not {self.name}"
-                )
-            if include_new:
-                raise ModeArgumentError("connections and include_new cannot be combined")
-            listed = not isinstance(only, str | bytes | Mapping) and isinstance(only, Iterable)
-            ids = tuple(only) if listed else ()  # type: ignore[call-overload]
-            if not listed or not all(type(i) is int for i in ids):  # bool is not an id
-                raise ModeArgumentTypeError(
-                    f"connections must be a list of connection ids, not {only!r}"
-                )
-        if percent is not None and not self.takes_percent:
-            raise ModeArgumentError(
-                f"percent applies to {_names('takes_percent')} only, not {self.name}"
-            )
-        if percent is None:
-            percent = self.default_percent
-        elif isinstance(percent, bool) or not isinstance(percent, int | float):
-            raise ModeArgumentError(f"percent must be a number, not {percent!r}")
-        elif not 0 <= percent <= 100:
-            raise ModeArgumentError(f"percent must be between 0 and 100, not {percent}")
-        if not isinstance(both_ways, bool):
-            raise ModeArgumentTypeError(
-                f"both_ways must be true or false, not {_type_name(both_ways)}"
-            )
-        if both_ways and not self.takes_both_ways:
-            raise ModeArgumentError(
-                f"both_ways applies to {_names('takes_both_ways')} only, not {self.name}"
-            )
-        if both_ways and stream != "both":
-            # One hop carries both streams (their ACKs ride on each other's segments),
-            # so its loss cannot be split by stream.
-            raise ModeArgumentError(
-                f"both_ways loses both streams on one hop: stream must be both, not {stream}"
-            )
-        # A bad peer raises parse_peer's AddressError (a ValueError too).
-        selector = parse_peer(peer) if peer is not None else None
-        return FaultRequest(
-            mode=self,
-            stream=stream,
-            streams=STREAMS if stream == "both" else (stream,),
-            include_new=include_new,
-            only=ids,
-            percent=percent,
-            peer=selector,
-            peer_text=peer,
-            both_ways=both_ways,
-        )
+    def request(self, **arguments: object) -> FaultRequest:
+        """Check *arguments* against this row, once, with one message for each mistake
+        (see :meth:`ModeTable.check`), and return the request normalised. Values may
+        come from JSON (the API) or Python (the methods) alike."""
+        return TABLES[self.protocol].check(self, arguments)
 
 
 @dataclass(frozen=True)
@@ -239,23 +358,181 @@ class FaultRequest:
     #: As asked ("both", "upstream" or "downstream"), and the streams that names.
     stream: str
     streams: tuple[str, ...]
-    include_new: bool
+    #: Every argument the mode takes, by keyword, as its method is called (the row's
+    #: default where one was not given).
+    arguments: Mapping[str, Any]
+    #: What the fault result repeats: the arguments given, by JSON key, as given.
+    echo: Mapping[str, Any]
+    include_new: bool = False
     #: Connection ids, or None for every open connection.
-    only: tuple[int, ...] | None
+    only: tuple[int, ...] | None = None
     #: The percent (the row's default where none was given), or None.
-    percent: Any
+    percent: float | None = None
     #: The client selector (host, port or None), and as written.
-    peer: tuple[str, int | None] | None
-    peer_text: str | None
+    peer: tuple[str, int | None] | None = None
+    peer_text: str | None = None
     #: Loss of both directions on an internal hop (loss only).
     both_ways: bool = False
+
+
+@dataclass(frozen=True)
+class ModeTable:
+    """One proxy kind's modes and how a request for one is read: the mode names, the
+    arguments, and what is said of a mistake. :data:`TCP` and
+    :data:`faultnet.udp.modes.UDP`."""
+
+    protocol: Literal["tcp", "udp"]
+    modes: Mapping[str, Mode]
+    #: Said of a mode name not in the table (``name``, ``names``).
+    invalid_mode: str
+    #: Said of an argument the mode does not take (``key``, ``mode``, ``modes``: those
+    #: that take it), and whether that is a malformed body.
+    not_taken: str
+    not_taken_is_body: bool
+    #: Every key of a request is an argument the mode must take, even with a null value
+    #: (UDP); otherwise only the table's own arguments are read, null ones not given.
+    strict: bool = False
+    #: Its arguments in the order a request is checked (empty: every row's, in the
+    #: order they first appear).
+    arguments: tuple[Argument, ...] = ()
+    #: Said of a required argument that is missing (``key``, ``mode``).
+    missing: str = "{mode} needs {key}"
+
+    def __post_init__(self) -> None:
+        TABLES[self.protocol] = self
+
+    @cached_property
+    def declared(self) -> dict[str, Argument]:
+        """Every argument of the table's modes by name, in the order they are checked
+        (a row may declare its own default or label: the row's is used for that row)."""
+        found = {a.name: a for a in self.arguments}
+        for m in self.modes.values():
+            for a in m.arguments:
+                found.setdefault(a.name, a)
+        return found
+
+    def mode(self, name: object) -> Mode:
+        """The mode named *name* (``drop_syn`` or the CLI's ``drop-syn``);
+        :class:`ModeArgumentError` naming the valid ones otherwise."""
+        found = self.modes.get(name.replace("-", "_")) if isinstance(name, str) else None
+        if found is None:
+            raise ModeArgumentError(
+                self.invalid_mode.format(name=name, names=", ".join(self.modes))
+            )
+        return found
+
+    def request(self, name: object, **arguments: object) -> FaultRequest:
+        return self.check(self.mode(name), arguments)
+
+    def from_json(self, body: Mapping[str, Any]) -> FaultRequest:
+        """The request a JSON fault body (``mode`` and the arguments by key) asks for."""
+        names = {a.key: a.name for a in self.declared.values()}
+        if self.strict:
+            given = {names.get(k, k): v for k, v in body.items() if k != "mode"}
+        else:  # JSON null is the argument's default
+            given = {names[k]: v for k, v in body.items() if k in names and v is not None}
+        return self.request(body.get("mode"), **given)
+
+    def takers(self, name: str) -> str:
+        """The modes that take argument *name*, as prose ("loss and syn_loss")."""
+        names = [m.name for m in self.modes.values() if m.argument(name) is not None]
+        if len(names) < 2:
+            return "".join(names) or "no mode"
+        return f"{', '.join(names[:-1])} and {names[-1]}"
+
+    def _refuse(self, row: Mode, arg: Argument) -> ModeArgumentError:
+        error = ModeArgumentTypeError if self.not_taken_is_body else ModeArgumentError
+        return error(self.not_taken.format(key=arg.key, mode=row.name, modes=self.takers(arg.name)))
+
+    def check(self, row: Mode, given: Mapping[str, object]) -> FaultRequest:
+        """The one check of a request, for every mode of every table: the keys given
+        (:meth:`_keys`), then every argument of the table in order against *row*'s
+        declaration of it (:meth:`_read`). An argument not given takes the row's
+        default; one given that the row does not take, a wrong type or value, a
+        combination excluded, are each a :class:`ModeArgumentError` (a malformed body:
+        :class:`ModeArgumentTypeError`) saying which; a bad peer is the
+        :class:`~faultnet.addresses.AddressError` of :func:`parse_peer`."""
+        self._keys(row, given)
+        values: dict[str, Any] = {}
+        read = [row.argument(a.name) or a for a in self.declared.values()]
+        named = {a.name for a in read if self._read(row, a, given, values)}
+        # In the row's order (loss's percent, both_ways, peer: as results always had).
+        echo = {a.key: values[a.name] for a in row.arguments if a.echo and a.name in named}
+        return _request(row, values, echo)
+
+    def _keys(self, row: Mode, given: Mapping[str, object]) -> None:
+        """Refuse a key the table does not know (a strict table: the row does not
+        take, null or not), then a required argument missing."""
+        declared = self.declared
+        for name in sorted(given):
+            if self.strict and row.argument(name) is None:
+                raise self._refuse(row, declared.get(name) or Argument(name, "number"))
+            if name not in declared:  # a Python caller's slip: no JSON key reaches here
+                raise ModeArgumentError(f"{row.name} takes no argument {name!r}")
+        for arg in row.arguments:
+            if arg.required and given.get(arg.name) is None:
+                raise ModeArgumentTypeError(self.missing.format(mode=row.name, key=arg.key))
+
+    def _read(
+        self, row: Mode, arg: Argument, given: Mapping[str, object], values: dict[str, Any]
+    ) -> bool:
+        """Check argument *arg* as *given*, put its value (or default) in *values*, and
+        say whether it was given. *values* holds those checked before it."""
+        as_given = given.get(arg.name)
+        value = arg.collect(as_given)
+        if arg.absent is not None and value is not None:
+            arg.check(value, as_given)
+        if not arg.given(value):
+            values[arg.name] = arg.default
+            return False
+        if row.argument(arg.name) is None:
+            raise self._refuse(row, arg)
+        for other in arg.excludes:
+            # Given and true: a false value of any type excludes nothing (its own check,
+            # later, says if it is of the wrong type).
+            if given.get(other) and self.declared[other].given(given.get(other)):
+                raise ModeArgumentError(
+                    f"{arg.key} and {self.declared[other].key} cannot be combined"
+                )
+        if arg.absent is None:
+            arg.check(value, as_given)
+        if arg.needs is not None and values[arg.needs[0]] != arg.needs[1]:
+            raise ModeArgumentError(arg.say(arg.unmet, values[arg.needs[0]]))
+        values[arg.name] = value
+        return True
+
+
+def _request(row: Mode, values: Mapping[str, Any], echo: Mapping[str, Any]) -> FaultRequest:
+    """The request of *row* with its checked *values* (every argument of the table)."""
+    stream = values.get("stream", "both")
+    only = values.get("only")
+    peer = values.get("peer")
+    return FaultRequest(
+        mode=row,
+        stream=stream,
+        streams=STREAMS if stream == "both" else (stream,),
+        arguments={a.name: values[a.name] for a in row.arguments},
+        echo=echo,
+        include_new=bool(values.get("include_new")),
+        only=None if only is None else tuple(only),
+        percent=values.get("percent"),
+        # A bad peer raises parse_peer's AddressError (a ValueError too).
+        peer=parse_peer(peer) if peer is not None else None,
+        peer_text=peer,
+        both_ways=bool(values.get("both_ways")),
+    )
+
+
+#: The mode tables by protocol: :data:`TCP` here, ``udp`` once :mod:`faultnet.udp.modes`
+#: is imported (which imports its rows' table with them).
+TABLES: dict[str, ModeTable] = {}
 
 
 def request(name: object, **arguments: Any) -> FaultRequest:
     """The request to apply mode *name* with *arguments* (stream, include_new, only,
     percent, peer, both_ways), checked once: :class:`ModeArgumentError` says what is wrong, or
     :class:`~faultnet.addresses.AddressError` for a peer that is not ``HOST[:PORT]``."""
-    return mode(name).request(**arguments)
+    return TCP.request(name, **arguments)
 
 
 MODES: dict[str, Mode] = {
@@ -264,13 +541,9 @@ MODES: dict[str, Mode] = {
         Mode(
             "freeze",
             "connections",
-            params=(
-                "include_new",
-                "only",
-                "peer",
-            ),
+            arguments=(STREAM, INCLUDE_NEW, ONLY, PEER),
             undone_by="thaw",
-            takes_stream=True,
+            result_key="connections",
             summary="writes succeed until buffers fill, reads hang",
             control="assert_frozen",
             effect="nothing forwarded; FIN/RST held",
@@ -279,12 +552,10 @@ MODES: dict[str, Mode] = {
         Mode(
             "blackhole",
             "connections",
-            params=(
-                "include_new",
-                "only",
-                "peer",
-            ),
+            arguments=(INCLUDE_NEW, ONLY, PEER),
             undone_by="thaw",
+            result_key="connections",
+            drains=True,
             summary="a dead route: keepalive and TCP_USER_TIMEOUT fire",
             control="assert_blackholed",
             effect="freeze + a drop-all filter on the client's socket",
@@ -293,22 +564,17 @@ MODES: dict[str, Mode] = {
         Mode(
             "thaw",
             "undo",
-            params=(
-                "only",
-                "peer",
-            ),
+            arguments=(STREAM, ONLY, PEER),
             undoes=("freeze", "blackhole", "loss", "partition"),
-            takes_stream=True,
+            result_key="connections",
             summary="held bytes delivered in order, then any held FIN or RST; loss and "
             "partitions end",
         ),
         Mode(
             "sever",
             "connections",
-            params=(
-                "only",
-                "peer",
-            ),
+            arguments=(ONLY, PEER),
+            result_key="connections",
             summary="EOF within ms",
             control="assert_severed",
             effect="clean FIN both ways, even with unread bytes",
@@ -316,10 +582,8 @@ MODES: dict[str, Mode] = {
         Mode(
             "reset",
             "connections",
-            params=(
-                "only",
-                "peer",
-            ),
+            arguments=(ONLY, PEER),
+            result_key="connections",
             summary="ECONNRESET within ms",
             control="assert_reset",
             effect="RST both ways",
@@ -327,16 +591,9 @@ MODES: dict[str, Mode] = {
         Mode(
             "loss",
             "connections",
-            params=(
-                "include_new",
-                "only",
-                "percent",
-                "peer",
-                "both_ways",
-            ),
+            arguments=(STREAM, INCLUDE_NEW, ONLY, replace(PERCENT, default=5.0), BOTH_WAYS, PEER),
             undone_by="thaw",
-            takes_stream=True,
-            default_percent=5.0,
+            result_key="connections",
             summary="real segment loss: its own TCP retransmits, bytes arrive intact but late",
             control="assert_lossy",
             variant_controls=(("both_ways", "assert_lossy_route"),),
@@ -349,8 +606,10 @@ MODES: dict[str, Mode] = {
         Mode(
             "partition",
             "connections",
-            params=("peer",),
+            arguments=(PEER,),
             undone_by="thaw",
+            result_key="connections",
+            drains=True,
             summary="one client (or all) cut off as by a dead route, the others unaffected",
             control="assert_partitioned",
             effect="the peer's (`peer=`) or all: blackholed",
@@ -367,9 +626,8 @@ MODES: dict[str, Mode] = {
         Mode(
             "syn_loss",
             "listener",
-            params=("percent",),
+            arguments=(replace(PERCENT, default=20.0),),
             undone_by="restore",
-            default_percent=20.0,
             summary="slow, flaky connects: a dropped SYN is retried after ~1 s, then as the "
             "kernel says (`syn_retry_schedule()`)",
             control="assert_syn_lossy",
@@ -387,30 +645,35 @@ MODES: dict[str, Mode] = {
             "restore",
             "undo",
             undoes=("drop_syn", "syn_loss", "refuse"),
+            rebinds_listener=True,
             summary="new connects accepted again",
         ),
     )
 }
 
 
+#: The TCP proxy's table: its modes, its arguments in the order a request is checked,
+#: and what is said of a mistake.
+TCP = ModeTable(
+    "tcp",
+    MODES,
+    arguments=TCP_ARGUMENTS,
+    invalid_mode="invalid fault mode: {name!r}, one of {names}",
+    not_taken="{key} applies to {modes} only, not {mode}",
+    not_taken_is_body=False,
+)
+
+
 def mode(name: object) -> Mode:
     """The mode named *name* (``drop_syn`` or the CLI's ``drop-syn``);
     :class:`ModeArgumentError` naming the valid ones otherwise."""
-    found = MODES.get(name.replace("-", "_")) if isinstance(name, str) else None
-    if found is None:
-        raise ModeArgumentError(f"invalid fault mode: {name!r}, one of {', '.join(MODES)}")
-    return found
+    return TCP.mode(name)
 
 
 def modes_that(flag: str) -> list[str]:
     """The names of the modes whose boolean field *flag* is true, in table order
-    (e.g. ``modes_that("takes_stream") == ["freeze", "thaw"]``)."""
+    (e.g. ``modes_that("takes_stream") == ["freeze", "thaw", "loss"]``)."""
     return [m.name for m in MODES.values() if getattr(m, flag)]
-
-
-def _names(flag: str) -> str:
-    names = modes_that(flag)
-    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 def markdown_table(fidelity: Mapping[str, str] | None = None) -> str:

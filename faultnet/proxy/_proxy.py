@@ -357,17 +357,19 @@ class Proxy:
         )
 
     async def apply_request(self, req: FaultRequest) -> int | None:
-        """Apply a request :func:`faultnet.modes.request` has validated (the one check)."""
-        if req.mode.name == "restore" and self._listener_faults.refusing:
+        """Apply a request :func:`faultnet.modes.request` has validated (the one check);
+        what it does around its operation is what its row says."""
+        row = req.mode
+        if row.rebinds_listener and self._listener_faults.refusing:
             # The one operation that waits: listening again (ProxyError if the port was
             # taken meanwhile, and then nothing has changed).
             await self._bind()
-        if req.mode.counts_connections:
+        if row.counts_connections:
             self._admit_queued()
-        result = _OPERATIONS[req.mode.name](self, req)
-        if req.mode.name in ("blackhole", "partition"):
+        result = _OPERATIONS[row.name](self, req)
+        if row.drains:
             await self._drain()
-        return result if req.mode.counts_connections else None
+        return result if row.counts_connections else None
 
     async def _drain(self) -> None:
         """Wait (at most :data:`_DRAIN_BOUND_S`) until no blackholed connection is
@@ -410,7 +412,7 @@ class Proxy:
 
         Total on return: not one more byte crosses. FIN and RST are held too.
         """
-        return await self._call(
+        return await self._counted(
             "freeze", stream=stream, include_new=include_new, only=only, peer=peer
         )
 
@@ -432,7 +434,7 @@ class Proxy:
         to it. What remains: bytes the proxy's kernel had queued but not sent (a window
         the client had closed) keep zero-window probes going to the client, and the
         wait gives up after 0.5 s, leaving what is still in flight to be retransmitted."""
-        return await self._call("blackhole", include_new=include_new, only=only, peer=peer)
+        return await self._counted("blackhole", include_new=include_new, only=only, peer=peer)
 
     async def loss(
         self,
@@ -475,7 +477,7 @@ class Proxy:
         :meth:`connections` (``dropped_upstream``/``dropped_downstream``,
         ``retransmits``; on the hop ``hop_dropped``, ``hop_retransmits``) and in each
         connection's ``conn_close`` record."""
-        return await self._call(
+        return await self._counted(
             "loss",
             percent=percent,
             stream=stream,
@@ -499,12 +501,12 @@ class Proxy:
         stream and then the other ends exactly where thawing both at once does. A
         connection that two-way loss put on its internal hop stays on it, the hop's
         filters off (while one stream still has a two-way loss, the hop keeps it)."""
-        return await self._call("thaw", stream=stream, only=only, peer=peer)
+        return await self._counted("thaw", stream=stream, only=only, peer=peer)
 
     async def sever(self, *, only: Iterable[int] | None = None, peer: str | None = None) -> int:
         """Close every open connection (or those in *only* / from *peer*) with a clean
         FIN both ways (EOF at both peers)."""
-        return await self._call("sever", only=only, peer=peer)
+        return await self._counted("sever", only=only, peer=peer)
 
     async def reset(self, *, only: Iterable[int] | None = None, peer: str | None = None) -> int:
         """Close every open connection (or those in *only* / from *peer*) with an RST
@@ -515,7 +517,7 @@ class Proxy:
         ``recv`` sees ECONNRESET within ms. It is not a firewall's reject (nft ``reject
         with tcp reset``), which answers only a segment the client sends: there a
         client parked in ``recv`` sees nothing at all (the fidelity table)."""
-        return await self._call("reset", only=only, peer=peer)
+        return await self._counted("reset", only=only, peer=peer)
 
     async def partition(self, *, peer: str | None = None) -> int:
         """A route that died outright, for the client *peer* (``HOST`` or ``HOST:PORT``)
@@ -523,7 +525,7 @@ class Proxy:
         hang (their SYNs dropped by the listener's filter), while other clients keep
         working. Undone by :meth:`thaw` (with the same *peer*, or none). Returns how many
         open connections it blackholed."""
-        return await self._call("partition", peer=peer)
+        return await self._counted("partition", peer=peer)
 
     async def drop_syn(self) -> None:
         """New connects hang: every SYN to the listener is dropped (a drop-all socket
@@ -557,43 +559,64 @@ class Proxy:
         Raises ProxyError if the port was taken meanwhile."""
         await self._call("restore")
 
-    async def _call(self, name: str, **args: Any) -> Any:
-        return await self.apply_request(request(name, **args))
+    async def _counted(self, name: str, **arguments: object) -> int:
+        """Apply mode *name* of those that count (its row's ``result_key``): how many
+        open connections it acted on."""
+        acted = await self.apply_request(request(name, **arguments))
+        # Never None: such a row's operation returns a count (test_modes applies each).
+        assert acted is not None, name
+        return acted
+
+    async def _call(self, name: str, **arguments: object) -> None:
+        """Apply mode *name* of the listener's (no count)."""
+        await self.apply_request(request(name, **arguments))
 
     # The operations, one per mode, each given a validated request. Synchronous: no
     # checkpoint inside, so each is atomic with respect to the other trio tasks.
 
-    def _stop(self, req: FaultRequest) -> int:
-        """freeze, blackhole and partition on the connections, and include_new."""
-        name = req.mode.name
+    def _gate(self, req: FaultRequest) -> tuple[list[Connection], dict[str, int]]:
+        """Close the gates of mode *req* on the connections it names; return them and
+        the bytes that had crossed each stream when the gates closed."""
         conns = self._live(req.only, req.peer)
-        crossed = dict.fromkeys(STREAMS, 0)  # what had crossed when the gates closed
+        crossed = dict.fromkeys(STREAMS, 0)
         for c in conns:
-            c.apply(name, req.streams)
+            c.apply(req.mode.name, req.streams)
             for s, n in zip(STREAMS, c.counts(), strict=True):
                 crossed[s] += n
-        if name == "partition":
-            self._new.partition(req.peer or ALL)
-            self._refilter_listener()
-        elif req.include_new:
-            self._new.apply(name, req.streams)
+        return conns, crossed
+
+    def _stop(self, req: FaultRequest) -> int:
+        """freeze and blackhole on the connections, and include_new."""
+        conns, crossed = self._gate(req)
+        if req.include_new:
+            self._new.apply(req.mode.name, req.streams)
         self._start_held_poll()
-        if name == "partition":
-            self.log.write(
-                "fault_applied", mode=name, peer=req.peer_text, connections=[c.id for c in conns]
-            )
-        else:
-            self.log.write(
-                "fault_applied",
-                mode=name,
-                stream=req.stream,
-                include_new=req.include_new,
-                connections=[c.id for c in conns],
-                bytes=crossed,
-            )
+        self.log.write(
+            "fault_applied",
+            mode=req.mode.name,
+            stream=req.stream,
+            include_new=req.include_new,
+            connections=[c.id for c in conns],
+            bytes=crossed,
+        )
+        return len(conns)
+
+    def _partition(self, req: FaultRequest) -> int:
+        """A blackhole of the peer's (or every) open connection, and its new SYNs dropped."""
+        conns, _ = self._gate(req)
+        self._new.partition(req.peer or ALL)
+        self._refilter_listener()
+        self._start_held_poll()
+        self.log.write(
+            "fault_applied",
+            mode=req.mode.name,
+            peer=req.peer_text,
+            connections=[c.id for c in conns],
+        )
         return len(conns)
 
     def _loss(self, req: FaultRequest) -> int:
+        assert req.percent is not None  # the row's default where none was given
         conns = self._live(req.only, req.peer)
         fraction = req.percent / 100.0
         for c in conns:
@@ -630,8 +653,8 @@ class Proxy:
         )
         return len(conns)
 
-    def _end_all(self, req: FaultRequest) -> int:
-        how = "severed" if req.mode.name == "sever" else "reset"
+    def _end_all(self, req: FaultRequest, how: str) -> int:
+        """End the connections *req* names: *how* is "severed" (FIN) or "reset" (RST)."""
         conns = self._live(req.only, req.peer)
         for c in conns:
             c.end(how)
@@ -646,6 +669,7 @@ class Proxy:
         self.log.write("fault_applied", mode="drop_syn")
 
     def _syn_loss(self, req: FaultRequest) -> None:
+        assert req.percent is not None  # the row's default where none was given
         self._listener_faults.syn_loss = req.percent / 100.0
         self._refilter_listener()
         self.log.write("fault_applied", mode="syn_loss", percent=req.percent)
@@ -846,11 +870,11 @@ class Proxy:
 _OPERATIONS: dict[str, Callable[[Proxy, FaultRequest], int | None]] = {
     "freeze": Proxy._stop,
     "blackhole": Proxy._stop,
-    "partition": Proxy._stop,
+    "partition": Proxy._partition,
     "loss": Proxy._loss,
     "thaw": Proxy._thaw,
-    "sever": Proxy._end_all,
-    "reset": Proxy._end_all,
+    "sever": lambda proxy, req: proxy._end_all(req, "severed"),
+    "reset": lambda proxy, req: proxy._end_all(req, "reset"),
     "drop_syn": Proxy._drop_syn,
     "syn_loss": Proxy._syn_loss,
     "refuse": Proxy._refuse,

@@ -32,7 +32,7 @@ from faultnet.server.client import (
     ApiUnavailable,
     fault_body,
 )
-from faultnet.udp.modes import UDP_MODES
+from faultnet.udp.modes import UDP_MODES, UDP_ONLY_ARGUMENTS
 
 __all__ = ["register"]
 
@@ -40,9 +40,9 @@ __all__ = ["register"]
 TOKEN_ENV = "FAULTNET_TOKEN"
 
 
-#: The UDP proxy's modes that are not TCP modes too, and their arguments besides percent.
+#: The UDP proxy's modes that are not TCP modes too, and the argument kinds' types.
 _UDP_ONLY = [m for m in UDP_MODES if m not in MODES]
-_UDP_PARAMS = list(dict.fromkeys(p for m in UDP_MODES.values() for p in m.params if p != "percent"))
+_PYTHON_TYPE: dict[str, Callable[[str], object]] = {"choice": str, "whole": int, "number": float}
 
 
 def _mode_name(text: str) -> str:
@@ -297,7 +297,7 @@ def _fault(args: argparse.Namespace, c: ApiClient) -> Any:
         percent=args.percent,
         peer=args.peer,
         both_ways=args.both_ways or None,
-        **{param: getattr(args, param) for param in _UDP_PARAMS},
+        **{arg.key: getattr(args, arg.name) for arg in UDP_ONLY_ARGUMENTS},
     )
     r = c.request("POST", f"/proxies/{c.quote(args.proxy)}/faults", body)
     if args.json:
@@ -650,12 +650,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "included, as a lossy route (an internal hop; --stream both only); default: "
         "only segments arriving at the proxy",
     )
-    for param in _UDP_PARAMS:
+    for arg in UDP_ONLY_ARGUMENTS:
         p.add_argument(
-            f"--{param.replace('_', '-')}",
-            type={"action": str, "limit": int}.get(param, float),
+            f"--{arg.key.replace('_', '-')}",
+            type=_PYTHON_TYPE[arg.kind],
             help="UDP proxies: "
-            + ", ".join(m.name for m in UDP_MODES.values() if param in m.params),
+            + ", ".join(m.name for m in UDP_MODES.values() if m.argument(arg.name)),
         )
     p.add_argument(
         "--peer",

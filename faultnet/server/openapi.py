@@ -16,7 +16,7 @@ from faultnet.modes import MODES, STREAM_CHOICES, modes_that
 from faultnet.proxy import CONNECTION_STATES
 from faultnet.server.names import MAX_NAME_CHARS
 from faultnet.toxics import INT64_MAX, INT64_MIN, TOXICS, TextAttribute
-from faultnet.udp.modes import UDP_MODES
+from faultnet.udp.modes import UDP_MODES, UDP_ONLY_ARGUMENTS
 
 __all__ = ["openapi_document"]
 
@@ -229,14 +229,12 @@ def _schemas() -> dict[str, Any]:
                     + "; ".join(f"{m.name}: {m.summary}" for m in UDP_MODES.values()),
                 },
                 **{
-                    param: {
-                        "type": "string" if param == "action" else "number",
+                    arg.key: {
+                        "type": "string" if arg.kind == "choice" else "number",
                         "description": "UDP proxies: "
-                        + ", ".join(m.name for m in UDP_MODES.values() if param in m.params),
+                        + ", ".join(m.name for m in UDP_MODES.values() if m.argument(arg.name)),
                     }
-                    for param in dict.fromkeys(
-                        p for m in UDP_MODES.values() for p in m.params if p != "percent"
-                    )
+                    for arg in UDP_ONLY_ARGUMENTS
                 },
                 "stream": {
                     "type": "string",

@@ -31,13 +31,13 @@ from faultnet import addresses
 from faultnet.addresses import AddressError, format_address, is_loopback
 from faultnet.eventlog import JsonlWriter
 from faultnet.events import EVENTS
-from faultnet.modes import ModeArgumentError, ModeArgumentTypeError, request
+from faultnet.modes import TABLES, ModeArgumentError, ModeArgumentTypeError
 from faultnet.proxy import AddressInUse, Proxy, ProxyError
 from faultnet.seeds import derive_seed
 from faultnet.server.names import name_problem
 from faultnet.server.toxic_codec import ToxicError, check_update, toxic_from_json, toxic_to_json
 from faultnet.toxics import STREAMS, Toxic
-from faultnet.udp.modes import UDP_MODES
+from faultnet.udp.modes import UDP  # noqa: F401 -- registers the UDP table in TABLES
 from faultnet.udp.proxy import UdpProxy
 
 __all__ = [
@@ -54,17 +54,6 @@ __all__ = [
 EVENT_RING_SIZE = 10_000
 
 Address = tuple[str, int]
-
-
-#: A fault request's JSON keys -> the mode table's argument names.
-_FAULT_ARGUMENTS = {
-    "stream": "stream",
-    "include_new": "include_new",
-    "connections": "only",
-    "percent": "percent",
-    "peer": "peer",
-    "both_ways": "both_ways",
-}
 
 
 class ApiError(Exception):
@@ -263,7 +252,7 @@ class ManagedProxy:
         self.proxy, self._stopped = proxy, stopped
 
     async def _run(
-        self, proxy: Proxy, stopped: trio.Event, *, task_status: trio.TaskStatus[Any]
+        self, proxy: Proxy | UdpProxy, stopped: trio.Event, *, task_status: trio.TaskStatus[Any]
     ) -> None:
         started = False
 
@@ -274,7 +263,7 @@ class ManagedProxy:
                 task_status.started(value)
 
         try:
-            await proxy.serve(task_status=Status())  # type: ignore[arg-type]
+            await proxy.serve(task_status=Status())
         except Exception as exc:
             if not started:
                 raise
@@ -315,7 +304,9 @@ class ManagedProxy:
         else:
             self._toxics.append(toxic)
 
-    def update_toxic(self, toxic: Toxic, attributes: dict[str, Any], toxicity: float | None):
+    def update_toxic(
+        self, toxic: Toxic, attributes: dict[str, Any], toxicity: float | None
+    ) -> None:
         if isinstance(self.proxy, Proxy):
             self.proxy.update_toxic(toxic.name, attributes, toxicity)
         else:
@@ -496,15 +487,17 @@ class ProxyRegistry:
         """
         if not isinstance(body, list):
             raise bad_body(f"expected a JSON array of proxies, not {_json_type(body)}")
-        entries = []
+        entries: list[tuple[str, str, Address, bool, str]] = []
         for i, item in enumerate(body, 1):
-            name, upstream, listen, enabled = self._proxy_fields(item, f" at proxy {i}")
+            name, upstream, listen_text, enabled = self._proxy_fields(item, f" at proxy {i}")
             protocol = self._protocol(item, f" at proxy {i}")
             parse_address(upstream, "upstream")
-            entries.append((name, upstream, self._listen(listen), enabled is not False, protocol))
+            entries.append(
+                (name, upstream, self._listen(listen_text), enabled is not False, protocol)
+            )
         done: list[ManagedProxy] = []
         async with self._lock:
-            for name, upstream, listen, enabled, protocol in entries:
+            for name, upstream, listen, start, protocol in entries:
                 existing = self.proxies.get(name)
                 if existing is not None:
                     if (
@@ -519,7 +512,7 @@ class ProxyRegistry:
                     del self.proxies[name]
                 mp = ManagedProxy(self, name, listen, upstream, protocol)
                 try:
-                    if enabled:
+                    if start:
                         await mp.start()
                 except ApiError as exc:
                     self.events.server.write("populate_failed", name=name, error=exc.message)
@@ -580,23 +573,19 @@ class ProxyRegistry:
         return state
 
     async def apply_fault(self, name: str, body: Any) -> dict[str, Any]:
-        """Apply one of :data:`faultnet.modes.MODES` to a running proxy; return what it
-        did. The mode's row says which of stream, include_new and connections it takes."""
+        """Apply one mode of the proxy's table (:data:`faultnet.modes.MODES`, or
+        :data:`faultnet.udp.modes.UDP_MODES` on a UDP proxy) to the running proxy;
+        return what it did. The mode's row says which arguments it takes.
+
+        A request the table refuses is a 400; what the proxy raises besides a
+        :class:`ProxyError` is a bug, not the client's: it goes up (the API answers 500
+        and logs it)."""
         if not isinstance(body, Mapping):
             raise bad_body(f"expected a JSON object, not {_json_type(body)}")
-        if self.get(name).protocol == "udp":
-            return await self._apply_udp_fault(name, body)
+        table = TABLES[self.get(name).protocol]
         try:
-            # The one validation of a fault request: the mode table's (JSON null is
-            # the argument's default).
-            req = request(
-                body.get("mode"),
-                **{
-                    arg: body[key]
-                    for key, arg in _FAULT_ARGUMENTS.items()
-                    if body.get(key) is not None
-                },
-            )
+            # The one validation of a fault request: the mode table's.
+            req = table.from_json(body)
         except ModeArgumentTypeError as exc:
             raise bad_body(str(exc)) from None
         except (ModeArgumentError, AddressError) as exc:
@@ -615,49 +604,17 @@ class ProxyRegistry:
                         404, f"connection not found: {', '.join(str(i) for i in missing)}"
                     )
             try:
-                affected = await p.apply_request(req)
+                done = await p.apply_request(req)
             except ProxyError as exc:
                 raise _proxy_error(exc) from None
-        result: dict[str, Any] = {"proxy": name, "mode": req.mode.name, "stream": req.stream}
-        if body.get("percent") is not None:
-            result["percent"] = req.percent
-        if req.both_ways:
-            result["both_ways"] = True
-        if req.peer_text is not None:
-            result["peer"] = req.peer_text
-        if affected is not None:
-            result["connections"] = affected
-        result["state"] = self.fault_state(name)
-        return result
-
-    async def _apply_udp_fault(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        """One of :data:`faultnet.udp.modes.UDP_MODES` on a UDP proxy: ``mode``,
-        ``stream`` and the arguments its row lists, by name."""
-        m = UDP_MODES.get(str(body.get("mode")).replace("-", "_"))
-        if m is None:
-            raise ApiError(
-                400, f"invalid fault mode for a UDP proxy: {body.get('mode')!r}, one of "
-                f"{', '.join(UDP_MODES)}"
-            )  # fmt: skip
-        stream = body.get("stream") or "both"
-        unknown = sorted(set(body) - {"mode", "stream", *m.params})
-        if unknown:
-            raise bad_body(f"{m.name} on a UDP proxy takes no {unknown[0]!r}")
-        missing = [p for p in m.required if body.get(p) is None]
-        if missing:
-            raise bad_body(f"{m.name} needs {missing[0]}")
-        kwargs = {p: body[p] for p in m.params if body.get(p) is not None}
-        async with self._lock:
-            p = self.get(name).proxy
-            if p is None:
-                raise ApiError(409, "proxy is disabled")
-            try:
-                done = await getattr(p, m.name)(stream=stream, **kwargs)
-            except (TypeError, ValueError) as exc:
-                raise ApiError(400, str(exc)) from None
-        result: dict[str, Any] = {"proxy": name, "mode": m.name, "stream": stream, **kwargs}
-        if m.name == "thaw":
-            result["released"] = done
+        result: dict[str, Any] = {
+            "proxy": name,
+            "mode": req.mode.name,
+            "stream": req.stream,
+            **req.echo,
+        }
+        if req.mode.result_key is not None:
+            result[req.mode.result_key] = done
         result["state"] = self.fault_state(name)
         return result
 
@@ -668,20 +625,17 @@ class ProxyRegistry:
             await self._undo_all(mp)
 
     async def _undo_all(self, mp: ManagedProxy) -> None:
-        """End every mode: thaw, then restore the listener (a UDP proxy: thaw, clear)."""
-        if isinstance(mp.proxy, UdpProxy):
-            await mp.proxy.thaw()
-            await mp.proxy.clear()
-        elif mp.proxy is not None:
-            await mp.proxy.thaw()
-            await self._restore(mp.proxy)
-
-    @staticmethod
-    async def _restore(proxy: Proxy) -> None:
-        try:
-            await proxy.restore()
-        except ProxyError as exc:
-            raise _proxy_error(exc) from None
+        """End every mode: each undo of the proxy's table, in its order (TCP: thaw, then
+        restore the listener; UDP: thaw, clear)."""
+        if mp.proxy is None:
+            return
+        table = TABLES[mp.protocol]
+        for row in table.modes.values():
+            if row.acts_on == "undo":
+                try:
+                    await mp.proxy.apply_request(table.check(row, {}))
+                except ProxyError as exc:
+                    raise _proxy_error(exc) from None
 
     # -- lifecycle --
 

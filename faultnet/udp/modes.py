@@ -10,18 +10,96 @@ Every mode is a :class:`~faultnet.udp.UdpProxy` method of the same name, taking
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from faultnet.modes import Mode
+from faultnet.modes import STREAM_CHOICES, TCP, Argument, Mode, ModeTable
+from faultnet.udp.impairments import SIZE_ACTIONS
 
-__all__ = ["UDP_MODES", "udp_markdown_table"]
+__all__ = ["UDP", "UDP_MODES", "UDP_ONLY_ARGUMENTS", "udp_markdown_table"]
+
+# The arguments, each named in its messages by the impairment attribute it sets (the
+# messages are the impairment's own: faultnet.udp.impairments.Impairment checks the
+# same again for a direct call of UdpProxy.impair).
+STREAM = Argument(
+    "stream",
+    "choice",
+    "udp",
+    absent="both",
+    default="both",
+    choices=STREAM_CHOICES,
+    echo=False,  # the result always says it
+    wrong_type="stream must be one of {choices}, not {value!r}",
+    doc="the direction it acts on",
+)
+_NUMBER = "{label} must be a number, not {value!r}"
+_NOT_NEGATIVE = "{label} must not be negative, not {value}"
 
 
-def _udp(name: str, undone_by: str | None, **fields: Any) -> Mode:
+def _percent(attribute: str) -> Argument:
+    return Argument(
+        "percent",
+        "number",
+        "udp",
+        minimum=0,
+        maximum=100,
+        required=True,
+        label=attribute,
+        wrong_type=_NUMBER,
+        out_of_range="{label} must be a percentage 0-100, not {value}",
+        doc="the share of datagrams (0-100)",
+    )
+
+
+def _ms(name: str, label: str = "", **fields: Any) -> Argument:
+    return Argument(
+        name,
+        "number",
+        "udp",
+        minimum=0,
+        label=label,
+        wrong_type=_NUMBER,
+        out_of_range=_NOT_NEGATIVE,
+        **fields,
+    )
+
+
+LIMIT = Argument(
+    "limit",
+    "whole",
+    "udp",
+    minimum=0,
+    required=True,
+    label="size_limit",
+    wrong_type="{label} must be a whole number of bytes, not {value!r}",
+    out_of_range=_NOT_NEGATIVE,
+    doc="bytes of UDP payload",
+)
+ACTION = Argument(
+    "action",
+    "choice",
+    "udp",
+    default="truncate",
+    choices=SIZE_ACTIONS,
+    label="size_action",
+    wrong_type="{label} must be one of {choices}, not {value!r}",
+    doc="what is done to a longer payload",
+)
+
+
+def _udp(
+    name: str, undone_by: str | None, arguments: tuple[Argument, ...] = (), **fields: Any
+) -> Mode:
     """A row of the one mode shape (faultnet.modes.Mode) for the UDP proxy: every one
     takes ``stream``; an undo has no ``undone_by``."""
-    acts_on = "datagrams" if undone_by is not None else "undo"
-    return Mode(name, acts_on, undone_by=undone_by, takes_stream=True, protocol="udp", **fields)
+    acts_on: Literal["datagrams", "undo"] = "datagrams" if undone_by is not None else "undo"
+    return Mode(
+        name,
+        acts_on,
+        arguments=(STREAM, *arguments),
+        undone_by=undone_by,
+        protocol="udp",
+        **fields,
+    )
 
 
 UDP_MODES: dict[str, Mode] = {
@@ -44,8 +122,7 @@ UDP_MODES: dict[str, Mode] = {
         _udp(
             "loss",
             "clear",
-            params=("percent",),
-            required=("percent",),
+            (_percent("loss"),),
             effect="that share dropped, chosen by the seed (replayable)",
             summary="some requests or answers never arrive",
             control="assert_udp_lossy",
@@ -53,8 +130,10 @@ UDP_MODES: dict[str, Mode] = {
         _udp(
             "latency",
             "clear",
-            params=("latency_ms", "jitter_ms"),
-            required=("latency_ms",),
+            (
+                _ms("latency_ms", required=True, doc="the delay, ms"),
+                _ms("jitter_ms", default=0.0, doc="up to this much more or less, ms"),
+            ),
             effect="delayed by latency ± jitter, order kept",
             summary="answers late",
             control="assert_udp_delayed",
@@ -62,8 +141,7 @@ UDP_MODES: dict[str, Mode] = {
         _udp(
             "duplicate",
             "clear",
-            params=("percent",),
-            required=("percent",),
+            (_percent("duplicate"),),
             effect="that share sent twice",
             summary="some datagrams arrive twice",
             control="assert_udp_duplicated",
@@ -71,8 +149,10 @@ UDP_MODES: dict[str, Mode] = {
         _udp(
             "reorder",
             "clear",
-            params=("percent", "gap_ms"),
-            required=("percent",),
+            (
+                _percent("reorder"),
+                _ms("gap_ms", "reorder_gap_ms", default=100.0, doc="held at most this long, ms"),
+            ),
             effect="that share held back until after the next one (at most gap_ms)",
             summary="datagrams arrive out of order",
             control="assert_udp_reordered",
@@ -80,8 +160,7 @@ UDP_MODES: dict[str, Mode] = {
         _udp(
             "size_limit",
             "clear",
-            params=("limit", "action"),
-            required=("limit",),
+            (LIMIT, ACTION),
             effect="payloads over limit bytes truncated (action truncate) or dropped (drop)",
             summary="long datagrams arrive cut short, or not at all",
             control="assert_udp_truncated",
@@ -90,6 +169,7 @@ UDP_MODES: dict[str, Mode] = {
             "thaw",
             None,
             undoes=("freeze", "blackhole"),
+            result_key="released",
             summary="held datagrams released in order; freeze/blackhole end",
         ),
         _udp(
@@ -100,6 +180,21 @@ UDP_MODES: dict[str, Mode] = {
         ),
     )
 }
+
+#: The UDP proxy's table: a request names only arguments its mode takes (a null one
+#: too), checked in the order of the rows.
+UDP = ModeTable(
+    "udp",
+    UDP_MODES,
+    invalid_mode="invalid fault mode for a UDP proxy: {name!r}, one of {names}",
+    not_taken="{mode} on a UDP proxy takes no {key!r}",
+    not_taken_is_body=True,
+    strict=True,
+)
+
+#: The UDP arguments the TCP table lacks: the fault request's (and ``faultnet fault``'s)
+#: fields for UDP proxies alone.
+UDP_ONLY_ARGUMENTS = tuple(a for name, a in UDP.declared.items() if name not in TCP.declared)
 
 
 def udp_markdown_table() -> str:

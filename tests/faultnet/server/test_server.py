@@ -610,6 +610,38 @@ async def test_a_handler_bug_is_a_500_and_the_server_keeps_serving(
     assert errors and errors[0]["path"] == "/proxies"
 
 
+@pytest.mark.parametrize("protocol", ["tcp", "udp"])
+async def test_a_bug_in_a_fault_mode_is_a_500_with_its_event_not_the_client_s_400(
+    api: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch, protocol: str
+) -> None:
+    # The bug is injected (no mode has one on demand): the mode's operation raises the
+    # TypeError a wrong call inside it would. The request itself is valid, so the
+    # answer must not blame the client (the UDP dispatch once caught TypeError as a 400).
+    from faultnet.proxy import _proxy
+    from faultnet.udp.proxy import UdpProxy
+
+    async def broken(*args: Any, **kwargs: Any) -> None:
+        raise TypeError("deliberate")
+
+    def broken_op(proxy: Any, req: Any) -> None:
+        raise TypeError("deliberate")
+
+    if protocol == "udp":
+        monkeypatch.setattr(UdpProxy, "latency", broken)
+        body: dict[str, Any] = {"mode": "latency", "latency_ms": 5}
+    else:
+        monkeypatch.setitem(_proxy._OPERATIONS, "loss", broken_op)
+        body = {"mode": "loss", "percent": 5}
+    r = await api.post(
+        "/proxies", json={"name": "p", "upstream": "127.0.0.1:9", "protocol": protocol}
+    )
+    assert r.status_code == 201, r.text
+    assert_error(await api.post("/proxies/p/faults", json=body), 500, "internal error: TypeError")
+    errors = [e for e in (await api.get("/events")).json()["events"] if e["event"] == "api_error"]
+    assert errors and errors[0]["path"] == "/proxies/p/faults"
+    assert "TypeError('deliberate')" in errors[0]["error"]
+
+
 # -- seeds ------------------------------------------------------------------------------
 
 
