@@ -49,6 +49,7 @@ __all__ = [
     "Link",
     "Plane",
     "available_planes",
+    "check_plane",
     "default_plane",
     "make_plane",
 ]
@@ -155,12 +156,17 @@ def default_plane() -> str:
     return os.environ.get("FAULTNET_DATAPLANE") or available_planes()[0]
 
 
-def make_plane(name: str, *, splice: bool = True) -> Plane:
-    """A new, not yet started, plane *name*; ValueError naming the available ones."""
+def check_plane(name: str) -> str:
+    """*name* if it is a plane that can run here; ValueError naming those that can."""
     found = available_planes()
     if name not in found:
         raise ValueError(f"dataplane must be one of {', '.join(found)}, not {name!r}")
-    plane: Plane = _module(PLANES[name]).Plane(splice=splice)
+    return name
+
+
+def make_plane(name: str, *, splice: bool = True) -> Plane:
+    """A new, not yet started, plane *name*; ValueError naming the available ones."""
+    plane: Plane = _module(PLANES[check_plane(name)]).Plane(splice=splice)
     return plane
 
 

@@ -131,12 +131,8 @@ class Proxy:
         #: An accept() error episode is under way (logged once, at its start).
         self._accept_failing = False
         self._splice = splice and hasattr(os, "splice")
-        self.dataplane = dataplane or planes.default_plane()
-        if self.dataplane not in planes.available_planes():
-            raise ValueError(
-                f"dataplane must be one of {', '.join(planes.available_planes())},"
-                f" not {self.dataplane!r}"
-            )
+        # Checked now, though the plane is made by serve(): a wrong name is the caller's.
+        self.dataplane = planes.check_plane(dataplane or planes.default_plane())
         self._plane: planes.Plane | None = None
         self._recv_buf = bytearray(_LINGER_READ)
         self._listener: socket.socket | None = None
