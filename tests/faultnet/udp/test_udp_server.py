@@ -82,3 +82,31 @@ def test_readme_udp_table_is_the_table() -> None:
     assert udp_markdown_table() in (REPO / "README.md").read_text(), (
         "README's UDP table is stale: paste faultnet.udp.modes.udp_markdown_table()"
     )
+
+
+@pytest.mark.parametrize("row", [m for m in UDP_MODES.values() if m.params], ids=lambda m: m.name)
+def test_the_table_refuses_what_the_impairment_refuses_saying_the_same(row) -> None:
+    # The table checks a request before the proxy is called (so that what the call
+    # raises is a bug, never the client's); the impairment checks again for a direct
+    # UdpProxy.impair. Two declarations of one range: they must agree, value by value.
+    from faultnet.modes import ModeArgumentError
+    from faultnet.udp.impairments import Impairment
+    from faultnet.udp.modes import UDP
+
+    good = {"percent": 5, "latency_ms": 5, "limit": 8}
+    values = [-1, 0, 5.5, 100, 101, float("nan"), "x", True, 9.5, 8, "drop", "squash"]
+    for arg in row.arguments:
+        if arg.name == "stream":
+            continue
+        for value in values:
+            try:
+                Impairment().with_(**{arg.label or arg.name: value})
+                impairment = None
+            except ValueError as exc:
+                impairment = str(exc)
+            try:
+                UDP.check(row, {**{r: good[r] for r in row.required}, arg.name: value})
+                table = None
+            except ModeArgumentError as exc:
+                table = str(exc)
+            assert table == impairment, (row.name, arg.name, value)
