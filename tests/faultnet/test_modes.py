@@ -190,3 +190,17 @@ def test_tcp_and_udp_modes_are_rows_of_one_shape() -> None:
             assert set(m.required) <= set(m.params), m.name
             if m.acts_on == "undo":
                 assert set(m.undoes) == {n for n, r in table.items() if r.undone_by == m.name}
+
+
+def test_every_argument_is_declared_for_its_table_and_names_ones_that_exist() -> None:
+    from faultnet.modes import TABLES
+
+    for table in TABLES.values():
+        for m in table.modes.values():
+            assert m.protocol == table.protocol, m.name
+            for arg in m.arguments:
+                assert arg.protocol == table.protocol, (m.name, arg.name)
+                for other in (*arg.excludes, *(arg.needs or ())[:1]):
+                    assert other in table.declared, (m.name, arg.name, other)
+                if arg.default is not None and arg.kind in ("number", "whole", "choice"):
+                    arg.check(arg.default)  # a default the argument itself would refuse
