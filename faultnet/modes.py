@@ -9,11 +9,18 @@ goes red when any of them disagrees).
 
 One spelling per mode: ``drop_syn``. :func:`mode` also accepts the CLI's ``drop-syn``.
 
+A row declares what the mode takes as data (:class:`Argument`: type, range, default,
+what may not come with it, the messages) and how the proxy carries it out (flags such
+as ``rebinds_listener`` and ``drains``); :class:`ModeTable` checks every request, TCP's
+and UDP's alike, in one loop over those declarations (:meth:`ModeTable.check`). No code
+elsewhere asks a mode its name to decide what to do.
+
 Adding a fault mode touches:
 
 1. a :class:`faultnet.Proxy` method named as the mode, total when it returns (and its
-   undo, if it has a new one);
-2. one row here;
+   undo, if it has a new one), and its operation in ``faultnet/proxy/_proxy.py``'s
+   ``_OPERATIONS``;
+2. one row here (its arguments from the declared ones, or a new :class:`Argument`);
 3. its control in :mod:`faultnet.controls` (named in the row's ``control``) with a test
    that breaks the mode and sees the control go red;
 4. its breakages in :data:`faultnet.controltest.BREAKAGES` (at least one);
