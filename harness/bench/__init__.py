@@ -56,8 +56,11 @@ Processes: the upstream server and the faultnet proxy each run in their own proc
 The package, by concern: ``_stream`` (the wire, sizes, targets, bounds), ``_roles`` (the
 upstream and proxy processes), ``_children`` (starting and stopping them, /proc readers),
 ``_reqresp`` (redis-benchmark and the churn loop),
-``_measure`` (the load generator's measurements), ``_run`` (the phases and checks),
-``_report`` (the table), ``_cli`` (flags and exit codes). It lives outside ``faultnet/``
+``_measure`` (the load generator's measurements), ``_context`` (what the phases share),
+``_phases`` (bulk, RTT, churn, request/response, loss, UDP, callgrind), ``_hold`` (hold
+and freeze), ``_targets`` (the ratios, and the targets as one table judged by one loop),
+``_run`` (one run: its processes and phases), ``_report`` (the table), ``_cli`` (flags
+and exit codes). It lives outside ``faultnet/``
 because it is a developer tool, not part of the library (as h11 keeps its ``bench/``).
 
 Exit codes: 0 every check passed (targets are reported, not enforced, unless

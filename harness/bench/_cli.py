@@ -121,24 +121,23 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def params_from_args(args: argparse.Namespace) -> BenchParams:
-    preset = "quick" if args.quick else "default"
-    d = PRESETS[preset]
-    size = parse_size(args.bytes) if args.bytes is not None else d["bytes"]
-    pings = args.pings if args.pings is not None else d["pings"]
-    conns = args.connections if args.connections is not None else d["connections"]
-    rounds = args.rounds if args.rounds is not None else d["rounds"]
-    window = args.freeze_window if args.freeze_window is not None else d["freeze_window"]
-    requests = args.requests if args.requests is not None else d["requests"]
-    churn = args.churn if args.churn is not None else d["churn"]
-    if args.loss_bytes is None:
-        loss_bytes = d["loss_bytes"]
-    else:
-        loss_bytes = 0 if args.loss_bytes.strip() == "0" else parse_size(args.loss_bytes)
-    datagrams = args.datagrams if args.datagrams is not None else d["datagrams"]
-    callgrind = args.callgrind if args.callgrind is not None else d["callgrind"]
-    if requests < 0 or churn < 0 or datagrams < 0 or callgrind < 0:
-        raise UsageError("--requests, --churn, --datagrams and --callgrind must be 0 or more")
+#: The counts a preset sets, by flag: 0 skips their line (none may be negative).
+_COUNTS = ("requests", "churn", "datagrams", "callgrind")
+
+
+def _preset(args: argparse.Namespace, d: dict[str, Any], name: str) -> Any:
+    """The flag's value if given, else the preset's."""
+    given = getattr(args, name)
+    return d[name] if given is None else given
+
+
+def _size_or_zero(text: str | None, default: int) -> int:
+    if text is None:
+        return default
+    return 0 if text.strip() == "0" else parse_size(text)
+
+
+def _check_sizes(pings: int, rounds: int, window: float, conns: int) -> None:
     if pings < 1:
         raise UsageError("--pings must be at least 1")
     if rounds < 1:
@@ -149,36 +148,58 @@ def params_from_args(args: argparse.Namespace) -> BenchParams:
     cap = hard - 100 if hard != resource.RLIM_INFINITY else 100000
     if not 1 <= conns <= cap:
         raise UsageError(f"--connections must be 1..{cap} (this process's descriptor limit)")
-    sabotage = tuple(s for s in args.sabotage.split(",") if s)
+
+
+def _sabotage(text: str) -> tuple[str, ...]:
+    sabotage = tuple(s for s in text.split(",") if s)
     for s in sabotage:
         if s not in ("freeze", "corrupt", "loss"):
             raise UsageError(f"unknown sabotage {s!r}")
+    return sabotage
+
+
+def _rtt_cpu(text: str) -> int | None:
     usable = os.sched_getaffinity(0)
-    rtt_cpu: int | None
-    if args.rtt_cpu == "none":
-        rtt_cpu = None
-    elif args.rtt_cpu == "auto":
-        rtt_cpu = max(usable)
-    else:
-        try:
-            rtt_cpu = int(args.rtt_cpu)
-        except ValueError:
-            raise UsageError(f"--rtt-cpu: not a CPU number: {args.rtt_cpu!r}") from None
-        if rtt_cpu not in usable:
-            raise UsageError(f"--rtt-cpu {rtt_cpu}: not usable here ({sorted(usable)})")
-    socat: str | None = None
-    reason: str | None = None
+    if text == "none":
+        return None
+    if text == "auto":
+        return max(usable)
+    try:
+        cpu = int(text)
+    except ValueError:
+        raise UsageError(f"--rtt-cpu: not a CPU number: {text!r}") from None
+    if cpu not in usable:
+        raise UsageError(f"--rtt-cpu {cpu}: not usable here ({sorted(usable)})")
+    return cpu
+
+
+def _socat(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """(the socat binary, None) or (None, why its arm is skipped)."""
     if args.no_socat:
-        reason = "--no-socat"
-    else:
-        path = args.socat or shutil.which("socat") or "/usr/bin/socat"
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            socat = path
-        elif args.socat is not None:
-            # Asked for by name: a missing program is a mistake, not an arm to drop.
-            raise UsageError(f"--socat {args.socat}: not an executable file")
-        else:
-            reason = f"socat not found at {path}"
+        return None, "--no-socat"
+    path = args.socat or shutil.which("socat") or "/usr/bin/socat"
+    if os.path.isfile(path) and os.access(path, os.X_OK):
+        return path, None
+    if args.socat is not None:
+        # Asked for by name: a missing program is a mistake, not an arm to drop.
+        raise UsageError(f"--socat {args.socat}: not an executable file")
+    return None, f"socat not found at {path}"
+
+
+def params_from_args(args: argparse.Namespace) -> BenchParams:
+    preset = "quick" if args.quick else "default"
+    d = PRESETS[preset]
+    size = parse_size(args.bytes) if args.bytes is not None else d["bytes"]
+    loss_bytes = _size_or_zero(args.loss_bytes, d["loss_bytes"])
+    counts = {name: _preset(args, d, name) for name in _COUNTS}
+    if any(n < 0 for n in counts.values()):
+        raise UsageError("--requests, --churn, --datagrams and --callgrind must be 0 or more")
+    pings, conns, rounds = (_preset(args, d, k) for k in ("pings", "connections", "rounds"))
+    window = _preset(args, d, "freeze_window")
+    _check_sizes(pings, rounds, window, conns)
+    sabotage = _sabotage(args.sabotage)
+    rtt_cpu = _rtt_cpu(args.rtt_cpu)
+    socat, reason = _socat(args)
     return BenchParams(
         bytes=size,
         pings=pings,
@@ -193,42 +214,56 @@ def params_from_args(args: argparse.Namespace) -> BenchParams:
         preset=preset,
         proxy_log=str(Path(args.proxy_log).resolve()) if args.proxy_log else None,
         rtt_cpu=rtt_cpu,
-        requests=requests,
-        churn=churn,
         dataplane=args.dataplane,
         loss_bytes=loss_bytes,
-        datagrams=datagrams,
-        callgrind=callgrind,
+        **counts,
     )
+
+
+def _role_main(args: argparse.Namespace) -> int:
+    """Run the child role ``--role`` names (the bench's own processes)."""
+    if args.role == "upstream":
+        return _upstream_main(args.seed or 0)
+    if args.role == "udp-echo":
+        return _udp_echo_main()
+    if args.upstream_port is None:
+        raise UsageError(f"--role {args.role} needs --upstream-port")
+    if args.role == "udp-proxy":
+        return _udp_proxy_main(args.upstream_port)
+    return _proxy_main(
+        args.upstream_port, tuple(args.sabotage.split(",")), args.proxy_log, args.dataplane
+    )
+
+
+def _check_json_path(path: str | None) -> None:
+    if not path or path == "-":
+        return
+    parent = Path(path).resolve().parent
+    if not parent.is_dir():
+        raise UsageError(f"--json: no such directory: {parent}")
+    if Path(path).is_dir():
+        raise UsageError(f"--json {path}: is a directory")
+
+
+def _output(res: dict[str, Any], json_path: str | None) -> None:
+    """The table on stdout (and the JSON where --json says; '-': stdout, table on stderr)."""
+    report = format_report(res)
+    if json_path == "-":
+        print(report, file=sys.stderr)
+        print(json.dumps(res, indent=2))
+        return
+    print(report)
+    if json_path:
+        Path(json_path).write_text(json.dumps(res, indent=2) + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.role == "upstream":
-            return _upstream_main(args.seed or 0)
-        if args.role == "udp-echo":
-            return _udp_echo_main()
-        if args.role == "udp-proxy":
-            if args.upstream_port is None:
-                raise UsageError("--role udp-proxy needs --upstream-port")
-            return _udp_proxy_main(args.upstream_port)
-        if args.role == "proxy":
-            if args.upstream_port is None:
-                raise UsageError("--role proxy needs --upstream-port")
-            return _proxy_main(
-                args.upstream_port,
-                tuple(args.sabotage.split(",")),
-                args.proxy_log,
-                args.dataplane,
-            )
+        if args.role is not None:
+            return _role_main(args)
         params = params_from_args(args)
-        if args.json and args.json != "-":
-            parent = Path(args.json).resolve().parent
-            if not parent.is_dir():
-                raise UsageError(f"--json: no such directory: {parent}")
-            if Path(args.json).is_dir():
-                raise UsageError(f"--json {args.json}: is a directory")
+        _check_json_path(args.json)
         with raising_on_signals():  # a default SIGTERM would leave socat and redis running
             res = run_bench(params)
     # OSError: the load generator itself could not run (e.g. no descriptors).
@@ -238,14 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.report("cleaned up (processes stopped by PID)")
     except KeyboardInterrupt:  # before the handlers were in place
         return 130
-    report = format_report(res)
-    if args.json == "-":
-        print(report, file=sys.stderr)
-        print(json.dumps(res, indent=2))
-    else:
-        print(report)
-        if args.json:
-            Path(args.json).write_text(json.dumps(res, indent=2) + "\n")
+    _output(res, args.json)
     if not res["ok"]:
         return 1
     if args.require_targets and any(t["status"] == "MISSED" for t in res["targets"]):

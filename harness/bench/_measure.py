@@ -93,13 +93,7 @@ def _bulk(
     except ValueError:
         return {"bytes": None, "seconds": elapsed, "mbps": None, "verified": False,
                 "why": f"no report from the receiver (got {reply[:80]!r})"}  # fmt: skip
-    why = None
-    if report["bytes"] != total:
-        why = f"receiver got {report['bytes']} bytes, sent {total}"
-    elif verify == "sha256" and report["sha256"] != expected_sha:
-        why = "sha256 differs from the sender's"
-    elif verify == "compare" and report["mismatch_at"] is not None:
-        why = f"content differs near byte {report['mismatch_at']}"
+    why = _verdict(report, total, verify, expected_sha)
     return {
         "bytes": report["bytes"],
         "seconds": elapsed,
@@ -110,6 +104,19 @@ def _bulk(
         "retransmits": retransmits,
         "retransmits_needed": needed,
     }
+
+
+def _verdict(
+    report: dict[str, Any], total: int, verify: str, expected_sha: str | None
+) -> str | None:
+    """Why the receiver's *report* says the transfer was wrong, or None."""
+    if report["bytes"] != total:
+        return f"receiver got {report['bytes']} bytes, sent {total}"
+    if verify == "sha256" and report["sha256"] != expected_sha:
+        return "sha256 differs from the sender's"
+    if verify == "compare" and report["mismatch_at"] is not None:
+        return f"content differs near byte {report['mismatch_at']}"
+    return None
 
 
 def pingpong(addr: tuple[str, int], count: int, warmup: int) -> list[int]:

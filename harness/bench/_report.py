@@ -27,26 +27,24 @@ def _cpu_pair(freeze: Any) -> str:
     return f"{freeze['idle_cpu_pct']:.1f} / {freeze['frozen_cpu_pct']:.1f}"
 
 
-def format_report(res: dict[str, Any]) -> str:
-    """The human table: one row per figure, the three arms, and faultnet's ratios; then
-    the targets (MET / MISSED / N/A) and the checks."""
-    arms, ratios, p = res["arms"], res["ratios"], res["params"]
+Row = tuple[str, tuple[str, ...], Callable[[Any], str], str | None, str | None]
 
-    def cell(arm: str, path: tuple[str, ...], show: Callable[[Any], str]) -> str:
-        v: Any = arms.get(arm, {})
-        for k in path:
-            if isinstance(v, dict) and "n/a" in v:
-                return "n/a"
-            v = v.get(k) if isinstance(v, dict) and k else v
-            if v is None:
-                return "-"
-        return show(v)
 
-    def ratio(key: str | None) -> str:
-        v = ratios.get(key) if key else None
-        return "-" if v is None else f"{v:.2f}x"
+def _cell(arms: dict[str, Any], arm: str, path: tuple[str, ...], show: Callable[[Any], str]) -> str:
+    v: Any = arms.get(arm, {})
+    for k in path:
+        if isinstance(v, dict) and "n/a" in v:
+            return "n/a"
+        v = v.get(k) if isinstance(v, dict) and k else v
+        if v is None:
+            return "-"
+    return show(v)
 
-    spec: list[tuple[str, tuple[str, ...], Callable[[Any], str], str | None, str | None]] = [
+
+def _spec(p: dict[str, Any]) -> list[Row]:
+    """The table's rows: label, path of the figure in each arm, how it is shown, and the
+    ratio keys against direct and socat."""
+    return [
         (f"bulk MB/s ({human_size(p['bytes'])}, median of {p['rounds']})", ("bulk", "mbps"),
          _num(".0f"), "throughput_vs_direct", "throughput_vs_socat"),
         ("  proxy CPU s/GiB", ("bulk", "proxy_cpu_s_per_gib"), _num(".2f"), None, None),
@@ -106,26 +104,48 @@ def format_report(res: dict[str, Any]) -> str:
         ("  thaw: connections given their held bytes", ("freeze", "delivered_after_thaw"),
          _delivered, None, None),
     ]  # fmt: skip
-    rows = [("", "direct", "socat", "faultnet", "fn/direct", "fn/socat")]
-    for label, path, show, rd, rs in spec:
-        cells = tuple(cell(a, path, show) for a in ("direct", "socat", "faultnet"))
-        rows.append((label, *cells, ratio(rd), ratio(rs)))
+
+
+def table(rows: list[tuple[str, ...]]) -> list[str]:
+    """*rows* as aligned text: the first column to the left, the others to the right."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = [
+    return [
         "  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(row))
         for row in rows
     ]
-    skipped = arms["socat"].get("skipped")
+
+
+def _context_lines(res: dict[str, Any]) -> list[str]:
+    """What a reader needs beside the figures: skipped arms, load, plane, RTT client."""
+    lines = []
+    skipped = res["arms"]["socat"].get("skipped")
     if skipped:
         hint = " (install it: apt-get install socat)" if "not found" in skipped else ""
         lines.append(f"socat arm skipped: {skipped}{hint}")
     load = res.get("loadavg")
     if load:
         end = res.get("loadavg_end") or ["?"]
-        plane = p.get("dataplane") or "proxy default"
+        plane = res["params"].get("dataplane") or "proxy default"
         lines.append(f"load average at start {load[0]:.2f} (end {end[0]}); data plane: {plane}")
     if res.get("rtt_client"):
         lines.append(f"RTT client: {res['rtt_client']}; ratios: medians of per-round ratios")
+    return lines
+
+
+def format_report(res: dict[str, Any]) -> str:
+    """The human table: one row per figure, the three arms, and faultnet's ratios; then
+    the targets (MET / MISSED / N/A) and the checks."""
+    arms, ratios = res["arms"], res["ratios"]
+
+    def ratio(key: str | None) -> str:
+        v = ratios.get(key) if key else None
+        return "-" if v is None else f"{v:.2f}x"
+
+    rows: list[tuple[str, ...]] = [("", "direct", "socat", "faultnet", "fn/direct", "fn/socat")]
+    for label, path, show, rd, rs in _spec(res["params"]):
+        cells = tuple(_cell(arms, a, path, show) for a in ("direct", "socat", "faultnet"))
+        rows.append((label, *cells, ratio(rd), ratio(rs)))
+    lines = table(rows) + _context_lines(res)
     lines += ["", "targets"]
     for t in res["targets"]:
         note = f"  ({t['note']})" if t["note"] else ""
