@@ -35,6 +35,12 @@ What one run measures, each arm against the same upstream process:
   redis is not installed. ``--requests`` per arm and round.
 * **churn** (issue 14): one client connects, makes one 64-byte round trip, closes, and
   again (``--churn`` connections per arm and round): connections/s and p99 per connection.
+* **toxic lines** (issue 32): a second faultnet proxy with one toxic at a time on its
+  upstream stream (latency 0 and 5 ms, with one message paced every 1 ms / 200 us;
+  slicer; bandwidth; a toxic removed from a live connection; the two-way-loss hop), each
+  against a baseline of the same run (socat, a fresh connection, the bare proxy), and
+  the instructions per round trip of latency 0 and the hop under callgrind: see
+  ``_toxic``. ``--toxic-bytes`` per bulk transfer; 0 skips the section.
 * ``--dataplane trio|thread`` picks the faultnet proxy's data plane; the load average at
   the start and end is in the report, beside the figures it moves.
 
@@ -55,13 +61,14 @@ Processes: the upstream server and the faultnet proxy each run in their own proc
 
 The package, by concern: ``_stream`` (the wire, sizes, targets, bounds), ``_roles`` (the
 upstream and proxy processes), ``_children`` (starting and stopping them, /proc readers),
-``_reqresp`` (redis-benchmark and the churn loop),
-``_measure`` (the load generator's measurements), ``_context`` (what the phases share),
-``_phases`` (bulk, RTT, churn, request/response, loss, UDP, callgrind), ``_hold`` (hold
-and freeze), ``_targets`` (the ratios, and the targets as one table judged by one loop),
-``_run`` (one run: its processes and phases), ``_report`` (the table), ``_cli`` (flags
-and exit codes). It lives outside ``faultnet/``
-because it is a developer tool, not part of the library (as h11 keeps its ``bench/``).
+``_reqresp`` (redis-benchmark and the churn loop), ``_measure`` (the load generator's
+measurements), ``_context`` (what the phases share), ``_phases`` (bulk, RTT, churn,
+request/response, loss, UDP, callgrind), ``_hold`` (hold and freeze), ``_toxic`` (the
+toxic lines), ``_targets`` (the ratios, and the targets as one table judged by one loop),
+``_toxic_targets`` (the toxic lines' rows and report block), ``_run`` (one run: its
+processes and phases), ``_report`` (the table), ``_cli`` (flags and exit codes). It lives
+outside ``faultnet/`` because it is a developer tool, not part of the library (as h11
+keeps its ``bench/``).
 
 Exit codes: 0 every check passed (targets are reported, not enforced, unless
 ``--require-targets``); 1 a check failed (or a target missed with ``--require-targets``);

@@ -38,8 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog=(
             "Presets: default = 1 GiB per transfer, 20000 pings, 5000 connections, 3 rounds, "
-            "0.5 s freeze window, 256 MiB per loss-line transfer, 50000 datagrams; --quick = "
-            "256 MiB, 3000 pings, 500 connections, 3 rounds, 0.2 s, 64 MiB, 10000. Explicit flags override the preset. socat is Debian's package "
+            "0.5 s freeze window, 256 MiB per loss-line transfer, 50000 datagrams, 64 MiB "
+            "per toxic-line transfer; --quick = 256 MiB, 3000 pings, 500 connections, 3 "
+            "rounds, 0.2 s, 64 MiB, 10000, 16 MiB. Explicit flags override the preset. "
+            "socat is Debian's package "
             "(apt-get install socat); without it the socat arm is skipped and said so."
         ),
     )
@@ -104,6 +106,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="round trips counted under callgrind for the instructions line, socat and "
         "faultnet (default 2000, --quick 500; 0 skips it; needs valgrind)",
+    )
+    ap.add_argument(
+        "--toxic-bytes",
+        metavar="SIZE",
+        help="bytes per bulk transfer of the toxic lines (a second faultnet proxy with "
+        "latency 0 and 5 ms, slicer, bandwidth, a removed toxic, the hop, each against a "
+        "baseline of this run; default 64M, --quick 16M; 0 skips the section)",
     )
     ap.add_argument(
         "--dataplane",
@@ -191,6 +200,7 @@ def params_from_args(args: argparse.Namespace) -> BenchParams:
     d = PRESETS[preset]
     size = parse_size(args.bytes) if args.bytes is not None else d["bytes"]
     loss_bytes = _size_or_zero(args.loss_bytes, d["loss_bytes"])
+    toxic_bytes = _size_or_zero(args.toxic_bytes, d["toxic_bytes"])
     counts = {name: _preset(args, d, name) for name in _COUNTS}
     if any(n < 0 for n in counts.values()):
         raise UsageError("--requests, --churn, --datagrams and --callgrind must be 0 or more")
@@ -216,6 +226,7 @@ def params_from_args(args: argparse.Namespace) -> BenchParams:
         rtt_cpu=rtt_cpu,
         dataplane=args.dataplane,
         loss_bytes=loss_bytes,
+        toxic_bytes=toxic_bytes,
         **counts,
     )
 

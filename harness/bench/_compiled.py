@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,58 @@ def pingpong_compiled(path: str, addr: tuple[str, int], count: int, warmup: int)
     return [int(x) for x in done.stdout.split()]
 
 
+def pingpong_paced(
+    path: str, addr: tuple[str, int], count: int, warmup: int, interval_ns: int
+) -> list[int]:
+    """RTT samples in ns of *count* messages sent open loop, one every *interval_ns*
+    (after *warmup* untimed ones, paced alike); OSError if the client failed."""
+    try:
+        done = subprocess.run(
+            [path, addr[0], str(addr[1]), str(count), str(warmup), "pace", str(interval_ns)],
+            capture_output=True,
+            text=True,
+            timeout=IO_TIMEOUT_S + (count + warmup) * (interval_ns / 1e9 + 0.01),
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise OSError(f"the compiled client timed out: {exc}") from None
+    if done.returncode != 0:
+        raise OSError(done.stderr.strip() or f"the compiled client exited {done.returncode}")
+    return [int(x) for x in done.stdout.split()]
+
+
+def pingpong_around(
+    path: str, addr: tuple[str, int], count: int, warmup: int, between: Callable[[], None]
+) -> list[int]:
+    """RTT samples in ns of *count* round trips on one connection, timed after its
+    *warmup* ones and after ``between()`` ran (the connection open and warm meanwhile)."""
+    proc = subprocess.Popen(
+        [path, addr[0], str(addr[1]), str(count), str(warmup), "pause"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        if proc.stdout.readline().strip() != "ready":
+            raise OSError(f"the compiled client failed: {proc.communicate()[1].strip()}")
+        between()
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        if proc.stdout.readline().strip() != "done":
+            raise OSError(f"the compiled client failed: {proc.communicate()[1].strip()}")
+        out, err = proc.communicate("bye\n", timeout=IO_TIMEOUT_S)
+        if proc.returncode != 0:
+            raise OSError(err.strip() or f"the compiled client exited {proc.returncode}")
+        return [int(x) for x in out.split()]
+    except subprocess.TimeoutExpired as exc:
+        raise OSError(f"the compiled client timed out: {exc}") from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 # -- the callgrind line -------------------------------------------------------------------
 
 
@@ -101,7 +154,9 @@ def _control(*args: str) -> None:
         raise EnvironmentProblem(f"callgrind_control {' '.join(args)}: {done.stderr.strip()}")
 
 
-def _measure(client: str, port: int, pid_of_connection, out_dir: Path, count: int) -> int:  # type: ignore[no-untyped-def]
+def _measure(
+    client: str, port: int, pid_of_connection: Callable[[], int], out_dir: Path, count: int
+) -> int:
     """Instructions per round trip of the process ``pid_of_connection()`` names once the
     client is connected and warm."""
     proc = subprocess.Popen(
@@ -182,16 +237,51 @@ def callgrind_line(
                         with contextlib.suppress(OSError):
                             _control("-k", str(kid))
                 child.stop(grace=10.0)
-        proxy = Child(
-            [*cg, *_self_argv("--role", "proxy", "--upstream-port", str(up_port), *proxy_argv)],
-            "faultnet proxy (callgrind)",
-        )
         try:
-            hello = proxy.read_json(max(CHILD_START_S, CALLGRIND_START_S))
-            port = int(hello["address"][1])
-            out["faultnet"] = _measure(client, port, lambda: proxy.pid, out_dir, count)
+            out["faultnet"] = _proxy_under(cg, client, up_port, proxy_argv, count, (), out_dir)
         except (EnvironmentProblem, OSError, subprocess.SubprocessError) as exc:
             out["faultnet_error"] = str(exc)
-        finally:
-            proxy.stop(grace=30.0)
     return out
+
+
+def _proxy_under(
+    cg: list[str],
+    client: str,
+    up_port: int,
+    proxy_argv: list[str],
+    count: int,
+    setup: Sequence[str],
+    out_dir: Path,
+) -> int:
+    """A faultnet proxy process under the callgrind argv *cg*, given the *setup*
+    commands before the client connects: its instructions per round trip."""
+    proxy = Child(
+        [*cg, *_self_argv("--role", "proxy", "--upstream-port", str(up_port), *proxy_argv)],
+        "faultnet proxy (callgrind)",
+    )
+    try:
+        hello = proxy.read_json(max(CHILD_START_S, CALLGRIND_START_S))
+        for command in setup:
+            proxy.request(command, timeout=CALLGRIND_START_S)
+        port = int(hello["address"][1])
+        return _measure(client, port, lambda: proxy.pid, out_dir, count)
+    finally:
+        proxy.stop(grace=30.0)
+
+
+def proxy_instructions(
+    client: str, up_port: int, proxy_argv: list[str], count: int, setup: Sequence[str]
+) -> dict[str, Any]:
+    """``{"per_rtt": N}``: user instructions per round trip of a faultnet proxy process
+    given *setup* (its role's commands: a toxic, a hop), or why not (``skipped``,
+    ``error``)."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        return {"skipped": "valgrind is not installed"}
+    with tempfile.TemporaryDirectory(prefix="faultnet-callgrind-") as tmp:
+        cg = [valgrind, "--tool=callgrind", f"--callgrind-out-file={tmp}/cg.%p"]
+        try:
+            n = _proxy_under(cg, client, up_port, proxy_argv, count, setup, Path(tmp))
+        except (EnvironmentProblem, OSError, subprocess.SubprocessError) as exc:
+            return {"error": str(exc)}
+    return {"per_rtt": n, "round_trips": count}

@@ -7,7 +7,7 @@ import os
 import statistics
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -32,6 +32,7 @@ class BenchParams:
     loss_bytes: int = 0  # bytes per transfer of the loss line (0: no loss line)
     datagrams: int = 0  # UDP datagrams per arm and round (0: no UDP line)
     callgrind: int = 0  # round trips counted under callgrind (0: no instructions line)
+    toxic_bytes: int = 0  # bytes per bulk transfer of the toxic lines (0: no toxic lines)
 
 
 def _log(msg: str) -> None:
@@ -58,11 +59,18 @@ class _Run:
     cpu_of: Callable[[str], float | None]  # the arm's proxy CPU seconds so far
     pids: list[int]  # our children on the data path (upstream, proxy, socat)
     client: str | None = None  # the compiled ping-pong client (None: the Python one)
+    #: Sections with a document of their own (``toxic``), by name.
+    sections: dict[str, Any] = field(default_factory=dict)
 
     def rounds(self) -> list[tuple[int, list[str]]]:
         """Each round's arm order, rotated so no arm always runs first or last."""
-        n = len(self.order)
-        return [(r, self.order[r % n :] + self.order[: r % n]) for r in range(self.p.rounds)]
+        return list(enumerate(rotations(self.order, self.p.rounds)))
+
+
+def rotations(order: list[str], rounds: int) -> list[list[str]]:
+    """*order* for each of *rounds* rounds, rotated so no arm always runs first or last."""
+    n = len(order)
+    return [order[r % n :] + order[: r % n] for r in range(rounds)]
 
 
 def _pin(pids: Sequence[int], cpus: set[int]) -> dict[int, set[int]]:

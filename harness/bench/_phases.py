@@ -303,11 +303,17 @@ class RttTally:
         warmup: int,
         cpu: Callable[[], float | None] = lambda: None,
     ) -> None:
+        self.record(lambda: ping(client, addr, count, warmup), cpu)
+
+    def record(
+        self, run: Callable[[], list[int]], cpu: Callable[[], float | None] = lambda: None
+    ) -> None:
+        """One round: ``run()``'s samples (its OSError ends the arm's measuring)."""
         if self.error is not None:
             return
         c0 = cpu()
         try:
-            got = ping(client, addr, count, warmup)
+            got = run()
             self.samples += got
             self.round_p50.append(_us(percentile(sorted(got), 50)))
         except OSError as exc:  # includes an echo that came back different

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from harness.bench._stream import human_size
+from harness.bench._toxic_targets import report_lines
 
 # ---------------------------------------------------------------------------------------
 # Report
@@ -146,6 +147,8 @@ def format_report(res: dict[str, Any]) -> str:
         cells = tuple(_cell(arms, a, path, show) for a in ("direct", "socat", "faultnet"))
         rows.append((label, *cells, ratio(rd), ratio(rs)))
     lines = table(rows) + _context_lines(res)
+    if "toxic" in res:
+        lines += ["", *report_lines(res["toxic"])]
     lines += ["", "targets"]
     for t in res["targets"]:
         note = f"  ({t['note']})" if t["note"] else ""

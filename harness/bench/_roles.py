@@ -10,8 +10,8 @@ import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from faultnet.sockopts import raise_fd_limit
 from harness.bench._stream import (
@@ -27,6 +27,9 @@ from harness.bench._stream import (
     make_block,
     matches_block,
 )
+
+if TYPE_CHECKING:
+    from faultnet.proxy import Proxy
 
 # ---------------------------------------------------------------------------------------
 # Role: upstream server (its own process)
@@ -218,6 +221,36 @@ def _upstream_main(seed: int) -> int:
 # Role: the faultnet proxy (its own process)
 
 
+async def _add_toxic(proxy: Proxy, arg: str) -> int:
+    """``toxic {"type": T, "name": N, "stream": S, "attributes": {...}}``: add it to the
+    proxy (live connections and new ones)."""
+    from faultnet.toxics import TOXICS
+
+    spec = json.loads(arg)
+    toxic = TOXICS[spec["type"]](spec["name"], spec["stream"], 1.0, **spec["attributes"])
+    proxy.add_toxic(toxic)
+    return len(proxy.connections())
+
+
+async def _remove_toxic(proxy: Proxy, arg: str) -> int:
+    """``untoxic NAME``: remove the toxic from the proxy and every connection."""
+    proxy.remove_toxic(arg)
+    return len(proxy.connections())
+
+
+async def _hop(proxy: Proxy, arg: str) -> int:
+    """``hop PERCENT``: two-way loss (the internal hop) on every connection, new ones too,
+    until ``thaw`` (which takes the loss off; the hop stays on connections it carried)."""
+    return await proxy.loss(float(arg), both_ways=True, include_new=True)
+
+
+_TOXIC_COMMANDS: dict[str, Callable[[Proxy, str], Awaitable[int]]] = {
+    "toxic": _add_toxic,
+    "untoxic": _remove_toxic,
+    "hop": _hop,
+}
+
+
 def _proxy_main(
     upstream_port: int,
     sabotage: Sequence[str],
@@ -282,6 +315,11 @@ def _proxy_main(
                     n = await proxy.loss(float(percent), peer=peer)
                     if "loss" in sabotage:
                         await proxy.thaw(peer=peer)
+                    _emit({"affected": n, **counters()})
+                elif cmd.split(" ", 1)[0] in _TOXIC_COMMANDS:
+                    # The toxic lines' commands (toxic JSON, untoxic NAME, hop PERCENT).
+                    verb, _, arg = cmd.partition(" ")
+                    n = await _TOXIC_COMMANDS[verb](proxy, arg)
                     _emit({"affected": n, **counters()})
                 elif cmd == "stats":
                     _emit(counters())

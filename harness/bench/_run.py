@@ -34,6 +34,8 @@ from harness.bench._phases import (
 from harness.bench._stream import CHILD_START_S, HOST, SCHEMA, make_block, stream_sha256
 from harness.bench._targets import GIB, TARGETS, Facts, judge_all
 from harness.bench._targets import ratios as _ratios
+from harness.bench._toxic import toxic_phase
+from harness.bench._toxic_targets import TOXIC_TARGETS
 
 __all__ = ["GIB", "BenchParams", "_ratios", "run_bench"]
 
@@ -44,6 +46,7 @@ _PARAM_KEYS = (
     ("seed", "seed"), ("preset", "preset"), ("sabotage", "sabotage"), ("rtt_cpu", "rtt_cpu"),
     ("requests", "requests"), ("churn", "churn"), ("dataplane", "dataplane"),
     ("loss_bytes", "loss_bytes"), ("datagrams", "datagrams"), ("callgrind", "callgrind"),
+    ("toxic_bytes", "toxic_bytes"),
 )  # fmt: skip
 
 
@@ -100,10 +103,14 @@ def run_bench(p: BenchParams) -> dict[str, Any]:
         result["rtt_client"] = (
             "compiled (pingpong.c)" if compiled.path else f"python ({compiled.why})"
         )
-        _Arms(p, arms, checks, compiled.path, stack).run_phases(p)
+        run = _Arms(p, arms, checks, compiled.path, stack)
+        run.run_phases(p)
     result["ratios"] = _ratios(arms)
-    facts = Facts(arms, result["ratios"], p.connections, p.callgrind)
-    result["targets"] = judge_all(TARGETS, facts)
+    toxic = run.ctx.sections.get("toxic")
+    if toxic is not None:
+        result["toxic"] = toxic
+    facts = Facts(arms, result["ratios"], p.connections, p.callgrind, toxic)
+    result["targets"] = judge_all(TARGETS + (TOXIC_TARGETS if toxic else ()), facts)
     result["elapsed_s"] = round(time.time() - started, 2)
     result["loadavg_end"] = _loadavg()
     result["ok"] = all(c["ok"] for c in checks)
@@ -198,6 +205,7 @@ class _Arms:
             (p.loss_bytes, lambda: _loss_phase(ctx, self.proxy, block)),
             (p.datagrams, lambda: _udp_phase(ctx)),
             (p.callgrind, lambda: _callgrind_phase(ctx, self.up_port)),
+            (p.toxic_bytes, lambda: toxic_phase(ctx, block)),
         )
         for wanted, phase in optional:
             if wanted:

@@ -65,6 +65,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         "datagrams": 50000,
         # Round trips counted under callgrind (each arm ~50x slower there: ~10 s).
         "callgrind": 2000,
+        # Per bulk transfer of the toxic lines (bandwidth's 50 MB/s: ~1.3 s a round).
+        "toxic_bytes": 64 << 20,
     },
     # Under a minute on 2 vCPUs (measured ~10 s).
     "quick": {
@@ -78,6 +80,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "loss_bytes": 64 << 20,
         "datagrams": 10000,
         "callgrind": 500,
+        "toxic_bytes": 16 << 20,
     },
 }
 

@@ -166,8 +166,8 @@ class Target:
 
     name: str
     figure: Callable[[Facts], Figure]
-    bound: float
-    direction: str  # ">=": at least the bound; "<=": at most
+    bound: float | tuple[float, float]  # a (low, high) pair for "within"
+    direction: str  # ">=": at least the bound; "<=": at most; "within": low <= v <= high
     shown: str = "{:.2f}x"
 
 
@@ -190,14 +190,7 @@ def judge(row: Target, facts: Facts) -> dict[str, Any]:
     """One row's verdict: MET, MISSED, or N/A (not measured, or not judged by this run)."""
     fig = row.figure(facts)
     v = fig.value
-    if v is None or not fig.judged:
-        status = "N/A"
-    elif row.direction == ">=":
-        status = "MET" if v >= row.bound else "MISSED"
-    elif row.direction == "<=":
-        status = "MET" if v <= row.bound else "MISSED"
-    else:
-        raise ValueError(f"direction must be >= or <=, not {row.direction!r}")
+    status = "N/A" if v is None or not fig.judged else ("MET" if _holds(row, v) else "MISSED")
     shown = "-" if v is None else row.shown.format(v)
     return {
         "target": row.name + fig.qualifier,
@@ -206,6 +199,17 @@ def judge(row: Target, facts: Facts) -> dict[str, Any]:
         "shown": shown,
         "note": fig.note,
     }
+
+
+def _holds(row: Target, v: float) -> bool:
+    b = row.bound
+    if row.direction == "within" and isinstance(b, tuple):
+        return b[0] <= v <= b[1]
+    if row.direction == ">=" and not isinstance(b, tuple):
+        return v >= b
+    if row.direction == "<=" and not isinstance(b, tuple):
+        return v <= b
+    raise ValueError(f"a row's direction is >=, <= (one bound) or within (two): {row}")
 
 
 def judge_all(rows: tuple[Target, ...], facts: Facts) -> list[dict[str, Any]]:

@@ -27,7 +27,7 @@ from tests.conftest import run_module
 TINY = [
     "--bytes", "3M", "--pings", "100", "--connections", "20", "--rounds", "1",
     "--freeze-window", "0.05", "--requests", "1000", "--churn", "20",
-    "--loss-bytes", "32M", "--datagrams", "500", "--callgrind", "0",
+    "--loss-bytes", "32M", "--datagrams", "500", "--callgrind", "0", "--toxic-bytes", "0",
 ]  # fmt: skip
 
 
