@@ -261,10 +261,10 @@ def catalogue(overrides: Mapping[str, Mapping[str, Any]] | None = None) -> dict[
     for name, settings in _DEFAULTS.items():
         if name in faults:
             faults[name] = _with(faults[name], settings, f"default for {name}")
-    for name, settings in (overrides or {}).items():
+    for name, table in (overrides or {}).items():
         if name not in faults:
             raise PlanError(f"unknown fault {name!r} (known: {', '.join(faults)})")
-        if not isinstance(settings, Mapping):
+        if not isinstance(table, Mapping):
             raise PlanError(f"faults.{name} must be a table")
-        faults[name] = _with(faults[name], settings, f"faults.{name}")
+        faults[name] = _with(faults[name], table, f"faults.{name}")
     return faults

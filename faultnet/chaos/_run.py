@@ -409,6 +409,7 @@ class Runner:
         if self.dry:
             self._write("undo", **fields, reason=reason)
             return
+        result: dict[str, Any]
         if fault.kind == "episode" and not applied.taken:
             # Still an undo line, as in a dry run (which cannot know what was taken).
             result = {"connections": 0, "conns": [], "note": "the outage took no connection"}
@@ -425,7 +426,7 @@ class Runner:
                 if not self.allowlist.signal(verdict.identity, signal.SIGCONT):
                     self._write("skip", **fields, rail="pid-allowlist", reason="gone")
                     return
-                result: dict[str, Any] = {"pid": applied.process.pid}
+                result = {"pid": applied.process.pid}
             elif applied.target is not None and fault.kind == "toxic":
                 result = await applied.target.remove_toxic(slot.detail["name"])
             elif applied.target is not None and fault.kind == "episode":

@@ -34,15 +34,21 @@ line saying why, which Chaos Toolkit records as the activity's failure.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Dict, List  # noqa: UP035 (see Arguments)
 
 from faultnet._version import __version__
 from faultnet.server.client import DEFAULT_API, ApiClient, ApiFailure, ApiUnavailable
 
-__all__ = ["ActivityFailed", "api_request", "discover"]
+__all__ = ["ActivityFailed", "Arguments", "Items", "api_json", "api_request", "discover"]
+
+#: The annotation of a mapping argument (``configuration``, ``attributes``) and of a list
+#: one. Chaos Toolkit's discovery reads them and names only ``dict`` and ``typing.Dict``
+#: "mapping" (``dict[str, Any]`` it calls "object"), hence the typing module's aliases.
+Arguments = Dict[str, Any]  # noqa: UP006
+Items = List[Any]  # noqa: UP006
 
 try:  # the exception Chaos Toolkit reports as an activity's failure
-    from chaoslib.exceptions import ActivityFailed
+    from chaoslib.exceptions import ActivityFailed  # type: ignore[import-untyped]
 except ImportError:  # pragma: no cover - without the extra, for imports and docs only
 
     class ActivityFailed(Exception):  # type: ignore[no-redef]
@@ -81,15 +87,31 @@ def api_request(
         raise ActivityFailed(str(exc)) from None
 
 
+def api_json(
+    method: str,
+    path: str,
+    body: Any = None,
+    *,
+    api_url_: str | None = None,
+    configuration: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """:func:`api_request` for a route that answers a JSON object (an ``ActivityFailed``
+    if it answers anything else)."""
+    answer = api_request(method, path, body, api_url_=api_url_, configuration=configuration)
+    if not isinstance(answer, dict):
+        raise ActivityFailed(f"{method} {path}: expected a JSON object, got {answer!r:.80}")
+    return answer
+
+
 def discover(discover_system: bool = True) -> dict[str, Any]:
     """Chaos Toolkit's discovery: the actions and probes this extension offers."""
-    from chaoslib.discovery.discover import (
+    from chaoslib.discovery.discover import (  # type: ignore[import-untyped]
         discover_actions,
         discover_probes,
         initialize_discovery_result,
     )
 
-    result = initialize_discovery_result("faultnet", __version__, "faultnet")
+    result: dict[str, Any] = initialize_discovery_result("faultnet", __version__, "faultnet")
     result["activities"].extend(discover_actions("faultnet.chaostoolkit.actions"))
     result["activities"].extend(discover_probes("faultnet.chaostoolkit.probes"))
     return result

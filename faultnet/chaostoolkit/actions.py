@@ -11,7 +11,7 @@ from collections.abc import Callable
 from inspect import Parameter, Signature
 from typing import Any
 
-from faultnet.chaostoolkit import ActivityFailed, api_request
+from faultnet.chaostoolkit import ActivityFailed, Arguments, Items, api_json, api_request
 from faultnet.modes import MODES, Mode
 from faultnet.server.client import ApiClient, fault_body
 
@@ -26,13 +26,13 @@ def _apply(
     *,
     stream: str = "both",
     include_new: bool = False,
-    connections: list | None = None,
+    connections: list[Any] | None = None,
     percent: float | None = None,
     peer: str | None = None,
     both_ways: bool = False,
     api_url: str | None = None,
-    configuration: dict | None = None,
-) -> dict:
+    configuration: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     body = fault_body(
         mode,
         stream=stream,
@@ -42,12 +42,12 @@ def _apply(
         peer=peer,
         both_ways=both_ways or None,
     )
-    return api_request(
+    return api_json(
         "POST", _path(proxy, "/faults"), body, api_url_=api_url, configuration=configuration
     )
 
 
-def _mode_action(m: Mode) -> Callable[..., dict]:
+def _mode_action(m: Mode) -> Callable[..., dict[str, Any]]:
     params = [Parameter("proxy", Parameter.POSITIONAL_OR_KEYWORD, annotation=str)]
     if m.takes_stream:
         params.append(
@@ -61,7 +61,9 @@ def _mode_action(m: Mode) -> Callable[..., dict]:
         )
     if m.per_connection:
         params.append(
-            Parameter("connections", Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=list)
+            Parameter(
+                "connections", Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=Items
+            )
         )
     if m.takes_percent:
         params.append(
@@ -79,11 +81,13 @@ def _mode_action(m: Mode) -> Callable[..., dict]:
         Parameter("api_url", Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=str)
     )
     params.append(
-        Parameter("configuration", Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=dict)
+        Parameter(
+            "configuration", Parameter.POSITIONAL_OR_KEYWORD, default=None, annotation=Arguments
+        )
     )
-    signature = Signature(params, return_annotation=dict)
+    signature = Signature(params, return_annotation=Arguments)
 
-    def action(*args: Any, **kwargs: Any) -> dict:
+    def action(*args: Any, **kwargs: Any) -> dict[str, Any]:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         return _apply(mode=m.name, **bound.arguments)
@@ -106,8 +110,8 @@ def remove_fault(
     mode: str,
     stream: str = "both",
     api_url: str = None,  # type: ignore[assignment]
-    configuration: dict = None,  # type: ignore[assignment]
-) -> dict:
+    configuration: Arguments = None,  # type: ignore[assignment]
+) -> Arguments:
     """Undo *mode* on a proxy with the mode that undoes it (thaw for freeze and
     blackhole, restore for drop_syn and refuse): the action a rollback names. A mode
     that cannot be undone (sever, reset) is a failure, said so."""
@@ -124,7 +128,7 @@ def remove_fault(
 def clear_faults(
     proxy: str,
     api_url: str = None,  # type: ignore[assignment]
-    configuration: dict = None,  # type: ignore[assignment]
+    configuration: Arguments = None,  # type: ignore[assignment]
 ) -> None:
     """End every fault mode on a proxy (thaw both ways, then restore)."""
     api_request("DELETE", _path(proxy, "/faults"), api_url_=api_url, configuration=configuration)
@@ -136,10 +140,10 @@ def add_toxic(
     name: str = None,  # type: ignore[assignment]
     stream: str = "downstream",
     toxicity: float = 1.0,
-    attributes: dict = None,  # type: ignore[assignment]
+    attributes: Arguments = None,  # type: ignore[assignment]
     api_url: str = None,  # type: ignore[assignment]
-    configuration: dict = None,  # type: ignore[assignment]
-) -> dict:
+    configuration: Arguments = None,  # type: ignore[assignment]
+) -> Arguments:
     """Add a Toxiproxy toxic (latency, bandwidth, slicer, limit_data, slow_close,
     timeout, reset_peer) or one of faultnet's protocol toxics (http_abort, http_delay,
     ..., tls_terminate: :mod:`faultnet.toxics.http`, :mod:`faultnet.toxics.tls`) to a
@@ -152,7 +156,7 @@ def add_toxic(
     }
     if name:
         body["name"] = name
-    return api_request(
+    return api_json(
         "POST", _path(proxy, "/toxics"), body, api_url_=api_url, configuration=configuration
     )
 
@@ -161,7 +165,7 @@ def remove_toxic(
     proxy: str,
     name: str,
     api_url: str = None,  # type: ignore[assignment]
-    configuration: dict = None,  # type: ignore[assignment]
+    configuration: Arguments = None,  # type: ignore[assignment]
 ) -> None:
     """Remove a toxic from a proxy by name."""
     api_request(
@@ -174,7 +178,7 @@ def remove_toxic(
 
 def reset_server(
     api_url: str = None,  # type: ignore[assignment]
-    configuration: dict = None,  # type: ignore[assignment]
+    configuration: Arguments = None,  # type: ignore[assignment]
 ) -> None:
     """Toxiproxy's reset, and faultnet's: every proxy enabled, every toxic removed,
     every mode ended."""

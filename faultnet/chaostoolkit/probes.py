@@ -10,12 +10,13 @@ sever, reset) are not offered: a probe has no stream to hand them.
 """
 
 import inspect
+from typing import Any
 
 import trio
 
 from faultnet import controls
 from faultnet.addresses import parse_address
-from faultnet.chaostoolkit import ActivityFailed, api_request
+from faultnet.chaostoolkit import ActivityFailed, Arguments, api_json, api_request
 from faultnet.modes import MODES
 from faultnet.probe import probe
 from faultnet.server.client import ApiClient
@@ -36,7 +37,9 @@ def _address(text: str) -> tuple[str, int]:
         raise ActivityFailed(str(exc)) from None
 
 
-def _listen(proxy: str, api_url: str | None, configuration: dict | None) -> tuple[str, int]:
+def _listen(
+    proxy: str, api_url: str | None, configuration: dict[str, Any] | None
+) -> tuple[str, int]:
     p = api_request(
         "GET",
         f"/proxies/{ApiClient.quote(proxy)}",
@@ -55,7 +58,7 @@ def probe_proxy(
     proxy: str,
     timeout: float = 1.0,
     api_url: str = None,  # type: ignore[assignment]
-    configuration: dict = None,  # type: ignore[assignment]
+    configuration: Arguments = None,  # type: ignore[assignment]
 ) -> str:
     """Connect once to a proxy's listen address (asked of its server) and say what
     happened: connected, refused, hung, reset."""
@@ -68,7 +71,7 @@ def run_control(
     address: str = None,  # type: ignore[assignment]
     timeout: float = 1.0,
     api_url: str = None,  # type: ignore[assignment]
-    configuration: dict = None,  # type: ignore[assignment]
+    configuration: Arguments = None,  # type: ignore[assignment]
 ) -> bool:
     """Run a faultnet control against a proxy's listen address (or HOST:PORT): its name
     (assert_accepting, assert_refusing, assert_syn_dropped) or the mode it proves
@@ -94,11 +97,11 @@ def run_control(
 def fault_state(
     proxy: str,
     api_url: str = None,  # type: ignore[assignment]
-    configuration: dict = None,  # type: ignore[assignment]
-) -> dict:
+    configuration: Arguments = None,  # type: ignore[assignment]
+) -> Arguments:
     """A proxy's fault state as its server reports it (refusing, syn_dropped,
     frozen_new, blackhole_new, connections by state)."""
-    return api_request(
+    return api_json(
         "GET",
         f"/proxies/{ApiClient.quote(proxy)}/faults",
         api_url_=api_url,
