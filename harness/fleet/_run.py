@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib
 import importlib.util
 import json
@@ -43,7 +44,7 @@ from harness.experiment import (
     unique_nick,
 )
 from harness.fleet._plan import FAULT_PHASE, POST_INTERVAL, fleet_config, slots_json
-from harness.runner import default_run_dir, run_attempt
+from harness.runner import default_run_dir, run_attempt, supervised
 
 __all__ = ["MODES", "amain", "build_parser", "main", "run"]
 
@@ -536,4 +537,6 @@ async def _build_report(run_dir: Path, out: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return trio.run(cancel_on_signals, amain, argv)
+    """The fleet command, under a supervisor: nothing it starts outlives it, even killed
+    with SIGKILL (:func:`harness.runner.supervised`)."""
+    return supervised(functools.partial(trio.run, cancel_on_signals, amain, argv))

@@ -10,6 +10,8 @@ above :mod:`harness.experiment` (the API experiments are written against) and
 * :mod:`._arguments` -- the common flags, an experiment's parser, the environment.
 * :mod:`._attempts` -- an attempt, the repeat loop, the run directory, the result
   document, exit codes, and the command an experiment module gets.
+* :mod:`._supervisor` -- a command whose children cannot outlive it, even after a
+  SIGKILL (:func:`supervised`; the pair runner's and the demo's ``main`` can take it too).
 """
 
 from harness.runner._arguments import add_common_arguments, build_parser, environment
@@ -27,6 +29,7 @@ from harness.runner._attempts import (
     writable_dir,
     writable_file,
 )
+from harness.runner._supervisor import supervised
 
 __all__ = [
     "CLEANED",
@@ -42,6 +45,7 @@ __all__ = [
     "repeat_attempts",
     "run_attempt",
     "run_cancellable",
+    "supervised",
     "writable_dir",
     "writable_file",
 ]

@@ -57,6 +57,7 @@ from harness.experiment import (
 )
 from harness.report import publish_run
 from harness.runner._arguments import build_parser, environment
+from harness.runner._supervisor import supervised
 
 __all__ = [
     "CLEANED",
@@ -408,7 +409,9 @@ def run_cancellable(fn: Callable[..., Awaitable[int]], *args: Any) -> int:
 
 
 def main(exp: ModuleType, argv: Sequence[str] | None = None) -> int:
-    return run_cancellable(amain, exp, argv)
+    """The experiment command: :func:`amain` under a supervisor, so that nothing it
+    starts outlives it, even killed with SIGKILL (:func:`supervised`)."""
+    return supervised(functools.partial(run_cancellable, amain, exp, argv))
 
 
 def commands(
