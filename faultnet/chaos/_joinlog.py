@@ -21,6 +21,9 @@ the writer, is when it returned). A process fault's ``result`` has the ``pid`` a
 ``check``      a dry run's verdict on a rail it does not enforce (e.g. arming)
 ``refuse``     a run-level refusal (an unarmed run, a server or proxy not in the plan,
                an allowlist line that could not be pinned)
+``intent``     real runs: a fault about to be applied, written before the call or signal
+               (write-ahead; a process fault's has the ``process`` it will signal: ``pid``,
+               ``start_time``); its ``fault``, ``skip`` or ``error`` line follows
 ``fault``      a fault applied (or, dry, to be attempted)
 ``skip``       a planned step not taken, with its rail or reason
 ``undo``       a fault undone (on time, or at exit with ``reason`` "exit")

@@ -13,6 +13,11 @@ pending), and undoes each, newest first, as the run would have:
 * a stopped process: SIGCONT, only if its PID still names the process the run stopped
   (the ``pid`` and ``start_time`` its fault line recorded).
 
+A fault chaos was killed in the middle of (its ``intent`` line written, and no
+``fault``, ``skip`` or ``error`` line after it: :mod:`faultnet.chaos._run`'s write-ahead)
+may be in force, and is undone the same way; an episode's, whose taken connections were
+never logged, by its down mode's undo (``thaw``) on the whole proxy.
+
 A proxy ``NAME@local`` lived in the process that ran chaos; it died with it, so nothing
 is left to undo there (logged as such). Each undo is appended to the same join log
 (``undo``, reason ``recovered``; ``undo_failed`` with what remains), so running it twice
@@ -33,6 +38,7 @@ from faultnet.chaos._plan import LOCAL, split_proxy_key
 from faultnet.chaos._targets import ServerTarget, TargetAbsent, TargetFailed
 from faultnet.errors import EnvironmentProblem, UsageError
 from faultnet.eventlog import CorruptLogError, read_jsonl
+from faultnet.modes import MODES
 from faultnet.procs import ProcessIdentity, signal_exact
 
 __all__ = ["last_run", "pending", "recover"]
@@ -53,17 +59,25 @@ def last_run(path: Path) -> list[dict[str, Any]]:
 
 
 def pending(run: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The ``fault`` records of *run* still in force, newest first."""
+    """The records of *run* whose fault may still be in force, newest first: each
+    ``fault`` line not undone, and each ``intent`` line that no ``fault``, ``skip`` or
+    ``error`` line of its step followed (chaos was killed between applying and
+    logging) and not undone."""
     faults = catalogue()
-    done = {(r.get("counter"), r.get("target")) for r in run if r.get("event") == "undo"}
+
+    def key(r: dict[str, Any]) -> tuple[Any, Any]:
+        return r.get("counter"), r.get("target")
+
+    done = {key(r) for r in run if r.get("event") == "undo"}
+    closed = {key(r) for r in run if r.get("event") in ("fault", "skip", "error")}
     left = [
         r
         for r in run
-        if r.get("event") == "fault"
-        and not r.get("dry")
+        if not r.get("dry")
         and r.get("action") in faults
         and faults[r["action"]].undo is not None
-        and (r.get("counter"), r.get("target")) not in done
+        and key(r) not in done
+        and (r.get("event") == "fault" or (r.get("event") == "intent" and key(r) not in closed))
     ]
     return left[::-1]
 
@@ -72,8 +86,10 @@ async def _undo_one(rec: dict[str, Any], fault: Fault) -> dict[str, Any]:
     """Undo one fault record; TargetFailed (or TargetAbsent) says why it could not be."""
     detail, result = rec.get("detail") or {}, rec.get("result") or {}
     target = str(rec.get("target", ""))
+    intent = rec.get("event") == "intent"
     if fault.kind == "process":
-        ident = ProcessIdentity(int(result["pid"]), int(result["start_time"]))
+        who = rec["process"] if intent else result
+        ident = ProcessIdentity(int(who["pid"]), int(who["start_time"]))
         if not ident.is_alive():
             return {"pid": ident.pid, "note": "not the process stopped any more: nothing to do"}
         if not signal_exact(ident, signal.SIGCONT):
@@ -86,6 +102,11 @@ async def _undo_one(rec: dict[str, Any], fault: Fault) -> dict[str, Any]:
     stream = detail.get("stream", "both")
     if fault.kind == "toxic":
         return await proxy.remove_toxic(detail["name"])
+    if fault.kind == "episode" and intent:
+        # Which connections its down mode took was never logged: release every one it
+        # may hold with the down mode's own undo (thaw), rather than leave one held.
+        undo = MODES[fault.down or ""].undone_by or ""
+        return await proxy.apply_mode(undo, stream="both", include_new=False)
     if fault.kind == "episode":
         only = list(result.get("conns") or [])
         if not only:

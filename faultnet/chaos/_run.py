@@ -35,6 +35,12 @@ first: thaw, restore, remove the toxic, SIGCONT the stopped process (re-verified
 Anything that could not be undone is one ``undo_failed`` line naming what remains. The
 one exception is SIGKILL of chaos itself: no code runs, so a frozen proxy stays frozen
 (``faultnet chaos undo --log FILE`` reads the join log and undoes what it left).
+
+Write-ahead: a real run writes a fault's ``intent`` line (one ``write()`` on an
+``O_APPEND`` file: in the page cache, so a SIGKILL cannot lose it) BEFORE it calls the
+target or sends the signal, and the ``fault`` line after. A SIGKILL between the two
+leaves an intent without its fault line, which ``faultnet chaos undo`` undoes as a fault
+that may be in force (it was: 7 of 30 kills aimed there left a freeze nobody undid).
 """
 
 from __future__ import annotations
@@ -64,6 +70,12 @@ from faultnet.chaos._targets import (
 from faultnet.procs import ProcessIdentity
 
 __all__ = ["CATCHABLE_SIGNALS", "RunResult", "Runner", "run_with_signals"]
+
+#: Test-only: when set (to a file path), a real run creates that file after applying a
+#: fault and before logging it, then waits forever. It makes the window a SIGKILL of
+#: chaos can land in (a fault in force, its ``fault`` line not written) reachable on
+#: purpose; tests/faultnet/chaos/test_recover.py kills chaos there.
+PAUSE_AFTER_APPLY_ENV = "FAULTNET_CHAOS_TEST_PAUSE_AFTER_APPLY"
 
 #: Seconds the exit undo may take in all before what is left is logged as not undone.
 UNDO_BOUND_S = 30.0
@@ -331,12 +343,14 @@ class Runner:
             if refused is not None:
                 self._skip(slot, rail="loopback", reason=refused)
                 return
+            self._intend(slot)
             began = time.monotonic()
             try:
                 result = await self._apply(slot, fault, target)
             except (TargetAbsent, TargetFailed) as exc:
                 self._write("error", **self._slot_fields(slot), reason=str(exc))
                 return
+            await _pause_after_apply()
             taken = result.get("conns") if fault.kind == "episode" else None
             applied = _Applied(slot, fault, target=target, taken=taken)
             self._fired(slot, fault, applied, result, began=began)
@@ -355,11 +369,13 @@ class Runner:
             self._fired(slot, fault, _Applied(slot, fault))
             return
         sig = signal.Signals[slot.detail["signal"]]
+        ident = verdict.identity
+        self._intend(slot, process={"pid": ident.pid, "start_time": ident.start_time})
         began = time.monotonic()
-        if not self.allowlist.signal(verdict.identity, sig):
+        if not self.allowlist.signal(ident, sig):
             self._skip(slot, rail="pid-allowlist", reason=f"{proc_name}: gone")
             return
-        ident = verdict.identity
+        await _pause_after_apply()
         self._fired(
             slot,
             fault,
@@ -367,6 +383,13 @@ class Runner:
             {"pid": ident.pid, "start_time": ident.start_time},
             began=began,
         )
+
+    def _intend(self, slot: Slot, **extra: Any) -> None:
+        """Write-ahead: the ``intent`` line of a fault about to be applied (real runs), on
+        disk before the call, so that ``faultnet chaos undo`` knows a fault may be in
+        force even if chaos is killed before the fault's own line (its ``fault``,
+        ``skip`` or ``error`` line closes the intent)."""
+        self._write("intent", **self._slot_fields(slot), extra=extra or None)
 
     def _resolve(self, name: str, where: str) -> ProxyTarget | None:
         if where == LOCAL:
@@ -460,6 +483,14 @@ class Runner:
                     **self._slot_fields(applied.slot, action=applied.fault.undo, at=None),
                     reason=f"no time left ({UNDO_BOUND_S} s); remains: {applied.remains()}",
                 )
+
+
+async def _pause_after_apply() -> None:
+    """The test-only pause of :data:`PAUSE_AFTER_APPLY_ENV` (nothing when it is unset)."""
+    where = os.environ.get(PAUSE_AFTER_APPLY_ENV)
+    if where:
+        await trio.Path(where).touch()
+        await trio.sleep_forever()
 
 
 async def run_with_signals(runner: Runner) -> RunResult:

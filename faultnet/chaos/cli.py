@@ -220,13 +220,15 @@ def _run_command(args: argparse.Namespace) -> int:
 
 
 def _printer(as_json: bool) -> Any:
-    """Print each record; once stdout is closed (``| head``), print nothing more and run
-    on: the join log is the record, and a run stopped half-way would leave faults."""
+    """Print each record but the write-ahead ``intent`` lines (in the log only: a person
+    reads each step once, as its ``fault`` line); once stdout is closed (``| head``),
+    print nothing more and run on: the join log is the record, and a run stopped
+    half-way would leave faults."""
     closed = False
 
     def show(record: dict[str, Any]) -> None:
         nonlocal closed
-        if closed:
+        if closed or record.get("event") == "intent":
             return
         try:
             print(_fmt_record(record, as_json), flush=True)

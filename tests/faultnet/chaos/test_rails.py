@@ -139,7 +139,7 @@ async def test_without_the_loopback_rail_chaos_drives_a_server_beyond_it(
         plan = hand_plan([(0.0, "refuse", target, 1.0, {})], proxies=(target,))
         _, records = await _run(plan, tmp_path, armed=True, marker=_marker(tmp_path))
         server_events = server.registry.events.read(proxy="db")
-    assert [r["event"] for r in records if r["counter"] == 0] == ["fault", "undo"]
+    assert [r["event"] for r in records if r["counter"] == 0] == ["intent", "fault", "undo"]
     assert [e["mode"] for e in server_events if e["event"] == "fault_applied"] == ["refuse"]
 
 

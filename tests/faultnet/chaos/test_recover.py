@@ -5,12 +5,14 @@ nothing twice)."""
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import sys
 from pathlib import Path
 
 import trio
 
+from faultnet.chaos._run import PAUSE_AFTER_APPLY_ENV
 from faultnet.eventlog import read_jsonl
 from faultnet.testing import echo_server, read_exactly, wait_until
 from tests.faultnet.chaos.test_cli import _addr, _api, _as_found, _chaos
@@ -78,3 +80,50 @@ async def test_undo_without_a_log_is_one_line_exit_2(tmp_path: Path) -> None:
     r = await _chaos("undo", "--log", str(tmp_path / "none.jsonl"))
     assert r.returncode == 2 and r.stderr.decode().count("\n") == 1
     assert b"no join log" in r.stderr
+
+
+async def test_undo_clears_a_fault_applied_but_not_yet_logged_when_chaos_was_killed(
+    server_process: str, tmp_path: Path
+) -> None:
+    """Issue 35, item 2: chaos killed between applying a fault and logging it. The
+    test-only pause (FAULTNET_CHAOS_TEST_PAUSE_AFTER_APPLY) holds a real run in exactly
+    that window, so the SIGKILL lands there every time (aimed by hand: 7 of 30)."""
+    url = server_process
+    async with echo_server() as upstream:
+        await _api(url, "POST", "/proxies", {"name": "db", "upstream": f"127.0.0.1:{upstream[1]}"})
+        link = await trio.open_tcp_stream(*_addr((await _api(url, "GET", "/proxies/db"))["listen"]))
+        plan = tmp_path / "plan.toml"
+        plan.write_text(
+            'duration = 2\ngap = [1, 1]\nonly = ["freeze"]\n[faults.freeze]\nduration = 1000\n'
+        )
+        (tmp_path / ".faultnet-chaos-armed").touch()
+        log, paused = tmp_path / "log.jsonl", tmp_path / "paused"
+        argv = [sys.executable, "-m", "faultnet", "chaos", "--plan", str(plan), "--armed"]
+        argv += [
+            "--api",
+            url,
+            "--target",
+            "db",
+            "--log",
+            str(log),
+            "--seed",
+            "1",
+            "--time-unit",
+            "0.05",
+        ]
+        env = {**os.environ, PAUSE_AFTER_APPLY_ENV: str(paused)}
+        async with trio.open_nursery() as nursery:
+            proc = await nursery.start(
+                functools.partial(trio.run_process, argv, check=False, env=env)
+            )
+            await wait_until(paused.exists, 20, "chaos paused after applying its fault")
+            proc.send_signal(signal.SIGKILL)  # the exact process started above
+        assert (await _api(url, "GET", "/proxies/db/faults"))["connections"] == {"frozen": 1}
+        assert [r["event"] for r in read_jsonl(log).records if r["event"] == "fault"] == []
+        r = await _chaos("undo", "--log", str(log))
+        assert r.returncode == 0 and b"1 undone" in r.stderr, r.stderr
+        await _as_found(url, "db")
+        await link.send_all(b"back\n")
+        with trio.fail_after(10):
+            assert await read_exactly(link, 5) == b"back\n"
+        await link.aclose()
