@@ -14,9 +14,14 @@ Pinning. Chaos pins EVERY line when a run starts, before its first fault
 pidfd of that process is held until the run ends: a start time counts 10 ms ticks and a
 command line read mid-exec is empty, so a successor started in the same tick could pass
 the identity check; the pidfd never names it (once its process exits, verify refuses and
-signal reaches nobody). A line
-that cannot be pinned (malformed, or its PID gone at the start) is a refusal the runner
-logs. A two-column line that appears AFTER the pin is refused, never pinned: by then the
+signal reaches nobody). A line with a start time is held by a pidfd from the pin on too.
+A line that cannot be pinned is a refusal the runner logs: malformed, its PID gone at
+the start, or, in either form, a process that started after the file was last written
+(its modification time): that process cannot be the one the line names; its PID was
+reused between the spawner's line and the pin (seen with ``unshare --pid``: the
+newcomer was stopped twice). A line appended later moves the modification time on, so
+a successor that started before the LAST write still passes for a two-column line: the
+start time that :func:`register_process` writes is what pins a line exactly. A two-column line that appears AFTER the pin is refused, never pinned: by then the
 PID may already name another process (seen with ``unshare --pid``: a listed process
 exited, its PID was reused, and the newcomer was stopped), so a spawner that registers
 processes during a run must give the start time (:func:`register_process` does).
@@ -35,8 +40,10 @@ stale allowlist cannot reach a process of another run or of the user's desktop.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,6 +130,31 @@ def parse_lines(text: str) -> tuple[list[_Line], list[Refusal]]:
     return lines, bad
 
 
+#: Seconds a start time may pass the file's modification time and still count as
+#: before it: a start time counts clock ticks (10 ms, truncated) and a file's mtime is
+#: taken from the kernel's coarse clock (one jiffy late at most: 4 ms at HZ=250).
+START_SLACK_S = 0.02
+
+
+def started_at(start_time: int) -> float:
+    """Wall-clock time (seconds since the epoch) of a process start time (field 22 of
+    ``/proc/PID/stat``: clock ticks since boot)."""
+    since = time.clock_gettime(time.CLOCK_BOOTTIME) - start_time / os.sysconf("SC_CLK_TCK")
+    return time.time() - since
+
+
+def _started_after(start_time: int, written: float) -> str | None:
+    """Why a process with *start_time* cannot be the one a line of a file last written
+    at *written* names (it started after the file was written), or None."""
+    late = started_at(start_time) - written
+    if late <= START_SLACK_S:
+        return None
+    return (
+        f"started {late:.2f} s after the allowlist was last written: not the process "
+        "its line names (its PID was reused)"
+    )
+
+
 def _pidfd_alive(pidfd: int) -> bool:
     """Whether the process behind *pidfd* has not exited yet (signal 0 through it)."""
     try:
@@ -160,13 +192,16 @@ class Allowlist:
         self._pidfds: dict[tuple[int, int], int] = {}
         self._pinned_at: bool = False
 
-    def _read(self) -> str:
+    def _read(self) -> tuple[str, float]:
+        """The file's text and its modification time (wall clock, seconds), read from
+        one open file (no file: ``""`` and infinity, which refuses nothing)."""
         if self.path is None:
-            return ""
+            return "", math.inf
         try:
-            return self.path.read_text(errors="replace")
+            with open(self.path, "rb") as f:
+                return f.read().decode(errors="replace"), os.fstat(f.fileno()).st_mtime
         except FileNotFoundError:
-            return ""
+            return "", math.inf
 
     def pin(self) -> list[Refusal]:
         """Pin every line now (see the module's docstring); return the lines refused.
@@ -176,25 +211,40 @@ class Allowlist:
         self._pinned_at = True
         if self.path is not None and not self.path.is_file():
             return [Refusal(0, "", None, f"allowlist {self.path} is not a readable file")]
-        lines, refused = parse_lines(self._read())
+        text, written = self._read()
+        lines, refused = parse_lines(text)
         for ln in lines:
-            if ln.start_time is not None:
-                if read_start_time(ln.pid) is None:
-                    refused.append(Refusal(ln.number, ln.name, ln.pid, "gone at the pin"))
-                continue
             key = (ln.number, ln.pid, ln.name)
+            if ln.start_time is not None:
+                listed = ProcessIdentity(ln.pid, ln.start_time, ln.cmdline)
+                late = _started_after(ln.start_time, written)
+                if late is not None:
+                    refused.append(Refusal(ln.number, ln.name, ln.pid, late))
+                elif read_start_time(ln.pid) is None:
+                    refused.append(Refusal(ln.number, ln.name, ln.pid, "gone at the pin"))
+                elif (verdict := self.check(listed)).identity is None:
+                    reason = f"{verdict.reason} at the pin"
+                    refused.append(Refusal(ln.number, ln.name, ln.pid, reason))
+                else:
+                    self._pin_one(ln.pid, listed)  # its pidfd, as for a plain line
+                continue
             ident = self._pin_one(ln.pid)
-            if ident is None:
-                self._refused[key] = "gone at the pin"
-                refused.append(Refusal(ln.number, ln.name, ln.pid, "gone at the pin"))
-            else:
+            why = "gone at the pin" if ident is None else _started_after(ident.start_time, written)
+            if why is None and ident is not None:
                 self._pinned[key] = ident
+                continue
+            if ident is not None:  # not the process its line names: no pidfd of it kept
+                pidfd = self._pidfds.pop((ident.pid, ident.start_time), None)
+                if pidfd is not None:
+                    os.close(pidfd)
+            self._refused[key] = str(why)
+            refused.append(Refusal(ln.number, ln.name, ln.pid, str(why)))
         return sorted(refused, key=lambda r: r.line)
 
-    def _pin_one(self, pid: int) -> ProcessIdentity | None:
+    def _pin_one(self, pid: int, listed: ProcessIdentity | None = None) -> ProcessIdentity | None:
         # The pidfd first, then the identity read from /proc, then the pidfd still live:
         # so what /proc said is of the pidfd's process (a PID is reused only after its
-        # process is gone).
+        # process is gone). A *listed* identity must still be the one /proc gives.
         try:
             pidfd = os.pidfd_open(pid)
         except OSError:
@@ -202,6 +252,8 @@ class Allowlist:
         try:
             ident = ProcessIdentity.of(pid)
         except ProcessLookupError:
+            ident = None
+        if listed is not None and ident is not None and ident.start_time != listed.start_time:
             ident = None
         if ident is None or not _pidfd_alive(pidfd):
             os.close(pidfd)
@@ -224,13 +276,15 @@ class Allowlist:
         called."""
         self.pin()
         out: dict[str, ProcessIdentity | str] = {}
-        lines, bad = parse_lines(self._read())
+        text, written = self._read()
+        lines, bad = parse_lines(text)
         for refusal in bad:
             if refusal.name:
                 out[refusal.name] = refusal.reason
         for ln in sorted(lines, key=lambda x: x.number):
             if ln.start_time is not None:
-                out[ln.name] = ProcessIdentity(ln.pid, ln.start_time, ln.cmdline)
+                late = _started_after(ln.start_time, written)
+                out[ln.name] = late or ProcessIdentity(ln.pid, ln.start_time, ln.cmdline)
                 continue
             key = (ln.number, ln.pid, ln.name)
             out[ln.name] = self._pinned.get(key) or self._refused.get(

@@ -90,16 +90,16 @@ def _pid_namespaces() -> bool:
     return r.returncode == 0
 
 
-def _in_pid_namespace(script: str, tmp_path: Path) -> list[dict[str, Any]]:
-    """Run *script* (given *tmp_path*) as PID 1's child in a PID namespace of its own;
-    the records it prints."""
+def _in_pid_namespace(script: str, tmp_path: Path, *args: str) -> list[dict[str, Any]]:
+    """Run *script* (given *tmp_path* and *args*) as PID 1's child in a PID namespace of
+    its own; the records it prints."""
     if not _pid_namespaces():
         if in_ci():
             pytest.fail("unshare --pid is not permitted here (CI runs as root)")
         pytest.skip("unshare --pid is not permitted here (needs root)")
     r = subprocess.run(
         ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", script]
-        + [str(tmp_path)],
+        + [str(tmp_path), *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -147,6 +147,67 @@ def test_a_successor_in_the_same_tick_is_told_apart_by_the_pinned_pidfd(
     ((event, target, rail, reason),) = _rails(records)
     assert (event, target, rail) == ("skip", "process:victim", "pid-allowlist")
     assert reason == "victim: pid reused: the process pinned at the start has exited"
+
+
+# Issue 35, item 1: the PID is reused BEFORE chaos starts. The listed process exits after
+# the allowlist was written and a newcomer takes its PID (ns_last_pid); then chaos runs.
+# A plain line used to pin the newcomer, which was stopped; either form must refuse it.
+_REUSE_BEFORE = textwrap.dedent(
+    """
+    import json, os, subprocess, sys, time, trio
+    from pathlib import Path
+    from faultnet.chaos import JoinLog, Runner
+    from faultnet.procs import ProcessIdentity
+    from tests.faultnet.chaos.conftest import process_plan
+
+    tmp, form = Path(sys.argv[1]), sys.argv[2]
+    listed = subprocess.Popen(["sleep", "120"])
+    ident = ProcessIdentity.spawned(listed.pid, listed.args)
+    line = f"{listed.pid}\\tvictim"
+    if form == "four columns":
+        line += f"\\t{ident.start_time}\\t{json.dumps(listed.args)}"
+    (tmp / "pids").write_text(line + "\\n")
+    written = os.stat(tmp / "pids").st_mtime
+    # The newcomer must start measurably after the write: start times count 10 ms ticks.
+    while time.time() < written + 0.1:
+        time.sleep(0.01)
+    listed.kill()
+    listed.wait()
+    Path("/proc/sys/kernel/ns_last_pid").write_text(str(listed.pid - 1))
+    newcomer = subprocess.Popen(["sleep", "121"])
+    assert newcomer.pid == listed.pid, (newcomer.pid, listed.pid)
+    marker = tmp / "marker"
+    marker.touch()
+    log = JoinLog(tmp / "chaos.jsonl", seed=1, dry=False)
+    plan = process_plan("process:stop", (0.0, "victim", 1.0), (2.0, "victim", 1.0))
+    runner = Runner(plan, log, allowlist=tmp / "pids", armed=True, marker=marker,
+                    time_unit=0.02)
+    trio.run(runner.run)
+    log.close()
+    newcomer.kill()
+    print(json.dumps(log.records))
+    """
+)
+
+
+@pytest.mark.parametrize("form", ["two columns", "four columns"])
+def test_a_pid_reused_before_chaos_starts_is_refused_in_either_form(
+    tmp_path: Path, form: str
+) -> None:
+    records = _in_pid_namespace(_REUSE_BEFORE, tmp_path, form)
+    assert [r for r in records if r["event"] == "fault"] == []  # never stopped
+    rails = _rails(records)
+    assert [(e, t, rail) for e, t, rail, _ in rails] == [
+        ("refuse", "process:victim", "pid-allowlist"),
+        ("skip", "process:victim", "pid-allowlist"),
+        ("skip", "process:victim", "pid-allowlist"),
+    ]
+    refusal = rails[0][3]
+    if form == "two columns":
+        assert refusal.startswith("line 1: started 0.")
+        assert "after the allowlist was last written" in refusal
+    else:  # the start time it gives is not the newcomer's (refused at verify before)
+        assert refusal == "line 1: pid reused: start time differs from the listed one at the pin"
 
 
 async def test_a_line_that_cannot_be_pinned_is_a_logged_refusal(sleepers, tmp_path: Path) -> None:

@@ -232,7 +232,11 @@ async def test_a_process_not_listed_or_no_longer_the_one_listed_is_not_signalled
     )
     _, records = await _run(plan, tmp_path, allowlist=pids, armed=True, marker=_marker(tmp_path))
     skips = [(r["target"], r["rail"], r["reason"]) for r in records if r.get("rail")]
+    at_pin = "differs from the listed one at the pin"
     assert skips == [
+        # Refused at the pin (a line in either form is checked there), then at each step.
+        ("process:a", "pid-allowlist", f"line 1: pid reused: command line {at_pin}"),
+        ("process:b", "pid-allowlist", f"line 2: pid reused: start time {at_pin}"),
         ("process:a", "pid-allowlist", "a: pid reused: command line differs from the listed one"),
         ("process:b", "pid-allowlist", "b: pid reused: start time differs from the listed one"),
         ("process:c", "pid-allowlist", "c: not listed"),
