@@ -143,3 +143,56 @@ def test_the_one_minute_sample_blackholes_a_redis_connection_and_brings_it_back(
             os.kill(server_pid, signal.SIGTERM)
         if pid_file.exists():
             os.kill(int(pid_file.read_text()), signal.SIGTERM)
+
+
+def test_the_chaos_lines_run_as_written(tmp_path: Path) -> None:
+    """Issue 35, item 10: the first chaos line exited 2 (`--process bot1` wanted
+    `--pids`). Every line of the block runs here, in order, against a real faultnet
+    server with the proxy `db` the sample plan targets (on a free port instead of 8474)
+    and a `sleep` as bot1; the armed run in hundredths of a second (`--time-unit 0.01`
+    added: the sample plan is two minutes of seconds)."""
+    section = README.split("### Chaos plans", 1)[1].split("\n\n", 2)[1]
+    lines = [line[4:] for line in section.splitlines() if line.startswith("    ")]
+    assert lines[0].startswith("faultnet chaos plan ") and "--armed" in lines[-1], lines
+    port = _free_port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    server = subprocess.Popen(
+        [sys.executable, "-m", "faultnet", "server", "--port", str(port), "--loopback-only"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    bot1 = subprocess.Popen(["sleep", "120"], cwd=tmp_path)
+    try:
+        api = f"http://127.0.0.1:{port}"
+        for _ in range(200):  # until the API answers, bounded (an interpreter start)
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        create = [sys.executable, "-m", "faultnet", "create", "db", "--api", api]
+        subprocess.run([*create, "--upstream", "127.0.0.1:9"], check=True, env=env, timeout=60)
+        shim = f'faultnet() {{ "{sys.executable}" -m faultnet "$@"; }}\n'
+        for line in lines:
+            line = line.replace("http://127.0.0.1:8474", api)
+            if "--armed" in line:
+                line += " --time-unit 0.01"
+            done = subprocess.run(
+                ["bash", "-c", shim + line],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                cwd=tmp_path,
+                env={**env, "BOT1_PID": str(bot1.pid)},
+            )
+            assert done.returncode == 0, (line, done.stdout, done.stderr)
+        assert (tmp_path / "run/chaos-log.jsonl").exists()
+    finally:
+        bot1.kill()
+        bot1.wait()
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=30)

@@ -10,9 +10,10 @@ See :mod:`faultnet.chaos`.
 
 Everything a command line can get wrong is refused before anything runs (one line,
 exit 2): a plan file that does not parse, a number that is not finite, a proxy target
-"in this process" (which a CLI run never has: ``--api`` or ``NAME@URL``), a process
-target without ``--pids``, a ``--pids`` file that is missing, malformed or does not list
-a process the plan names.
+"in this process" (which a CLI run never has: ``--api`` or ``NAME@URL``); for a run
+(dry or real; ``plan`` reads no allowlist and asks no server) a process target without
+``--pids``, a ``--pids`` file that is missing, malformed or does not list a process the
+plan names, and a proxy its server does not have.
 
 Exit codes: 0 done (steps a rail skipped included: they are decisions, logged); 1 a step
 failed or a fault could not be undone; 2 a usage or environment error, or a real run
@@ -57,7 +58,8 @@ def _fmt_record(record: dict[str, Any], as_json: bool) -> str:
     return f"{at} {counter:>6} {record['event']:<11} {record['action']:<16} {record.get('target', '')}  {detail}{why}".rstrip()
 
 
-def _config(args: argparse.Namespace) -> Any:
+def _config(args: argparse.Namespace, *, run: bool = True) -> Any:
+    """The plan's config from the command line; a run's (*run*) allowlist checked too."""
     from faultnet.chaos._catalogue import PlanError
     from faultnet.chaos._plan import LOCAL, load_config, split_proxy_key
     from faultnet.errors import UsageError
@@ -86,7 +88,8 @@ def _config(args: argparse.Namespace) -> Any:
             f"proxy {local[0]} has no server: give --api URL (or {local[0]}@URL); "
             "a proxy in this process is for the Python API only"
         )
-    _check_pids(args, config.processes)
+    if run:
+        _check_pids(args, config.processes)
     return config
 
 
@@ -115,6 +118,48 @@ def _check_pids(args: argparse.Namespace, processes: Any) -> None:
         raise UsageError(f"process {missing[0]} is not in the allowlist {path}")
 
 
+def _check_targets(args: argparse.Namespace, config: Any, marker: Path) -> list[str]:
+    """Every proxy a run targets on a server must be there: a mistyped ``--target`` is
+    refused now (one line naming the server's proxies) rather than skipped as absent at
+    every step. Servers beyond loopback (without ``--allow-non-loopback``) are not
+    asked, as the loopback rail skips their steps; nor is a server when a real run is
+    refused as unarmed (nothing is touched; that refusal is said). A dry run that cannot
+    reach a server goes on (a plan may be walked offline): the notes saying so are
+    returned, to be printed once the run has its join log; a real run cannot."""
+    from faultnet.chaos import _rails
+    from faultnet.chaos._plan import LOCAL, split_proxy_key
+    from faultnet.errors import EnvironmentProblem, UsageError
+    from faultnet.server.client import ApiClient, ApiFailure, ApiUnavailable
+
+    if not args.dry_run and _rails.check_armed(args.armed, marker) is not None:
+        return []
+    notes: list[str] = []
+    wanted: dict[str, list[str]] = {}
+    for key in config.proxies:
+        name, where = split_proxy_key(key)
+        if where == LOCAL:
+            continue
+        if _rails.check_loopback([_rails.url_host(where)], args.allow_non_loopback) is None:
+            wanted.setdefault(where, []).append(name)
+    for url, names in wanted.items():
+        try:
+            known = ApiClient(url, timeout=10.0).request("GET", "/proxies")
+        except ApiUnavailable as exc:
+            if not args.dry_run:
+                raise EnvironmentProblem(f"cannot reach the faultnet server {url}: {exc}") from None
+            notes.append(
+                f"faultnet: note: {url} did not answer ({exc}): its targets are not checked"
+            )
+            continue
+        except ApiFailure as exc:
+            raise EnvironmentProblem(f"{url}/proxies: {exc.message} (HTTP {exc.status})") from None
+        missing = [n for n in names if n not in known]
+        if missing:
+            there = ", ".join(sorted(known)) or "none"
+            raise UsageError(f"no proxy {missing[0]} on {url} (its proxies: {there})")
+    return notes
+
+
 def _capped_note(plan: Any) -> None:
     from faultnet.chaos._plan import MAX_SLOTS
 
@@ -137,7 +182,7 @@ def _plan_command(args: argparse.Namespace) -> int:
     from faultnet.chaos._plan import make_plan
 
     seed, chosen = _seed(args)
-    plan = make_plan(_config(args), seed, seed_chosen=chosen)
+    plan = make_plan(_config(args, run=False), seed, seed_chosen=chosen)
     _capped_note(plan)
     if args.json:
         doc = {
@@ -179,15 +224,19 @@ def _run_command(args: argparse.Namespace) -> int:
     from faultnet.errors import EnvironmentProblem
 
     seed, chosen = _seed(args)
-    plan = make_plan(_config(args), seed, seed_chosen=chosen)
-    _capped_note(plan)
+    config = _config(args)
     log_path = Path(args.log)
     marker = Path(args.marker) if args.marker else log_path.parent / MARKER_NAME
+    notes = _check_targets(args, config, marker)
+    plan = make_plan(config, seed, seed_chosen=chosen)
+    _capped_note(plan)
     try:
         log = JoinLog(log_path, seed=seed, dry=args.dry_run)
     except OSError as exc:  # nothing is touched without the log of it
         reason = exc.strerror or str(exc)
         raise EnvironmentProblem(f"cannot open the join log {log_path}: {reason}") from None
+    for note in notes:
+        print(note, file=sys.stderr)
     log.on_record = _printer(args.json)
     runner = Runner(
         plan,

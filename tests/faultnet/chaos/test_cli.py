@@ -250,6 +250,44 @@ def test_a_run_that_could_do_nothing_is_refused_before_it_starts(sleepers, tmp_p
     assert not log.exists()  # nothing ran, not even the log
 
 
+async def test_a_mistyped_target_is_refused_naming_the_servers_proxies(
+    server_process: str, tmp_path: Path
+) -> None:
+    """Issue 35, item 9: a target its server does not have was skipped as "absent" at
+    every step, and the run exited 0 (a dry run listed them as faults)."""
+    url = server_process
+    for name in ("db", "cache"):
+        await _api(url, "POST", "/proxies", {"name": name, "upstream": "127.0.0.1:9"})
+    (tmp_path / ".faultnet-chaos-armed").touch()
+    log = tmp_path / "log.jsonl"
+    base = ["--api", url, "--seed", "1", "--time-unit", "0.01", "--log", str(log)]
+    for mode in ("--dry-run", "--armed"):
+        r = await _chaos(mode, *base, "--target", "db", "--target", "dbb")
+        err = r.stderr.decode()
+        assert (r.returncode, r.stdout) == (2, b""), err
+        assert err == f"faultnet: error: no proxy dbb on {url} (its proxies: cache, db)\n"
+        assert not log.exists()  # nothing ran
+    # A real run cannot check a server that does not answer, so it does not start; a
+    # dry run says so and walks the plan (a plan may be walked offline).
+    r = await _chaos("--armed", *base, "--target", "db@http://127.0.0.1:1")
+    assert r.returncode == 2 and b"cannot reach the faultnet server" in r.stderr, r.stderr
+    r = await _chaos("--dry-run", *base, "--target", "db@http://127.0.0.1:1")
+    assert r.returncode == 0 and b"its targets are not checked" in r.stderr, r.stderr
+
+
+def test_plan_reads_no_allowlist(tmp_path: Path) -> None:
+    """Issue 35, item 10: the README's first chaos line (`chaos plan ... --process bot1`)
+    exited 2 for want of --pids; planning is pure, the allowlist is a run's."""
+    r = chaos_cli("plan", "--seed", "7", "--api", "http://127.0.0.1:8474", "--target", "db")
+    assert r.returncode == 0, r.stderr
+    with_process = chaos_cli(
+        "plan", "--seed", "7", "--api", "http://127.0.0.1:8474", "--target", "db",
+        "--process", "bot1", "--json",
+    )  # fmt: skip
+    assert with_process.returncode == 0, with_process.stderr
+    assert json.loads(with_process.stdout)["config"]["processes"] == ["bot1"]
+
+
 @pytest.mark.parametrize(
     ("args", "words"),
     [
