@@ -15,6 +15,7 @@ import trio
 from faultnet.chaos._run import PAUSE_AFTER_APPLY_ENV
 from faultnet.eventlog import read_jsonl
 from faultnet.testing import echo_server, read_exactly, wait_until
+from tests.faultnet.chaos.conftest import proc_state
 from tests.faultnet.chaos.test_cli import _addr, _api, _as_found, _chaos
 
 PLAN = """
@@ -127,3 +128,32 @@ async def test_undo_clears_a_fault_applied_but_not_yet_logged_when_chaos_was_kil
         with trio.fail_after(10):
             assert await read_exactly(link, 5) == b"back\n"
         await link.aclose()
+
+
+async def test_undo_continues_a_process_stopped_but_not_yet_logged(
+    sleepers, tmp_path: Path
+) -> None:
+    """The same window for a process fault: SIGSTOP sent, chaos killed before its fault
+    line; the intent names the process (pid, start time) and undo continues it."""
+    victim = sleepers()
+    pids = tmp_path / "pids"
+    pids.write_text(f"{victim.pid}\tvictim\n")
+    plan = tmp_path / "plan.toml"
+    plan.write_text(
+        'duration = 2\ngap = [1, 1]\nonly = ["process:stop"]\n'
+        '[faults."process:stop"]\nduration = 1000\n'
+    )
+    (tmp_path / ".faultnet-chaos-armed").touch()
+    log, paused = tmp_path / "log.jsonl", tmp_path / "paused"
+    argv = [sys.executable, "-m", "faultnet", "chaos", "--plan", str(plan), "--armed"]
+    argv += ["--process", "victim", "--pids", str(pids), "--log", str(log)]
+    argv += ["--seed", "1", "--time-unit", "0.05"]
+    env = {**os.environ, PAUSE_AFTER_APPLY_ENV: str(paused)}
+    async with trio.open_nursery() as nursery:
+        proc = await nursery.start(functools.partial(trio.run_process, argv, check=False, env=env))
+        await wait_until(paused.exists, 20, "chaos paused after stopping the process")
+        proc.send_signal(signal.SIGKILL)  # the exact process started above
+    await wait_until(lambda: proc_state(victim.pid) == "T", 10, "the victim stopped")
+    r = await _chaos("undo", "--log", str(log))
+    assert r.returncode == 0 and b"1 undone" in r.stderr, r.stderr
+    await wait_until(lambda: proc_state(victim.pid) == "S", 10, "the victim continued")
