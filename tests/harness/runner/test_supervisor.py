@@ -99,3 +99,62 @@ def test_a_killed_runner_leaves_nothing_it_started_running(
         proc.wait(timeout=60)
         for p in recorded:  # never leave them behind, even when the test fails
             stop_exact(p, term_timeout=2, kill_timeout=2)
+
+
+# A runner that starts a detached process (its own session, as the enclave server is
+# started), says its PID, and then kills itself with SIGKILL, or waits for a signal.
+_RUNNER = """
+import os, signal, subprocess, sys, time
+from harness.runner import supervised
+
+def main():
+    child = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # for sigwait, below
+    print(os.getpid(), child.pid, flush=True)
+    if sys.argv[1] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    signal.sigwait({signal.SIGTERM})
+    child.kill()
+    child.wait()
+    return 7
+
+sys.exit(supervised(main))
+"""
+
+
+def _start(how: str) -> tuple[subprocess.Popen[str], int, int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _RUNNER, how],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+    )
+    assert proc.stdout is not None
+    runner, child = map(int, proc.stdout.readline().split())
+    return proc, runner, child
+
+
+def test_the_supervisor_stops_what_a_killed_runner_left_and_nothing_else() -> None:
+    stranger = subprocess.Popen(["sleep", "120"])  # not the runner's: must survive
+    try:
+        proc, runner, child = _start("kill")
+        assert runner != proc.pid  # the runner is the supervisor's child
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 128 + signal.SIGKILL, err
+        assert read_start_time(child) is None, "the runner's process survived it"
+        assert f"the runner (pid {runner}) was killed by SIGKILL" in err
+        assert f"{child} (sleep 120): stopped" in err
+        assert stranger.poll() is None
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_a_signal_sent_to_the_command_reaches_the_runner_and_its_status_is_kept() -> None:
+    proc, runner, child = _start("wait")
+    proc.send_signal(signal.SIGTERM)  # to the supervisor, the PID the user knows
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 7, err  # the runner's own exit code
+    assert read_start_time(child) is None and err == ""  # it stopped its child itself
