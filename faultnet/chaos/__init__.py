@@ -29,8 +29,9 @@ From Python, with proxies in this process::
 Guarantee: every fault the runner applied is undone when the run ends for any reason
 a process can observe (the plan's end, an exception, cancellation, a catchable signal
 under :func:`run_with_signals`). SIGKILL of chaos itself is the one exception: the join
-log then says what was applied and not undone, and :func:`recover` (``faultnet chaos
-undo``) undoes it.
+log then says what was applied, or about to be (each fault's ``intent`` line is written
+before it is applied), and not undone, and :func:`recover` (``faultnet chaos undo``)
+undoes it.
 """
 
 from faultnet.lazyexports import lazy_exports
