@@ -12,6 +12,7 @@ from pathlib import Path
 
 import trio
 
+from faultnet.chaos import JoinLog
 from faultnet.chaos._run import PAUSE_AFTER_APPLY_ENV
 from faultnet.eventlog import read_jsonl
 from faultnet.testing import echo_server, read_exactly, wait_until
@@ -157,3 +158,30 @@ async def test_undo_continues_a_process_stopped_but_not_yet_logged(
     r = await _chaos("undo", "--log", str(log))
     assert r.returncode == 0 and b"1 undone" in r.stderr, r.stderr
     await wait_until(lambda: proc_state(victim.pid) == "S", 10, "the victim continued")
+
+
+async def test_an_episode_killed_before_its_line_is_released_by_its_down_modes_undo(
+    server_process: str, tmp_path: Path
+) -> None:
+    """An episode's intent left open: which connections its freeze took was never
+    logged, so undo thaws the proxy (the freeze's own undo) rather than leave one held.
+    The join log is written here as a killed run leaves it (seed, plan, intent)."""
+    url = server_process
+    async with echo_server() as upstream:
+        await _api(url, "POST", "/proxies", {"name": "db", "upstream": f"127.0.0.1:{upstream[1]}"})
+        link = await trio.open_tcp_stream(*_addr((await _api(url, "GET", "/proxies/db"))["listen"]))
+        await link.send_all(b"hi\n")
+        assert await read_exactly(link, 3) == b"hi\n"
+        await _api(url, "POST", "/proxies/db/faults", {"mode": "freeze"})  # its down mode
+        log = JoinLog(tmp_path / "log.jsonl", seed=1, dry=False)
+        log.write("seed", action="seed", detail={"seed": 1, "chosen": False})
+        log.write("plan", action="plan")
+        log.write("intent", action="episode:freeze-sever", target=f"db@{url}", counter=0)
+        log.close()
+        r = await _chaos("undo", "--log", str(tmp_path / "log.jsonl"))
+        assert r.returncode == 0 and b"1 undone" in r.stderr, r.stderr
+        await _as_found(url, "db")
+        await link.send_all(b"back\n")
+        with trio.fail_after(10):
+            assert await read_exactly(link, 5) == b"back\n"
+        await link.aclose()
