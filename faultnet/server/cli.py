@@ -57,13 +57,25 @@ def _mode_name(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+class _FromEnvironment(str):
+    """``$FAULTNET_TOKEN``'s value as ``--token``'s default: argparse checks a string
+    default with the option's type, and :func:`_token` names the variable."""
+
+
 def _token(text: str) -> str:
-    """A bearer token: not empty (an empty ``--token`` turned authentication off)."""
+    """A bearer token: not empty (an empty ``--token`` turned authentication off, and
+    so did ``FAULTNET_TOKEN=""``: it was taken as no token at all)."""
+    what = f"${TOKEN_ENV} " if isinstance(text, _FromEnvironment) else ""
     if not text.strip():
-        raise argparse.ArgumentTypeError("must not be empty (it would turn the token off)")
+        raise argparse.ArgumentTypeError(
+            f"{what}must not be empty (it would turn the token off)"
+            + (f": unset {TOKEN_ENV} or give it a token" if what else "")
+        )
     if text != text.strip() or any(c in text for c in "\r\n"):
-        raise argparse.ArgumentTypeError("must not begin or end with spaces or hold a newline")
-    return text
+        raise argparse.ArgumentTypeError(
+            f"{what}must not begin or end with spaces or hold a newline"
+        )
+    return str(text)
 
 
 def _token_file(path: str) -> str:
@@ -93,7 +105,8 @@ def _add_token_options(parser: argparse.ArgumentParser, what: str) -> None:
     group.add_argument(
         "--token",
         type=_token,
-        default=os.environ.get(TOKEN_ENV) or None,
+        # Set but empty is refused, as --token "" is (not taken as "no token").
+        default=_FromEnvironment(os.environ[TOKEN_ENV]) if TOKEN_ENV in os.environ else None,
         metavar="TOKEN",
         help=f"{what} (default ${TOKEN_ENV}; on the command line it shows in `ps`: "
         "prefer --token-file or the environment)",

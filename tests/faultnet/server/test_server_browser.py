@@ -80,6 +80,28 @@ def test_an_empty_or_unreadable_token_is_a_usage_error(argv: list[str], says: st
     assert says in r.stderr.splitlines()[-1] and "Traceback" not in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("value", ["", "  "])
+@pytest.mark.parametrize(
+    "argv", [["server", "--host", "0.0.0.0", "--expose", "--port", "0"], ["proxies"]]
+)
+def test_an_empty_token_in_the_environment_is_refused_as_an_empty_token_option(
+    argv: list[str], value: str
+) -> None:
+    # FAULTNET_TOKEN="" was taken as no token: an exposed server answered anyone (the
+    # server above ran, listening on every address, until this run's timeout).
+    r = subprocess.run(
+        [sys.executable, "-m", "faultnet", *argv],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "FAULTNET_TOKEN": value},
+    )
+    assert r.returncode == 2, r
+    says = "argument --token: $FAULTNET_TOKEN must not be empty"
+    assert says in r.stderr.splitlines()[-1] and "Traceback" not in r.stderr, r.stderr
+    assert "listening on" not in r.stdout
+
+
 def test_an_empty_token_file_is_a_usage_error(tmp_path: Path) -> None:
     empty = tmp_path / "token"
     empty.write_text("\n")
