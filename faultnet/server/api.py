@@ -103,15 +103,75 @@ async def _read_body(request: Request) -> bytes:
     return bytes(raw)
 
 
-def _parse_json(raw: bytes) -> Any:
+def _parse_json(raw: bytes, schema: BodySchema | None = None) -> Any:
     """The request body as JSON (whatever its Content-Type, as Toxiproxy reads it); a
-    body that is not is Toxiproxy's 400."""
+    body that is not is Toxiproxy's 400, and so is a JSON null where *schema* (the
+    route's, from the OpenAPI document) does not declare one nullable."""
     if not raw.strip():
         raise bad_body("EOF")  # what Toxiproxy's decoder says for an empty body
     try:
-        return json.loads(raw, parse_constant=_reject_constant)
+        body = json.loads(raw, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
         raise bad_body(str(exc) or type(exc).__name__) from None
+    if schema is not None:
+        schema.refuse_nulls(body)
+    return body
+
+
+@dataclass(frozen=True)
+class BodySchema:
+    """A request body's schema in the OpenAPI document (*components* resolve its
+    ``$ref``\\ s): the one statement of which fields may be JSON null.
+
+    Before, a null anywhere meant "the default" (17 schemathesis findings, issue 35
+    item 7): ``{"enabled": null}`` kept a proxy as it was, a null toxicity was 1.0. A
+    field the document does not declare (``nullable``) is now refused with a 400 naming
+    it; a key the document does not know is ignored, as Toxiproxy ignores it (its Go
+    client sends ``"toxics": null`` with every proxy it creates).
+    """
+
+    schema: dict[str, Any]
+    components: dict[str, Any]
+
+    def refuse_nulls(self, body: Any) -> None:
+        """Raise a 400 for the first null in *body* the schema does not allow; a body
+        that is not of the schema's shape is left to the handler to refuse."""
+        schema = self._resolve(self.schema)
+        if isinstance(body, list) and "items" in schema:  # /populate: "at proxy N"
+            for i, item in enumerate(body, 1):
+                self._refuse_in(item, schema["items"], f" at proxy {i}")
+        else:
+            self._refuse_in(body, schema, "")
+
+    def _refuse_in(self, body: Any, schema: dict[str, Any], where: str) -> None:
+        if isinstance(body, dict):  # null itself is the handler's "expected an object"
+            field = self._null_field(body, schema)
+            if field is not None:
+                raise bad_body(f"{field} must not be null{where}")
+
+    def _resolve(self, schema: dict[str, Any]) -> dict[str, Any]:
+        ref = schema.get("$ref")
+        return self.components[ref.rpartition("/")[2]] if isinstance(ref, str) else schema
+
+    def _null_field(self, value: Any, schema: dict[str, Any]) -> str | None:
+        """Where in *value* a null is not allowed by *schema*: ``""`` for *value*
+        itself, a path (``attributes.latency``, ``connections[0]``), or None."""
+        schema = self._resolve(schema)
+        if value is None:
+            return None if schema.get("nullable") else ""
+        parts: Iterable[tuple[str, Any, dict[str, Any] | None]] = ()
+        if isinstance(value, dict):
+            properties = schema.get("properties", {})
+            parts = ((f".{k}", v, properties.get(k)) for k, v in value.items())
+        elif isinstance(value, list) and "items" in schema:
+            parts = ((f"[{i}]", v, schema["items"]) for i, v in enumerate(value))
+        for step, item, sub in parts:
+            if sub is None:
+                continue  # a key the document does not declare: ignored
+            inner = self._null_field(item, sub)
+            if inner is not None:
+                return (step + inner).removeprefix(".")
+        return None
 
 
 def _query_int(request: Request, key: str, default: int, lo: int, hi: int) -> int:
@@ -209,6 +269,28 @@ class BrowserBlock:
         await self.app(scope, receive, send)
 
 
+#: The methods the API answers, in the order an ``Allow`` header names them.
+_METHOD_ORDER = ("GET", "HEAD", "POST", "PATCH", "DELETE")
+
+
+def _routes(table: Iterable[tuple[str, str, Handler]]) -> list[Route]:
+    """One :class:`Route` per path, dispatching on the method: a path's 405 then says
+    every method it takes (a Route per method answered ``Allow: GET, HEAD`` for a PUT
+    on a path that takes POST, PATCH and DELETE too: the first route's alone)."""
+    by_path: dict[str, dict[str, Handler]] = {}
+    for path, method, func in table:
+        by_path.setdefault(path, {})[method] = func
+
+    def endpoint(handlers: dict[str, Handler]) -> Handler:
+        async def dispatch(request: Request) -> Response:
+            method = "GET" if request.method == "HEAD" else request.method
+            return await handlers[method](request)
+
+        return dispatch
+
+    return [Route(p, endpoint(h), methods=list(h)) for p, h in by_path.items()]
+
+
 #: Runs a registry operation where the registry lives and returns its result (see
 #: :func:`create_app`). The operation is a plain function or a coroutine function.
 OnRegistry = Callable[[Callable[[], Any]], Awaitable[Any]]
@@ -275,6 +357,13 @@ def create_app(
 
         return wrapped
 
+    document = openapi_document(__version__)
+
+    def body(path: str, method: str) -> BodySchema:
+        op = document["paths"][path][method]
+        schema = op["requestBody"]["content"]["application/json"]["schema"]
+        return BodySchema(schema, document["components"]["schemas"])
+
     def proxy_name(request: Request) -> str:
         return request.path_params["proxy"]
 
@@ -298,7 +387,7 @@ def create_app(
         raw = await _read_body(request)
 
         async def op() -> Any:
-            return (await registry.create(_parse_json(raw))).to_json()
+            return (await registry.create(_parse_json(raw, body("/proxies", "post")))).to_json()
 
         return await answer(op, 201)
 
@@ -307,7 +396,7 @@ def create_app(
         raw = await _read_body(request)
 
         async def op() -> Any:
-            made, err = await registry.populate(_parse_json(raw))
+            made, err = await registry.populate(_parse_json(raw, body("/populate", "post")))
             return [mp.to_json() for mp in made], err
 
         proxies, err = await on_registry(op)
@@ -325,7 +414,8 @@ def create_app(
 
         async def op() -> Any:
             registry.get(proxy_name(request))  # 404 before a body error, as Toxiproxy
-            return (await registry.update(proxy_name(request), _parse_json(raw))).to_json()
+            parsed = _parse_json(raw, body("/proxies/{proxy}", "patch"))
+            return (await registry.update(proxy_name(request), parsed)).to_json()
 
         return await answer(op)
 
@@ -345,7 +435,8 @@ def create_app(
 
         async def op() -> Any:
             registry.get(proxy_name(request))
-            return toxic_to_json(await registry.add_toxic(proxy_name(request), _parse_json(raw)))
+            parsed = _parse_json(raw, body("/proxies/{proxy}/toxics", "post"))
+            return toxic_to_json(await registry.add_toxic(proxy_name(request), parsed))
 
         return await answer(op)
 
@@ -364,8 +455,8 @@ def create_app(
 
         async def op() -> Any:
             registry.get_toxic(proxy_name(request), name)
-            body = _parse_json(raw)
-            return toxic_to_json(await registry.update_toxic(proxy_name(request), name, body))
+            parsed = _parse_json(raw, body("/proxies/{proxy}/toxics/{toxic}", "patch"))
+            return toxic_to_json(await registry.update_toxic(proxy_name(request), name, parsed))
 
         return await answer(op)
 
@@ -405,7 +496,8 @@ def create_app(
 
         async def op() -> Any:
             registry.get(proxy_name(request))
-            return await registry.apply_fault(proxy_name(request), _parse_json(raw))
+            parsed = _parse_json(raw, body("/proxies/{proxy}/faults", "post"))
+            return await registry.apply_fault(proxy_name(request), parsed)
 
         return await answer(op)
 
@@ -448,8 +540,6 @@ def create_app(
     async def all_events(request: Request) -> Response:
         return await answer(lambda: _events(request, None))
 
-    document = openapi_document(__version__)
-
     @handler
     async def openapi(request: Request) -> Response:
         return JSONResponse(document)
@@ -459,31 +549,37 @@ def create_app(
         assert isinstance(exc, HTTPException)
         response = _error(exc.status_code, str(exc.detail).lower())
         response.headers.update(exc.headers or {})
+        if "allow" in response.headers:  # starlette joins a set: say them in one order
+            allowed = response.headers["allow"].split(", ")
+            response.headers["allow"] = ", ".join(sorted(allowed, key=_METHOD_ORDER.index))
         return response
 
-    routes = [
-        Route("/reset", reset, methods=["POST"]),
-        Route("/ca", ca, methods=["GET"]),
-        Route("/proxies", proxy_index, methods=["GET"]),
-        Route("/proxies", proxy_create, methods=["POST"]),
-        Route("/populate", populate, methods=["POST"]),
-        Route("/proxies/{proxy}", proxy_show, methods=["GET"]),
-        Route("/proxies/{proxy}", proxy_update, methods=["POST", "PATCH"]),
-        Route("/proxies/{proxy}", proxy_delete, methods=["DELETE"]),
-        Route("/proxies/{proxy}/toxics", toxic_index, methods=["GET"]),
-        Route("/proxies/{proxy}/toxics", toxic_create, methods=["POST"]),
-        Route("/proxies/{proxy}/toxics/{toxic}", toxic_show, methods=["GET"]),
-        Route("/proxies/{proxy}/toxics/{toxic}", toxic_update, methods=["POST", "PATCH"]),
-        Route("/proxies/{proxy}/toxics/{toxic}", toxic_delete, methods=["DELETE"]),
-        Route("/version", version, methods=["GET"]),
-        Route("/proxies/{proxy}/faults", fault_show, methods=["GET"]),
-        Route("/proxies/{proxy}/faults", fault_apply, methods=["POST"]),
-        Route("/proxies/{proxy}/faults", fault_clear, methods=["DELETE"]),
-        Route("/proxies/{proxy}/connections", connections, methods=["GET"]),
-        Route("/proxies/{proxy}/events", proxy_events, methods=["GET"]),
-        Route("/events", all_events, methods=["GET"]),
-        Route("/openapi.json", openapi, methods=["GET"]),
+    table = [
+        ("/reset", "POST", reset),
+        ("/ca", "GET", ca),
+        ("/proxies", "GET", proxy_index),
+        ("/proxies", "POST", proxy_create),
+        ("/populate", "POST", populate),
+        ("/proxies/{proxy}", "GET", proxy_show),
+        ("/proxies/{proxy}", "POST", proxy_update),
+        ("/proxies/{proxy}", "PATCH", proxy_update),
+        ("/proxies/{proxy}", "DELETE", proxy_delete),
+        ("/proxies/{proxy}/toxics", "GET", toxic_index),
+        ("/proxies/{proxy}/toxics", "POST", toxic_create),
+        ("/proxies/{proxy}/toxics/{toxic}", "GET", toxic_show),
+        ("/proxies/{proxy}/toxics/{toxic}", "POST", toxic_update),
+        ("/proxies/{proxy}/toxics/{toxic}", "PATCH", toxic_update),
+        ("/proxies/{proxy}/toxics/{toxic}", "DELETE", toxic_delete),
+        ("/version", "GET", version),
+        ("/proxies/{proxy}/faults", "GET", fault_show),
+        ("/proxies/{proxy}/faults", "POST", fault_apply),
+        ("/proxies/{proxy}/faults", "DELETE", fault_clear),
+        ("/proxies/{proxy}/connections", "GET", connections),
+        ("/proxies/{proxy}/events", "GET", proxy_events),
+        ("/events", "GET", all_events),
+        ("/openapi.json", "GET", openapi),
     ]
+    routes = _routes(table)
     app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
     # "/proxies/" is not "/proxies": a 404, not a redirect (Toxiproxy's router agrees).
     app.router.redirect_slashes = False

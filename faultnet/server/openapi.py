@@ -107,11 +107,12 @@ def _toxic_attributes() -> dict[str, Any]:
     properties: dict[str, dict[str, Any]] = {}
     for cls in TOXICS.values():
         for attr in cls.ATTRIBUTES:
+            # nullable: null keeps the value (Toxiproxy's decoder leaves the field as is).
             if isinstance(attr, TextAttribute):
-                prop = properties.setdefault(attr.name, {"type": "string"})
+                prop = properties.setdefault(attr.name, {"type": "string", "nullable": True})
             else:
                 prop = properties.setdefault(
-                    attr.name, {"type": "integer", "minimum": attr.minimum}
+                    attr.name, {"type": "integer", "minimum": attr.minimum, "nullable": True}
                 )
                 prop["minimum"] = min(prop["minimum"], attr.minimum)
                 if attr.maximum < INT64_MAX:
@@ -123,7 +124,10 @@ def _toxic_attributes() -> dict[str, Any]:
             del prop["minimum"]
     return {
         "type": "object",
-        "description": "Depends on the toxic's type; unknown keys are ignored, null keeps a value.",
+        # Toxiproxy's Go client sends a nil attributes map as null: none given.
+        "nullable": True,
+        "description": "Depends on the toxic's type; unknown keys are ignored, null keeps a "
+        "value; null for the whole object gives none.",
         "properties": properties,
     }
 
