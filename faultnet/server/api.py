@@ -54,8 +54,14 @@ MAX_BODY_BYTES = 1 << 20
 #: A request body must arrive within this many seconds of the handler's first read.
 BODY_TIMEOUT_S = 10.0
 #: hypercorn closes a connection whose client sends nothing for this long mid-request
-#: (e.g. headers never finished); idle keep-alive connections close after 5 s anyway.
+#: (e.g. headers never finished).
 READ_TIMEOUT_S = 60
+#: An idle keep-alive connection is closed after this many seconds. hypercorn's 5 s
+#: raced clients that reuse a pooled connection: a request sent as the close was on its
+#: way got none (RemoteDisconnected, issue 35 item 4; a loaded machine widens the
+#: window). Longer than Go's 90 s pool (Toxiproxy's client), so its client closes
+#: first; Toxiproxy's own server never closes an idle connection.
+KEEP_ALIVE_TIMEOUT_S = 120
 #: The Toxiproxy API version whose routes and bodies this server answers.
 TOXIPROXY_API_VERSION = "2.12.0"
 
@@ -612,6 +618,7 @@ async def serve_api(
     config.errorlog = None  # failures are answered and logged by the app itself
     config.graceful_timeout = 1.0
     config.read_timeout = READ_TIMEOUT_S
+    config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_S
     # hypercorn's default is 100; a burst of clients (a fleet's bots all reconnecting)
     # must queue, not be dropped.
     config.backlog = 1024
