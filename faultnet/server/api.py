@@ -65,7 +65,8 @@ KEEP_ALIVE_TIMEOUT_S = 120
 #: The Toxiproxy API version whose routes and bodies this server answers.
 TOXIPROXY_API_VERSION = "2.12.0"
 
-Handler = Callable[[Request], Awaitable[Response]]
+#: A starlette endpoint.
+HttpEndpoint = Callable[[Request], Awaitable[Response]]
 
 
 def _error(status: int, message: str, **extra: Any) -> JSONResponse:
@@ -275,28 +276,6 @@ class BrowserBlock:
         await self.app(scope, receive, send)
 
 
-#: The methods the API answers, in the order an ``Allow`` header names them.
-_METHOD_ORDER = ("GET", "HEAD", "POST", "PATCH", "DELETE")
-
-
-def _routes(table: Iterable[tuple[str, str, Handler]]) -> list[Route]:
-    """One :class:`Route` per path, dispatching on the method: a path's 405 then says
-    every method it takes (a Route per method answered ``Allow: GET, HEAD`` for a PUT
-    on a path that takes POST, PATCH and DELETE too: the first route's alone)."""
-    by_path: dict[str, dict[str, Handler]] = {}
-    for path, method, func in table:
-        by_path.setdefault(path, {})[method] = func
-
-    def endpoint(handlers: dict[str, Handler]) -> Handler:
-        async def dispatch(request: Request) -> Response:
-            method = "GET" if request.method == "HEAD" else request.method
-            return await handlers[method](request)
-
-        return dispatch
-
-    return [Route(p, endpoint(h), methods=list(h)) for p, h in by_path.items()]
-
-
 #: Runs a registry operation where the registry lives and returns its result (see
 #: :func:`create_app`). The operation is a plain function or a coroutine function.
 OnRegistry = Callable[[Callable[[], Any]], Awaitable[Any]]
@@ -308,6 +287,349 @@ async def _here(op: Callable[[], Any]) -> Any:
     if inspect.isawaitable(result):
         result = await result
     return result
+
+
+# -- a request to a handler -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Served:
+    """What every handler of one app shares: the registry, the way to it, and the
+    OpenAPI document (served, and read for request bodies' nulls)."""
+
+    registry: ProxyRegistry
+    on_registry: OnRegistry
+    document: dict[str, Any]
+
+    def body_schema(self, path: str, method: str) -> BodySchema | None:
+        """The document's schema of *method* *path*'s request body, if it takes one."""
+        body = self.document["paths"][path].get(method.lower(), {}).get("requestBody")
+        if body is None:
+            return None
+        schema = body["content"]["application/json"]["schema"]
+        return BodySchema(schema, self.document["components"]["schemas"])
+
+    async def log(self, event: str, **fields: Any) -> None:
+        # Where the registry lives: its event log is not shared across threads.
+        with trio.CancelScope(shield=True):
+            await self.on_registry(lambda: self.registry.events.server.write(event, **fields))
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request, as a handler sees it. Everything a handler does to the registry,
+    reads included, goes through :meth:`answer` or :meth:`done` (where the registry
+    lives); the body is read here, on the API's side."""
+
+    served: Served
+    request: Request
+    #: The route's request-body schema (None for a route that takes no body).
+    schema: BodySchema | None
+
+    @property
+    def registry(self) -> ProxyRegistry:
+        return self.served.registry
+
+    @property
+    def proxy(self) -> str:
+        """The ``{proxy}`` of the path."""
+        name: str = self.request.path_params["proxy"]
+        return name
+
+    @property
+    def toxic(self) -> str:
+        """The ``{toxic}`` of the path."""
+        name: str = self.request.path_params["toxic"]
+        return name
+
+    async def read(self) -> bytes:
+        """The request body's bytes (:func:`_read_body`)."""
+        return await _read_body(self.request)
+
+    def parse(self, raw: bytes) -> Any:
+        """*raw* as JSON, its nulls checked against the route's schema."""
+        return _parse_json(raw, self.schema)
+
+    async def run(self, op: Callable[[], Any]) -> Any:
+        """*op*'s result, computed where the registry lives."""
+        return await self.served.on_registry(op)
+
+    async def answer(self, op: Callable[[], Any], status_code: int = 200) -> Response:
+        """*op*'s result (JSON-able, computed where the registry lives) as the answer."""
+        return JSONResponse(await self.run(op), status_code=status_code)
+
+    async def done(self, op: Callable[[], Any]) -> Response:
+        """Run *op* where the registry lives; answer 204 (done, no body)."""
+        await self.run(op)
+        return Response(status_code=204)
+
+
+Handler = Callable[[Call], Awaitable[Response]]
+
+
+# -- Toxiproxy's routes -----------------------------------------------------------------
+
+
+async def proxy_index(call: Call) -> Response:
+    return await call.answer(call.registry.index)
+
+
+async def proxy_create(call: Call) -> Response:
+    raw = await call.read()
+
+    async def op() -> Any:
+        return (await call.registry.create(call.parse(raw))).to_json()
+
+    return await call.answer(op, 201)
+
+
+async def populate(call: Call) -> Response:
+    raw = await call.read()
+
+    async def op() -> Any:
+        made, err = await call.registry.populate(call.parse(raw))
+        return [mp.to_json() for mp in made], err
+
+    proxies, err = await call.run(op)
+    if err is not None:
+        return _error(err.status, err.message, proxies=proxies)
+    return JSONResponse({"proxies": proxies}, status_code=201)
+
+
+async def proxy_show(call: Call) -> Response:
+    return await call.answer(lambda: call.registry.get(call.proxy).to_json())
+
+
+async def proxy_update(call: Call) -> Response:
+    raw = await call.read()
+
+    async def op() -> Any:
+        call.registry.get(call.proxy)  # 404 before a body error, as Toxiproxy
+        return (await call.registry.update(call.proxy, call.parse(raw))).to_json()
+
+    return await call.answer(op)
+
+
+async def proxy_delete(call: Call) -> Response:
+    return await call.done(lambda: call.registry.delete(call.proxy))
+
+
+async def toxic_index(call: Call) -> Response:
+    return await call.answer(
+        lambda: [toxic_to_json(t) for t in call.registry.get(call.proxy).toxics]
+    )
+
+
+async def toxic_create(call: Call) -> Response:
+    raw = await call.read()
+
+    async def op() -> Any:
+        call.registry.get(call.proxy)
+        return toxic_to_json(await call.registry.add_toxic(call.proxy, call.parse(raw)))
+
+    return await call.answer(op)
+
+
+async def toxic_show(call: Call) -> Response:
+    return await call.answer(
+        lambda: toxic_to_json(call.registry.get_toxic(call.proxy, call.toxic)[1])
+    )
+
+
+async def toxic_update(call: Call) -> Response:
+    raw = await call.read()
+
+    async def op() -> Any:
+        call.registry.get_toxic(call.proxy, call.toxic)
+        body = call.parse(raw)
+        return toxic_to_json(await call.registry.update_toxic(call.proxy, call.toxic, body))
+
+    return await call.answer(op)
+
+
+async def toxic_delete(call: Call) -> Response:
+    return await call.done(lambda: call.registry.remove_toxic(call.proxy, call.toxic))
+
+
+async def reset(call: Call) -> Response:
+    return await call.done(call.registry.reset)
+
+
+async def version(call: Call) -> Response:
+    # Nothing of the registry: answered on the API's side alone.
+    return JSONResponse(
+        {"version": __version__, "server": "faultnet", "toxiproxy_api": TOXIPROXY_API_VERSION}
+    )
+
+
+# -- faultnet's extensions --------------------------------------------------------------
+
+
+async def ca(call: Call) -> Response:
+    # tls_terminate's throwaway CA (this process's), for clients to trust.
+    from faultnet.protocols.tls import ca_cert_path, ca_cert_pem
+
+    return JSONResponse({"pem": ca_cert_pem(), "path": ca_cert_path()})
+
+
+async def fault_show(call: Call) -> Response:
+    return await call.answer(lambda: call.registry.fault_state(call.proxy))
+
+
+async def fault_apply(call: Call) -> Response:
+    raw = await call.read()
+
+    async def op() -> Any:
+        call.registry.get(call.proxy)
+        return await call.registry.apply_fault(call.proxy, call.parse(raw))
+
+    return await call.answer(op)
+
+
+async def fault_clear(call: Call) -> Response:
+    return await call.done(lambda: call.registry.clear_faults(call.proxy))
+
+
+async def connections(call: Call) -> Response:
+    def op() -> Any:
+        mp = call.registry.get(call.proxy)
+        conns = mp.proxy.connections() if mp.proxy is not None else []
+        return [c.to_json() for c in conns]
+
+    return await call.answer(op)
+
+
+def _events(call: Call, proxy: str | None) -> Any:
+    since = _query_int(call.request, "since", 0, 0, 2**62)
+    limit = _query_int(call.request, "limit", 1000, 1, 10_000)
+    log = call.registry.events
+    body: dict[str, Any] = {
+        "events": log.read(since=since, limit=limit, proxy=proxy),
+        "last_seq": log.last_seq,
+        "path": log.path,
+        "dropped": log.dropped,
+    }
+    if log.last_error is not None:
+        body["last_error"] = log.last_error
+    return body
+
+
+async def proxy_events(call: Call) -> Response:
+    def op() -> Any:
+        call.registry.get(call.proxy)
+        return _events(call, call.proxy)
+
+    return await call.answer(op)
+
+
+async def all_events(call: Call) -> Response:
+    return await call.answer(lambda: _events(call, None))
+
+
+async def openapi(call: Call) -> Response:
+    return JSONResponse(call.served.document)
+
+
+#: Every route: path, method, handler. The OpenAPI document (faultnet/server/openapi.py)
+#: states the same routes; tests/faultnet/server/test_server_conformance.py holds the
+#: two to each other. A path's methods become one :class:`Route` (:func:`_routes`).
+ROUTES: tuple[tuple[str, str, Handler], ...] = (
+    ("/reset", "POST", reset),
+    ("/ca", "GET", ca),
+    ("/proxies", "GET", proxy_index),
+    ("/proxies", "POST", proxy_create),
+    ("/populate", "POST", populate),
+    ("/proxies/{proxy}", "GET", proxy_show),
+    ("/proxies/{proxy}", "POST", proxy_update),
+    ("/proxies/{proxy}", "PATCH", proxy_update),
+    ("/proxies/{proxy}", "DELETE", proxy_delete),
+    ("/proxies/{proxy}/toxics", "GET", toxic_index),
+    ("/proxies/{proxy}/toxics", "POST", toxic_create),
+    ("/proxies/{proxy}/toxics/{toxic}", "GET", toxic_show),
+    ("/proxies/{proxy}/toxics/{toxic}", "POST", toxic_update),
+    ("/proxies/{proxy}/toxics/{toxic}", "PATCH", toxic_update),
+    ("/proxies/{proxy}/toxics/{toxic}", "DELETE", toxic_delete),
+    ("/version", "GET", version),
+    ("/proxies/{proxy}/faults", "GET", fault_show),
+    ("/proxies/{proxy}/faults", "POST", fault_apply),
+    ("/proxies/{proxy}/faults", "DELETE", fault_clear),
+    ("/proxies/{proxy}/connections", "GET", connections),
+    ("/proxies/{proxy}/events", "GET", proxy_events),
+    ("/events", "GET", all_events),
+    ("/openapi.json", "GET", openapi),
+)
+
+
+# -- the app ----------------------------------------------------------------------------
+
+
+#: The methods the API answers, in the order an ``Allow`` header names them.
+_METHOD_ORDER = ("GET", "HEAD", "POST", "PATCH", "DELETE")
+
+
+def _endpoint(served: Served, path: str, method: str, func: Handler) -> HttpEndpoint:
+    """*func* as a starlette endpoint: its :class:`Call`, and the error contract (see
+    the module's docstring) for whatever it raises."""
+    schema = served.body_schema(path, method)
+
+    async def endpoint(request: Request) -> Response:
+        try:
+            return await func(Call(served, request, schema))
+        except _BodyRefused as exc:
+            response = _error(exc.status, exc.message)
+            response.headers["connection"] = "close"
+            return response
+        except ApiError as exc:
+            return _error(exc.status, exc.message)
+        except ClientDisconnect:
+            # The client left mid-request: its business, not a bug. No answer can reach
+            # it; one record, no traceback.
+            await served.log(
+                "client_disconnected", method=request.method, path=request.url.path[:300]
+            )
+            return _error(400, "client disconnected")
+        except HTTPException as exc:
+            return _error(exc.status_code, str(exc.detail).lower())
+        except Exception as exc:
+            # A bug, not a client's mistake: answer, record, keep serving.
+            await served.log(
+                "api_error",
+                method=request.method,
+                path=request.url.path,
+                error=repr(exc),
+                traceback=traceback.format_exc(limit=8),
+            )
+            return _error(500, f"internal error: {exc!r}")
+
+    return endpoint
+
+
+def _routes(served: Served, table: Iterable[tuple[str, str, Handler]]) -> list[Route]:
+    """One :class:`Route` per path, dispatching on the method: a path's 405 then says
+    every method it takes (a Route per method answered ``Allow: GET, HEAD`` for a PUT
+    on a path that takes POST, PATCH and DELETE too: the first route's alone)."""
+    by_path: dict[str, dict[str, HttpEndpoint]] = {}
+    for path, method, func in table:
+        by_path.setdefault(path, {})[method] = _endpoint(served, path, method, func)
+
+    def dispatch(endpoints: dict[str, HttpEndpoint]) -> HttpEndpoint:
+        async def endpoint(request: Request) -> Response:
+            return await endpoints["GET" if request.method == "HEAD" else request.method](request)
+
+        return endpoint
+
+    return [Route(p, dispatch(e), methods=list(e)) for p, e in by_path.items()]
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """The router's 404 (no such route) and 405 (method), as JSON error bodies."""
+    assert isinstance(exc, HTTPException)
+    response = _error(exc.status_code, str(exc.detail).lower())
+    response.headers.update(exc.headers or {})
+    if "allow" in response.headers:  # starlette joins a set: say them in one order
+        allowed = response.headers["allow"].split(", ")
+        response.headers["allow"] = ", ".join(sorted(allowed, key=_METHOD_ORDER.index))
+    return response
 
 
 def create_app(
@@ -326,267 +648,8 @@ def create_app(
     *on_registry*: served in the registry's loop that is a plain call; served from the
     API's own thread (:func:`open_server`) it is one hop into the registry's loop. The
     request is read and the answer encoded and written on the API's side."""
-
-    async def log(event: str, **fields: Any) -> None:
-        # Where the registry lives: its event log is not shared across threads.
-        with trio.CancelScope(shield=True):
-            await on_registry(lambda: registry.events.server.write(event, **fields))
-
-    def handler(func: Handler) -> Handler:
-        @functools.wraps(func)
-        async def wrapped(request: Request) -> Response:
-            try:
-                return await func(request)
-            except _BodyRefused as exc:
-                response = _error(exc.status, exc.message)
-                response.headers["connection"] = "close"
-                return response
-            except ApiError as exc:
-                return _error(exc.status, exc.message)
-            except ClientDisconnect:
-                # The client left mid-request: its business, not a bug. No answer
-                # can reach it; one record, no traceback.
-                await log("client_disconnected", method=request.method, path=request.url.path[:300])
-                return _error(400, "client disconnected")
-            except HTTPException as exc:
-                return _error(exc.status_code, str(exc.detail).lower())
-            except Exception as exc:
-                # A bug, not a client's mistake: answer, record, keep serving.
-                await log(
-                    "api_error",
-                    method=request.method,
-                    path=request.url.path,
-                    error=repr(exc),
-                    traceback=traceback.format_exc(limit=8),
-                )
-                return _error(500, f"internal error: {exc!r}")
-
-        return wrapped
-
-    document = openapi_document(__version__)
-
-    def body(path: str, method: str) -> BodySchema:
-        op = document["paths"][path][method]
-        schema = op["requestBody"]["content"]["application/json"]["schema"]
-        return BodySchema(schema, document["components"]["schemas"])
-
-    def proxy_name(request: Request) -> str:
-        return request.path_params["proxy"]
-
-    async def answer(op: Callable[[], Any], status_code: int = 200) -> Response:
-        """*op*'s result (JSON-able, computed where the registry lives) as the answer."""
-        return JSONResponse(await on_registry(op), status_code=status_code)
-
-    async def done(op: Callable[[], Awaitable[None]]) -> Response:
-        """Run *op* where the registry lives; answer 204 (done, no body)."""
-        await on_registry(op)
-        return Response(status_code=204)
-
-    # -- Toxiproxy's routes --
-
-    @handler
-    async def proxy_index(request: Request) -> Response:
-        return await answer(registry.index)
-
-    @handler
-    async def proxy_create(request: Request) -> Response:
-        raw = await _read_body(request)
-
-        async def op() -> Any:
-            return (await registry.create(_parse_json(raw, body("/proxies", "post")))).to_json()
-
-        return await answer(op, 201)
-
-    @handler
-    async def populate(request: Request) -> Response:
-        raw = await _read_body(request)
-
-        async def op() -> Any:
-            made, err = await registry.populate(_parse_json(raw, body("/populate", "post")))
-            return [mp.to_json() for mp in made], err
-
-        proxies, err = await on_registry(op)
-        if err is not None:
-            return _error(err.status, err.message, proxies=proxies)
-        return JSONResponse({"proxies": proxies}, status_code=201)
-
-    @handler
-    async def proxy_show(request: Request) -> Response:
-        return await answer(lambda: registry.get(proxy_name(request)).to_json())
-
-    @handler
-    async def proxy_update(request: Request) -> Response:
-        raw = await _read_body(request)
-
-        async def op() -> Any:
-            registry.get(proxy_name(request))  # 404 before a body error, as Toxiproxy
-            parsed = _parse_json(raw, body("/proxies/{proxy}", "patch"))
-            return (await registry.update(proxy_name(request), parsed)).to_json()
-
-        return await answer(op)
-
-    @handler
-    async def proxy_delete(request: Request) -> Response:
-        return await done(lambda: registry.delete(proxy_name(request)))
-
-    @handler
-    async def toxic_index(request: Request) -> Response:
-        return await answer(
-            lambda: [toxic_to_json(t) for t in registry.get(proxy_name(request)).toxics]
-        )
-
-    @handler
-    async def toxic_create(request: Request) -> Response:
-        raw = await _read_body(request)
-
-        async def op() -> Any:
-            registry.get(proxy_name(request))
-            parsed = _parse_json(raw, body("/proxies/{proxy}/toxics", "post"))
-            return toxic_to_json(await registry.add_toxic(proxy_name(request), parsed))
-
-        return await answer(op)
-
-    @handler
-    async def toxic_show(request: Request) -> Response:
-        def op() -> Any:
-            _, toxic = registry.get_toxic(proxy_name(request), request.path_params["toxic"])
-            return toxic_to_json(toxic)
-
-        return await answer(op)
-
-    @handler
-    async def toxic_update(request: Request) -> Response:
-        name = request.path_params["toxic"]
-        raw = await _read_body(request)
-
-        async def op() -> Any:
-            registry.get_toxic(proxy_name(request), name)
-            parsed = _parse_json(raw, body("/proxies/{proxy}/toxics/{toxic}", "patch"))
-            return toxic_to_json(await registry.update_toxic(proxy_name(request), name, parsed))
-
-        return await answer(op)
-
-    @handler
-    async def toxic_delete(request: Request) -> Response:
-        return await done(
-            lambda: registry.remove_toxic(proxy_name(request), request.path_params["toxic"])
-        )
-
-    @handler
-    async def reset(request: Request) -> Response:
-        return await done(registry.reset)
-
-    @handler
-    async def version(request: Request) -> Response:
-        # Nothing of the registry: answered on the API's side alone.
-        return JSONResponse(
-            {"version": __version__, "server": "faultnet", "toxiproxy_api": TOXIPROXY_API_VERSION}
-        )
-
-    # -- faultnet's extensions --
-
-    @handler
-    async def ca(request: Request) -> Response:
-        # tls_terminate's throwaway CA (this process's), for clients to trust.
-        from faultnet.protocols.tls import ca_cert_path, ca_cert_pem
-
-        return JSONResponse({"pem": ca_cert_pem(), "path": ca_cert_path()})
-
-    @handler
-    async def fault_show(request: Request) -> Response:
-        return await answer(lambda: registry.fault_state(proxy_name(request)))
-
-    @handler
-    async def fault_apply(request: Request) -> Response:
-        raw = await _read_body(request)
-
-        async def op() -> Any:
-            registry.get(proxy_name(request))
-            parsed = _parse_json(raw, body("/proxies/{proxy}/faults", "post"))
-            return await registry.apply_fault(proxy_name(request), parsed)
-
-        return await answer(op)
-
-    @handler
-    async def fault_clear(request: Request) -> Response:
-        return await done(lambda: registry.clear_faults(proxy_name(request)))
-
-    @handler
-    async def connections(request: Request) -> Response:
-        def op() -> Any:
-            mp = registry.get(proxy_name(request))
-            conns = mp.proxy.connections() if mp.proxy is not None else []
-            return [c.to_json() for c in conns]
-
-        return await answer(op)
-
-    def _events(request: Request, proxy: str | None) -> Any:
-        since = _query_int(request, "since", 0, 0, 2**62)
-        limit = _query_int(request, "limit", 1000, 1, 10_000)
-        log = registry.events
-        body: dict[str, Any] = {
-            "events": log.read(since=since, limit=limit, proxy=proxy),
-            "last_seq": log.last_seq,
-            "path": log.path,
-            "dropped": log.dropped,
-        }
-        if log.last_error is not None:
-            body["last_error"] = log.last_error
-        return body
-
-    @handler
-    async def proxy_events(request: Request) -> Response:
-        def op() -> Any:
-            registry.get(proxy_name(request))
-            return _events(request, proxy_name(request))
-
-        return await answer(op)
-
-    @handler
-    async def all_events(request: Request) -> Response:
-        return await answer(lambda: _events(request, None))
-
-    @handler
-    async def openapi(request: Request) -> Response:
-        return JSONResponse(document)
-
-    async def http_error(request: Request, exc: Exception) -> Response:
-        # The router's 404 (no such route) and 405 (method), as JSON error bodies.
-        assert isinstance(exc, HTTPException)
-        response = _error(exc.status_code, str(exc.detail).lower())
-        response.headers.update(exc.headers or {})
-        if "allow" in response.headers:  # starlette joins a set: say them in one order
-            allowed = response.headers["allow"].split(", ")
-            response.headers["allow"] = ", ".join(sorted(allowed, key=_METHOD_ORDER.index))
-        return response
-
-    table = [
-        ("/reset", "POST", reset),
-        ("/ca", "GET", ca),
-        ("/proxies", "GET", proxy_index),
-        ("/proxies", "POST", proxy_create),
-        ("/populate", "POST", populate),
-        ("/proxies/{proxy}", "GET", proxy_show),
-        ("/proxies/{proxy}", "POST", proxy_update),
-        ("/proxies/{proxy}", "PATCH", proxy_update),
-        ("/proxies/{proxy}", "DELETE", proxy_delete),
-        ("/proxies/{proxy}/toxics", "GET", toxic_index),
-        ("/proxies/{proxy}/toxics", "POST", toxic_create),
-        ("/proxies/{proxy}/toxics/{toxic}", "GET", toxic_show),
-        ("/proxies/{proxy}/toxics/{toxic}", "POST", toxic_update),
-        ("/proxies/{proxy}/toxics/{toxic}", "PATCH", toxic_update),
-        ("/proxies/{proxy}/toxics/{toxic}", "DELETE", toxic_delete),
-        ("/version", "GET", version),
-        ("/proxies/{proxy}/faults", "GET", fault_show),
-        ("/proxies/{proxy}/faults", "POST", fault_apply),
-        ("/proxies/{proxy}/faults", "DELETE", fault_clear),
-        ("/proxies/{proxy}/connections", "GET", connections),
-        ("/proxies/{proxy}/events", "GET", proxy_events),
-        ("/events", "GET", all_events),
-        ("/openapi.json", "GET", openapi),
-    ]
-    routes = _routes(table)
-    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error})
+    served = Served(registry, on_registry, openapi_document(__version__))
+    app = Starlette(routes=_routes(served, ROUTES), exception_handlers={HTTPException: _http_error})
     # "/proxies/" is not "/proxies": a 404, not a redirect (Toxiproxy's router agrees).
     app.router.redirect_slashes = False
     app.add_middleware(BrowserBlock, allow_hosts=allow_hosts)

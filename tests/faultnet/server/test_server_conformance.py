@@ -115,3 +115,11 @@ async def test_null_where_the_document_allows_it_is_answered(api: httpx.AsyncCli
     assert r.status_code == 200 and r.json()["attributes"]["latency"] == 0, r.text
     r = await api.post("/proxies", json={"name": "go", "upstream": "127.0.0.1:1", "toxics": None})
     assert r.status_code == 201, r.text
+
+
+def test_the_route_table_and_the_document_name_the_same_routes() -> None:
+    from faultnet.server.api import ROUTES
+
+    served = {(path, method.lower()) for path, method, _ in ROUTES}
+    documented = {(p, m) for p, ops in DOCUMENT["paths"].items() for m in ops}
+    assert served == documented
