@@ -43,6 +43,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from faultnet._version import __version__
 from faultnet.addresses import is_loopback
+from faultnet.server.metrics import (
+    CONTENT_TYPE,
+    NO_METRICS,
+    EventCounters,
+    MetricsOptions,
+    Snapshot,
+    render,
+    snapshot,
+)
 from faultnet.server.openapi import openapi_document
 from faultnet.server.registry import ApiError, ProxyRegistry, bad_body, open_registry
 from faultnet.server.toxic_codec import toxic_to_json
@@ -300,6 +309,9 @@ class Served:
     registry: ProxyRegistry
     on_registry: OnRegistry
     document: dict[str, Any]
+    #: What ``/metrics`` serves, and the counts it serves from the event log.
+    metrics: MetricsOptions = NO_METRICS
+    counters: EventCounters | None = None
 
     def body_schema(self, path: str, method: str) -> BodySchema | None:
         """The document's schema of *method* *path*'s request body, if it takes one."""
@@ -530,6 +542,19 @@ async def openapi(call: Call) -> Response:
     return JSONResponse(call.served.document)
 
 
+async def metrics(call: Call) -> Response:
+    # Toxiproxy serves /metrics only when a metrics flag is given; a 404 says which.
+    options, counters = call.served.metrics, call.served.counters
+    if not options.any:
+        raise ApiError(
+            404, "metrics are off: start the server with --proxy-metrics or --runtime-metrics"
+        )
+    shot = Snapshot()
+    if options.proxy and counters is not None:
+        shot = await call.run(lambda: snapshot(call.registry, counters))
+    return Response(render(shot, options), media_type=CONTENT_TYPE)
+
+
 #: Every route: path, method, handler. The OpenAPI document (faultnet/server/openapi.py)
 #: states the same routes; tests/faultnet/server/test_server_conformance.py holds the
 #: two to each other. A path's methods become one :class:`Route` (:func:`_routes`).
@@ -557,6 +582,7 @@ ROUTES: tuple[tuple[str, str, Handler], ...] = (
     ("/proxies/{proxy}/events", "GET", proxy_events),
     ("/events", "GET", all_events),
     ("/openapi.json", "GET", openapi),
+    ("/metrics", "GET", metrics),
 )
 
 
@@ -638,17 +664,24 @@ def create_app(
     *,
     on_registry: OnRegistry = _here,
     allow_hosts: Iterable[str] = (),
+    metrics: MetricsOptions = NO_METRICS,
 ) -> Starlette:
     """The ASGI app for *registry* (which must be running: see :func:`open_registry`).
     With *token*, every request but the OpenAPI document must carry it (401 otherwise).
     *allow_hosts* are the names, besides its address and loopback's, that a request's
-    ``Host`` may give (:class:`BrowserBlock`).
+    ``Host`` may give (:class:`BrowserBlock`). *metrics*: what ``GET /metrics``
+    serves (:mod:`faultnet.server.metrics`; nothing by default, as Toxiproxy).
 
     Everything a handler does to the registry, reads included, goes through
     *on_registry*: served in the registry's loop that is a plain call; served from the
     API's own thread (:func:`open_server`) it is one hop into the registry's loop. The
     request is read and the answer encoded and written on the API's side."""
-    served = Served(registry, on_registry, openapi_document(__version__))
+    counters = EventCounters() if metrics.proxy else None
+    if counters is not None:
+        # From the API's thread when served from one: list.append is atomic, and the
+        # registry's loop only iterates the list.
+        registry.events.listeners.append(counters)
+    served = Served(registry, on_registry, openapi_document(__version__), metrics, counters)
     app = Starlette(routes=_routes(served, ROUTES), exception_handlers={HTTPException: _http_error})
     # "/proxies/" is not "/proxies": a 404, not a redirect (Toxiproxy's router agrees).
     app.router.redirect_slashes = False
@@ -666,6 +699,7 @@ async def serve_api(
     token: str | None = None,
     on_registry: OnRegistry = _here,
     allow_hosts: Iterable[str] = (),
+    metrics: MetricsOptions = NO_METRICS,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve the API with hypercorn's trio worker until cancelled; report the base URL.
@@ -690,7 +724,9 @@ async def serve_api(
         def started(self, binds: Any = None) -> None:
             task_status.started(binds[0] if binds else None)
 
-    app = create_app(registry, token, on_registry=on_registry, allow_hosts=allow_hosts)
+    app = create_app(
+        registry, token, on_registry=on_registry, allow_hosts=allow_hosts, metrics=metrics
+    )
     await serve(app, config, task_status=Started())  # type: ignore[arg-type]
 
 
@@ -721,9 +757,11 @@ class _ApiThread:
         port: int,
         token: str | None,
         allow_hosts: Iterable[str],
+        metrics: MetricsOptions,
     ) -> None:
         self.registry, self.host, self.port, self.token = registry, host, port, token
         self.allow_hosts = tuple(allow_hosts)
+        self.metrics = metrics
         self.home = trio.lowlevel.current_trio_token()  # the registry's loop
         self.api: trio.lowlevel.TrioToken | None = None
         self.stop_scope = trio.CancelScope()
@@ -780,6 +818,7 @@ class _ApiThread:
                         token=self.token,
                         on_registry=self.on_registry,
                         allow_hosts=self.allow_hosts,
+                        metrics=self.metrics,
                     ),
                     self.registry,
                     self.host,
@@ -810,6 +849,7 @@ async def open_server(
     populate: list[Any] | None = None,
     token: str | None = None,
     allow_hosts: Iterable[str] = (),
+    metrics: MetricsOptions = NO_METRICS,
     **registry_kwargs: Any,
 ) -> AsyncIterator[RunningServer]:
     """Run the whole server (proxies and API) for the block.
@@ -817,8 +857,8 @@ async def open_server(
     The proxies run in the caller's trio loop, the API in a thread of its own (see
     :class:`_ApiThread`): the control plane answers whatever the proxies carry.
     *populate* is a ``/populate`` body applied before the API starts answering;
-    its first error is raised as :class:`ApiError`. *token* and *allow_hosts*: see
-    :func:`create_app`. *registry_kwargs* go to
+    its first error is raised as :class:`ApiError`. *token*, *allow_hosts* and
+    *metrics*: see :func:`create_app`. *registry_kwargs* go to
     :class:`ProxyRegistry` (seed, event_log, listen_hosts). An address the API cannot
     listen on is raised as the :class:`OSError`.
     """
@@ -827,7 +867,7 @@ async def open_server(
             _, err = await registry.populate(populate)
             if err is not None:
                 raise err
-        api = _ApiThread(registry, host, port, token, allow_hosts)
+        api = _ApiThread(registry, host, port, token, allow_hosts, metrics)
         api.thread.start()
         try:
             with trio.CancelScope(shield=True):

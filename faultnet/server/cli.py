@@ -470,6 +470,7 @@ async def _serve_forever(args: argparse.Namespace, populate: Any) -> None:
     import trio
 
     from faultnet.server.api import open_server
+    from faultnet.server.metrics import MetricsOptions
 
     listen_hosts = {"127.0.0.1", "::1", "localhost"} if args.loopback_only else None
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
@@ -483,6 +484,7 @@ async def _serve_forever(args: argparse.Namespace, populate: Any) -> None:
             beyond_loopback=args.proxies_beyond_loopback,
             token=args.token,
             allow_hosts=args.allow_host,
+            metrics=MetricsOptions(proxy=args.proxy_metrics, runtime=args.runtime_metrics),
         ) as server:
             n = len(server.registry.proxies)
             print(
@@ -565,6 +567,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="NAME",
         help="a name requests may give in their Host header besides the API's address and "
         "loopback's (repeatable; other names are refused with 403, as DNS rebinding)",
+    )
+    s.add_argument(
+        "--proxy-metrics",
+        action="store_true",
+        help="serve GET /metrics (Prometheus) with each proxy's bytes under Toxiproxy's "
+        "names (toxiproxy_proxy_received_bytes_total, ..._sent_bytes_total) and faultnet's "
+        "own: connections by state, faults in force, fault and toxic applications",
+    )
+    s.add_argument(
+        "--runtime-metrics",
+        action="store_true",
+        help="serve GET /metrics with the process's metrics (process_*, python_*, "
+        "faultnet_build_info); with neither flag /metrics answers 404, as Toxiproxy's",
     )
     s.set_defaults(func=_server)
 

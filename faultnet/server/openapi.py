@@ -604,6 +604,24 @@ def openapi_document(version: str) -> dict[str, Any]:
         "/openapi.json": {
             "get": _op("This document", {"200": _json({"type": "object"}, "OpenAPI 3.0 document")})
         },
+        "/metrics": {
+            "get": _op(
+                "Prometheus metrics, when the server was started with --proxy-metrics "
+                "(Toxiproxy's toxiproxy_proxy_received_bytes_total and "
+                "toxiproxy_proxy_sent_bytes_total, labels direction, listener, proxy, "
+                "upstream; faultnet_proxy_connections, faultnet_proxy_fault_in_force, "
+                "faultnet_fault_applications_total, faultnet_toxic_applications_total, "
+                "faultnet_protocol_faults_total) or --runtime-metrics (process_*, python_*, "
+                "faultnet_build_info)",
+                {
+                    "200": {
+                        "description": "the text exposition format 0.0.4",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    },
+                    "404": _error("metrics are off (neither flag given)"),
+                },
+            )
+        },
     }
     return {
         "openapi": "3.0.3",

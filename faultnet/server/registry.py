@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import collections
 import secrets
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -100,6 +100,8 @@ class EventLog:
         #: Why the last of them failed, e.g. ``"[Errno 28] No space left on device"``;
         #: None while none has.
         self.last_error: str | None = None
+        #: Called with each record as it is kept (the metrics' counters, in this loop).
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
         self.server = self.writer(component="server")
 
     def writer(self, **static: Any) -> JsonlWriter:
@@ -109,6 +111,8 @@ class EventLog:
     def _keep(self, record: dict[str, Any]) -> None:
         self._seq += 1
         self._ring.append({"seq": self._seq, **record})
+        for listener in self.listeners:
+            listener(record)
 
     def read(
         self, *, since: int = 0, limit: int = 1000, proxy: str | None = None
