@@ -139,8 +139,8 @@ def _probe(args: argparse.Namespace) -> int:
     import trio
 
     from faultnet.addresses import parse_address
-    from faultnet.probe import probe
-    from faultnet.udp.probe import udp_probe
+    from faultnet.probe import ProbeResult, probe
+    from faultnet.udp.probe import UdpProbeResult, udp_probe
 
     try:
         address = parse_address(args.address, port_zero=False)
@@ -148,8 +148,12 @@ def _probe(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if args.timeout <= 0:
         raise UsageError(f"--timeout must be positive, not {args.timeout}")
+    result: ProbeResult | UdpProbeResult
     try:
-        result = trio.run(udp_probe if args.udp else probe, address, args.timeout)
+        if args.udp:
+            result = trio.run(udp_probe, address, args.timeout)
+        else:
+            result = trio.run(probe, address, args.timeout)
     except OSError as exc:
         raise UsageError(f"cannot probe {args.address}: {exc.strerror or exc}") from None
     print(json.dumps(result.to_json()) if args.json else str(result))

@@ -721,8 +721,9 @@ async def serve_api(
     config.backlog = 1024
 
     class Started:
-        def started(self, binds: Any = None) -> None:
-            task_status.started(binds[0] if binds else None)
+        def started(self, binds: list[str] | None = None) -> None:
+            assert binds, "hypercorn reports the addresses it bound"
+            task_status.started(binds[0])
 
     app = create_app(
         registry, token, on_registry=on_registry, allow_hosts=allow_hosts, metrics=metrics
