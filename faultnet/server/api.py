@@ -137,7 +137,7 @@ def _parse_json(raw: bytes, schema: BodySchema | None = None) -> Any:
 @dataclass(frozen=True)
 class BodySchema:
     """A request body's schema in the OpenAPI document (*components* resolve its
-    ``$ref``\\ s): the one statement of which fields may be JSON null.
+    ``$ref`` entries): the one statement of which fields may be JSON null.
 
     Before, a null anywhere meant "the default" (17 schemathesis findings, issue 35
     item 7): ``{"enabled": null}`` kept a proxy as it was, a null toxicity was 1.0. A
