@@ -106,12 +106,12 @@ def raising_on_signals() -> Iterator[None]:
     (SIGALRM, taken over for the block), by then back in the code it was meant for."""
     got: list[int] = []
 
-    def interrupt(signum: int, frame: object) -> None:
+    def interrupt(signum: int, _frame: object) -> None:
         if not got:  # later ones: the first is already unwinding the code
             got.append(signum)
             raise Interrupted(signum)
 
-    def again(signum: int, frame: object) -> None:
+    def again(signum: int, _frame: object) -> None:
         if got:  # else a SIGALRM of someone else's: nothing of ours to raise
             raise Interrupted(got[0])
 
@@ -133,5 +133,5 @@ def raising_on_signals() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
-def _swallow(signum: int, frame: object) -> None:
+def _swallow(signum: int, _frame: object) -> None:
     """A signal that arrived after the first one, while the command unwound: ignored."""

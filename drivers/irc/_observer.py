@@ -307,8 +307,7 @@ async def open_observer(
             try:
                 yield obs
             finally:
-                with trio.move_on_after(1) as cleanup:
-                    cleanup.shield = True
+                with trio.move_on_after(1, shield=True):
                     try:
                         await obs.send_raw("QUIT :observer done")
                     except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -40,8 +40,6 @@ class Attribute:
     minimum: int = 0
     #: Largest accepted value.
     maximum: int = INT64_MAX
-    #: The JSON Schema type the OpenAPI document gives it.
-    json_type: ClassVar[str] = "integer"
 
     def check(self, value: Any) -> int:
         """Return *value* as this attribute's int, or raise TypeError/ValueError."""
@@ -67,7 +65,6 @@ class TextAttribute:
     name: str
     default: str
     doc: str
-    json_type: ClassVar[str] = "string"
 
     def check(self, value: Any) -> str:
         """Return *value* as this attribute's str, or raise TypeError."""

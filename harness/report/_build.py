@@ -70,7 +70,6 @@ class Built:
     drawn: list[Drawn]
     #: Seconds spent drawing and writing (not loading), for the benchmark.
     render_s: float
-    load_s: float
 
 
 # --------------------------------------------------------------------------- loading
@@ -265,7 +264,6 @@ def build(path: Path) -> Built:
     report.json into it. Raises NotARunDir for a directory that is not a run's."""
     from harness.report import _html, _timeline
 
-    t0 = time.perf_counter()
     report = load_report(Path(path))
     t1 = time.perf_counter()
     out = report.path
@@ -281,7 +279,7 @@ def build(path: Path) -> Built:
     doc["drawn"] = [d.__dict__ for d in drawn]
     text = json.dumps(doc, indent=1, default=str)
     _write_replacing(js, lambda f: f.write_text(text))
-    return Built(report, html, png, svg, js, drawn, time.perf_counter() - t1, t1 - t0)
+    return Built(report, html, png, svg, js, drawn, time.perf_counter() - t1)
 
 
 # --------------------------------------------------------------------------- hooks

@@ -57,6 +57,8 @@ async def test_sdk_server_session(tmp_path: Path) -> None:
         # Handshake and process identity.
         assert drv.protocol_version == "2025-11-25"
         assert drv.server_info["name"] == "faultnet-test-server"
+        assert "tools" in drv.server_capabilities
+        assert drv.call_log_path == only_file(log_dir)
         assert drv.identity == ProcessIdentity.of(drv.pid)
         assert drv.alive() and drv.returncode is None
         fds = drv.fd_count()
