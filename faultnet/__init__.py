@@ -15,16 +15,15 @@ The public API, re-exported here:
   identity (:class:`ProcessIdentity`, :func:`signal_exact`).
 """
 
-import importlib
-from typing import Any
-
 from faultnet._version import __version__ as __version__
+from faultnet.lazyexports import lazy_exports
 
 # Everything public is imported on first use (PEP 562), so that importing faultnet, or
 # its pytest plugin, which pytest loads into every run where faultnet is installed,
 # does not import trio and the whole proxy (it cost 1.3 s per pytest run).
 #: Public name -> the module that defines it. The controls are faultnet.controls.__all__.
 _EXPORTS = {
+    "__version__": "faultnet._version",  # imported above: listed in __all__
     "MODES": "faultnet.modes",
     "Mode": "faultnet.modes",
     "AddressInUse": "faultnet.proxy",
@@ -44,27 +43,4 @@ _EXPORTS = {
 }
 
 
-def _controls() -> list[str]:
-    return list(importlib.import_module("faultnet.controls").__all__)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "__all__":
-        value: Any = ["__version__", *sorted(_EXPORTS), *_controls()]
-    elif name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    elif name == "ControlFailed" or name.startswith("assert_"):
-        if name not in _controls():
-            raise AttributeError(f"module 'faultnet' has no attribute {name!r}")
-        value = getattr(importlib.import_module("faultnet.controls"), name)
-    else:
-        try:  # a submodule, as `import faultnet; faultnet.proxy` found it before
-            value = importlib.import_module(f"faultnet.{name}")
-        except ModuleNotFoundError:
-            raise AttributeError(f"module 'faultnet' has no attribute {name!r}") from None
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__getattr__("__all__")})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, everything_in=["faultnet.controls"])

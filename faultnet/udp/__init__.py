@@ -14,9 +14,7 @@ Layout: ``impairments`` (pure) < ``lane`` (one direction's ordered, timed sendin
 internals (only its :class:`~faultnet.proxy.ProxyError`).
 """
 
-# The controls are the ones faultnet.udp.controls.__all__ lists: declared there, once.
-import importlib
-from typing import Any
+from faultnet.lazyexports import lazy_exports
 
 # Imported on first use (PEP 562), so that importing faultnet.udp.modes (the mode table,
 # which the CLI's parser reads) does not import trio and the proxy (0.18 s, measured
@@ -34,27 +32,4 @@ _EXPORTS = {
 }
 
 
-def _controls() -> list[str]:
-    return list(importlib.import_module("faultnet.udp.controls").__all__)
-
-
-def __getattr__(name: str) -> Any:
-    if name == "__all__":
-        value: Any = sorted([*_EXPORTS, *_controls()])
-    elif name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    elif name.startswith("__"):
-        raise AttributeError(f"module 'faultnet.udp' has no attribute {name!r}")
-    elif name in _controls():
-        value = getattr(importlib.import_module("faultnet.udp.controls"), name)
-    else:
-        try:  # a submodule, as the eager imports made it an attribute before
-            value = importlib.import_module(f"faultnet.udp.{name}")
-        except ModuleNotFoundError:
-            raise AttributeError(f"module 'faultnet.udp' has no attribute {name!r}") from None
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__getattr__("__all__")})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, everything_in=["faultnet.udp.controls"])

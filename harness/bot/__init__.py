@@ -50,8 +50,9 @@ no-confirm, leak-fd-on-reconnect, drop-caps-on-reconnect, stall-loop-on-confirm;
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from faultnet.lazyexports import lazy_exports
 
 if TYPE_CHECKING:
     from harness.bot._config import (
@@ -78,24 +79,24 @@ if TYPE_CHECKING:
 # Names are loaded on first use: the MCP SDK takes ~1 s to import, and `--help` or a
 # configuration error must not pay for it.
 _WHERE = {
-    "AUTH_MODES": "_config",
-    "TIMINGS": "_config",
-    "DEFECTS": "_config",
-    "ENV_DOC": "_config",
-    "BotConfig": "_config",
-    "ConfigError": "_config",
-    "config_from_env": "_config",
-    "EventSink": "_events",
-    "SERVICE_NICK": "_irc_link",
-    "WANTED_CAPS": "_irc_link",
-    "ChannelMessage": "_irc_link",
-    "ConnectFailed": "_irc_link",
-    "IrcLink": "_irc_link",
-    "PostResult": "_irc_link",
-    "ServiceReply": "_irc_link",
-    "BotServer": "_server",
-    "parse_expires_in": "_server",
-    "serve": "_server",
+    "AUTH_MODES": "harness.bot._config",
+    "TIMINGS": "harness.bot._config",
+    "DEFECTS": "harness.bot._config",
+    "ENV_DOC": "harness.bot._config",
+    "BotConfig": "harness.bot._config",
+    "ConfigError": "harness.bot._config",
+    "config_from_env": "harness.bot._config",
+    "EventSink": "harness.bot._events",
+    "SERVICE_NICK": "harness.bot._irc_link",
+    "WANTED_CAPS": "harness.bot._irc_link",
+    "ChannelMessage": "harness.bot._irc_link",
+    "ConnectFailed": "harness.bot._irc_link",
+    "IrcLink": "harness.bot._irc_link",
+    "PostResult": "harness.bot._irc_link",
+    "ServiceReply": "harness.bot._irc_link",
+    "BotServer": "harness.bot._server",
+    "parse_expires_in": "harness.bot._server",
+    "serve": "harness.bot._server",
 }
 
 __all__ = [
@@ -123,14 +124,4 @@ __all__ = [
 assert set(__all__) == set(_WHERE)
 
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WHERE))
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)

@@ -23,9 +23,9 @@ the contract reader alone. ``import harness.report`` measured 0.3 s and 134 modu
 without them, 2.0 s and 321 modules with them (this 2-core box, loaded).
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from faultnet.lazyexports import lazy_exports
 from harness.experiment._contract import BOTEVENT_RE, claims_delivery, parse_botevents
 from harness.experiment._helpers import (
     RunProblem,
@@ -73,19 +73,11 @@ from harness.experiment._timescale import (
 if TYPE_CHECKING:
     from harness.experiment._context import BotHandle, Context
 
-#: What :func:`__getattr__` loads on first use, and from where.
-_ON_FIRST_USE = {"BotHandle": "_context", "Context": "_context"}
-
-
-def __getattr__(name: str) -> Any:
-    """``Context`` and ``BotHandle``, imported when first asked for."""
-    module = _ON_FIRST_USE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
+#: What is loaded on first use, and from where.
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {"BotHandle": "harness.experiment._context", "Context": "harness.experiment._context"},
+)
 
 __all__ = [
     "BOTEVENT_RE",

@@ -24,3 +24,27 @@ def test_a_name_loads_its_module_on_first_read_and_nothing_before() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_listed_module_is_read_only_for_a_name_it_lists() -> None:
+    # faultnet.udp exports every name faultnet.udp.controls.__all__ lists (everything_in).
+    code = (
+        "import sys, faultnet.udp as u\n"
+        "assert u.modes.__name__ == 'faultnet.udp.modes'  # a submodule\n"
+        "assert 'faultnet.udp.controls' not in sys.modules\n"
+        "import faultnet.udp.controls as c\n"
+        "name = c.__all__[0]\n"
+        "assert getattr(u, name) is getattr(c, name)\n"
+        "assert set(c.__all__) <= set(u.__all__) and 'UdpProxy' in u.__all__\n"
+        "assert set(c.__all__) <= set(dir(u))\n"
+        "try:\n"
+        "    u.nope\n"
+        "except AttributeError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise SystemExit('nope')\n"
+        "import faultnet as f\n"
+        "assert '__version__' in f.__all__ and 'assert_frozen' in f.__all__\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
