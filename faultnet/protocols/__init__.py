@@ -24,7 +24,7 @@ Adding a protocol (Redis's RESP, PostgreSQL's wire protocol...) touches:
    say which requests to match (command, key glob, percent, count) and what to do, each
    building the session on its connection's first bytes (see
    :mod:`faultnet.toxics.http` for the pattern), registered with ``@register``;
-3. tests against a real server with a real client, as ``tests/faultnet/test_http.py``.
+3. tests against a real server with a real client, as ``tests/faultnet/toxics/test_http.py``.
 
 Nothing else: the server, the CLI, the OpenAPI document and the chaos catalogue find
 the toxic types in :data:`faultnet.toxics.TOXICS`.

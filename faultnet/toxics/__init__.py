@@ -21,8 +21,8 @@ Adding a toxic touches:
 1. one module here, e.g. ``faultnet/toxics/packet_loss.py``: an
    :class:`AttributeToxic` subclass with ``type``, ``ATTRIBUTES`` and the hooks it needs
    (``on_chunk``, ``on_eof``, ``run``), decorated with ``@register``;
-2. its unit tests in ``tests/faultnet/toxics/test_toxics.py`` (a fake context on trio's
-   mock clock) and an end-to-end test through a real proxy in ``test_toxics_e2e.py``.
+2. its unit tests in ``tests/faultnet/toxics/test_packet_loss.py`` (a fake context on
+   trio's mock clock, ``tests/faultnet/toxics/fake.py``) and an end-to-end test through a real proxy in ``test_toxics_e2e.py``.
 
 Nothing else: the server, the CLI and the OpenAPI document find it in :data:`TOXICS`.
 """

@@ -5,7 +5,7 @@ a time, so lower bounds are strict (a toxic never fires early, never makes thing
 than it says), and there is no upper bound on how late: speed is for benchmarks, and a
 loaded machine schedules the proxy late. "It happened" is an event instead (the bytes,
 the EOF) awaited with a generous ``fail_after``; exact times are tested on trio's mock
-clock in test_toxics.py. Where the claim is that a toxic's time was NOT added (a removed
+clock in each toxic's test_<type>.py. Where the claim is that a toxic's time was NOT added (a removed
 latency, data a slow_close must not hold), the bound is that time, made large against a
 loopback round trip.
 """
@@ -119,7 +119,7 @@ async def test_latency_delays_each_way_at_least_its_time(
     proxy.add_toxic(Latency("down", "downstream", latency=100))
     stream = await connect(proxy)
     # Each echo arrives (bounded by receive_exactly's 10 s), never before its latency.
-    # Not how soon after: the exact delay is test_toxics.py's, on the mock clock.
+    # Not how soon after: the exact delay is test_latency.py's, on the mock clock.
     times = [await rtt(stream) for _ in range(4)]
     assert min(times) >= 0.100, times
     proxy.add_toxic(Latency("up", "upstream", latency=50))  # the two ways add up
@@ -185,7 +185,7 @@ async def test_timeout_black_holes_then_closes_after_its_time(
     # The event: nothing comes back, then EOF, within read_to_eof's 10 s (33 x the
     # timeout: a toxic that never closes fails here). Never before the timeout: the
     # toxic's semantics is that time. How late it may come is not asserted (a loaded
-    # machine schedules the proxy late); the exact deadline is test_toxics.py's, on
+    # machine schedules the proxy late); the exact deadline is test_timeout.py's, on
     # the mock clock.
     assert await read_to_eof(stream, timeout=10) == b""
     elapsed = trio.current_time() - t0

@@ -17,8 +17,8 @@ flat out), not synchronisation; the end of the run is waited for with a bound.
 Every data plane runs it (faultnet.planes.available_planes()). The check is proven to go
 red: the ``goes_red`` tests remove the look at the gate (the thread's general path; every
 look the thread makes, its loop's inlined one included) and see bytes cross a frozen link. Removing the thread
-plane's lock from freeze is a race here (a manual check below); tests/faultnet/
-test_dataplane.py shows it red deterministically, freezing a lane while its write is held.
+plane's lock from freeze is a race here (a manual check below); tests/faultnet/planes/
+test_thread.py shows it red deterministically, freezing a lane while its write is held.
 On the native core the mutex skipped (its debug switch) goes red here (see below).
 """
 
@@ -286,10 +286,10 @@ async def test_the_stress_check_goes_red_when_freeze_skips_the_lock(monkeypatch)
     this is a manual check, not a CI test: with seeds 14-16, copy and splice paths, 5 of
     9 runs went red, 72,979 / 160,835 / 300,432 bytes crossing and counters moving by
     up to 183,920 bytes while frozen (the toxic path writes from trio: never red).
-    Run: ``FAULTNET_STRESS_UNLOCKED=1 pytest tests/faultnet/test_freeze_stress.py -k lock``.
+    Run: ``FAULTNET_STRESS_UNLOCKED=1 pytest tests/faultnet/test_proxy_freeze_stress.py -k lock``.
     Later (issue 14, after the thread's loop was trimmed, and on the code before it
     alike) 0 of 6 runs went red: the race is rare here now. The deterministic check is
-    test_dataplane.py's test_the_write_check_goes_red_when_freeze_skips_the_lock.
+    planes/test_thread.py's test_the_write_check_goes_red_when_freeze_skips_the_lock.
     """
     monkeypatch.setattr(Link, "freeze", _unlocked_freeze)
     reports = []

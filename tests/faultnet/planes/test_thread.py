@@ -1,7 +1,7 @@
 """The thread data plane (faultnet.planes.thread): what only it has. The proxy's own
 tests (tests/faultnet/test_proxy.py) run on the default plane (the native one where it
-was built, this one elsewhere); tests/faultnet/test_planes.py runs every plane through
-the interface, tests/faultnet/test_native_plane.py what only the native one has.
+was built, this one elsewhere); test_plane_contract.py here runs every plane through
+the interface, test_native.py what only the native one has.
 """
 
 from __future__ import annotations

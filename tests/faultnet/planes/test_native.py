@@ -1,7 +1,7 @@
 """The native data plane (faultnet.planes.native and its C core): what only it has.
 
-Its contract is every plane's (tests/faultnet/test_planes.py, and the proxy's tests, which
-run on it as the default where it was built); here: freeze waits for the write the native
+Its contract is every plane's (tests/faultnet/planes/test_plane_contract.py, and the
+proxy's tests, which run on it as the default where it was built); here: freeze waits for the write the native
 thread is inside (shown deterministically with the core's debug hold, and red with the
 mutex skipped), a fault of the core ends only its connection, and the extension is
 optional at build time.
@@ -28,7 +28,7 @@ from faultnet.testing import echo_server, read_exactly, wait_until
 
 pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason="the native core was not built")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 async def _only_link(proxy) -> native.Link:
