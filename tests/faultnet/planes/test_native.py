@@ -14,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import weakref
 from pathlib import Path
 
@@ -25,17 +24,11 @@ from faultnet.eventlog import read_jsonl
 from faultnet.planes import native
 from faultnet.proxy import open_proxy
 from faultnet.testing import echo_server, read_exactly, wait_until
+from tests.faultnet.planes.common import ended_and_another_forwards, freeze_while_held, only_link
 
 pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason="the native core was not built")
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-async def _only_link(proxy) -> native.Link:
-    await wait_until(lambda: any(c.link for c in proxy._connections.values()))
-    (conn,) = proxy._connections.values()
-    assert isinstance(conn.link, native.Link)
-    return conn.link
 
 
 async def _freeze_during_a_write(unlocked: bool) -> tuple[int, int, bool]:
@@ -45,30 +38,22 @@ async def _freeze_during_a_write(unlocked: bool) -> tuple[int, int, bool]:
     write was still held). The hold's window (0.2 s) is the scenario."""
     async with echo_server() as up, open_proxy(up, dataplane="native") as proxy:
         client = await trio.open_tcp_stream(*proxy.address)
-        link = await _only_link(proxy)
+        link = await only_link(proxy)
+        assert isinstance(link, native.Link)
         core = link.plane._core
         core.set_unlocked(unlocked)
         core.hold_write(link.lanes["upstream"].dst.fileno())
         try:
             await client.send_all(b"x")
             assert await trio.to_thread.run_sync(core.wait_held, 5.0), "no write began"
-            returned = threading.Event()
-            at_return: list[int] = []
-
-            def freeze() -> None:
-                link.freeze(["upstream"])
-                at_return.append(link.counts()[0])
-                returned.set()
-
-            freezer = threading.Thread(target=freeze)
-            freezer.start()
-            early = await trio.to_thread.run_sync(returned.wait, 0.2)
-        finally:
+        except BaseException:
             core.release_write()
-        await trio.to_thread.run_sync(freezer.join, 5)
+            raise
+        at_return, early = await freeze_while_held(
+            link, lambda: link.counts()[0], core.release_write
+        )
         core.set_unlocked(False)
-        assert at_return, "freeze() never returned"
-        return at_return[0], link.counts()[0], early
+        return at_return, link.counts()[0], early
 
 
 async def test_freeze_waits_for_the_write_in_progress_on_its_lane() -> None:
@@ -91,19 +76,10 @@ async def test_a_fault_in_the_core_ends_only_its_connection(tmp_path) -> None:
     log = tmp_path / "events.jsonl"
     async with echo_server() as up, open_proxy(up, event_log=str(log), dataplane="native") as p:
         victim = await trio.open_tcp_stream(*p.address)
-        link = await _only_link(p)
+        link = await only_link(p)
         link._fail_next()
         await victim.send_all(b"boom")
-        with trio.fail_after(5):
-            try:
-                got = await victim.receive_some(10)
-            except trio.BrokenResourceError:
-                got = b""
-        assert got == b""
-        other = await trio.open_tcp_stream(*p.address)
-        await other.send_all(b"still forwarding")
-        with trio.fail_after(5):
-            assert await read_exactly(other, 16) == b"still forwarding"
+        await ended_and_another_forwards(p, victim)
     errors = [r for r in read_jsonl(log).records if r["event"] == "conn_error"]
     assert len(errors) == 1 and "injected" in errors[0]["error"], errors
 

@@ -31,8 +31,11 @@ import pytest
 import trio
 
 from faultnet import planes
+from faultnet.eventlog import read_jsonl
 from faultnet.planes import native, thread
-from faultnet.testing import wait_until
+from faultnet.proxy import Proxy, open_proxy
+from faultnet.testing import echo_server, read_exactly, wait_until
+from faultnet.toxics import Latency
 from tests.conftest import in_ci
 
 STREAMS = ("upstream", "downstream")
@@ -702,3 +705,45 @@ async def test_every_plane_gives_the_same_bytes_counts_and_events(
     for name, trace in others:
         for a, b in zip(reference, trace, strict=True):
             assert a == b, f"{first} vs {name} (seed {seed}): {a} != {b}"
+
+
+# -- through a proxy: which plane it runs, and a toxic's lane on every plane --------------
+
+
+async def test_the_env_picks_the_plane_and_the_listening_record_names_it(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = tmp_path / "events.jsonl"
+    monkeypatch.setenv("FAULTNET_DATAPLANE", "thread")
+    async with echo_server() as up, open_proxy(up, event_log=str(log)) as proxy:
+        assert proxy.dataplane == "thread"
+        s = await trio.open_tcp_stream(*proxy.address)
+        await s.send_all(b"x")
+        with trio.fail_after(5):
+            assert await read_exactly(s, 1) == b"x"
+        (conn,) = proxy._connections.values()
+        assert conn.link is not None and conn.link.counts() == (1, 1)
+    (first, *_) = read_jsonl(log).records
+    assert first["event"] == "listening" and first["dataplane"] == "thread"
+    monkeypatch.setenv("FAULTNET_DATAPLANE", "melted")
+    with pytest.raises(ValueError, match="dataplane must be one of"):
+        Proxy(("127.0.0.1", 9))
+
+
+@pytest.mark.parametrize("plane", planes.available_planes())
+async def test_a_toxic_added_and_removed_before_its_host_ran_leaves_the_link_forwarding(
+    plane: str,
+) -> None:
+    """The lane the toxic moved to trio stays there; the host task, starting after the
+    toxic is gone, must still run it (it once started lanes only for toxics then in
+    force: the bytes sat in the inbox and the client hung). Every plane."""
+    async with echo_server() as up, open_proxy(up, dataplane=plane) as proxy:
+        s = await trio.open_tcp_stream(*proxy.address)
+        await s.send_all(b"a")
+        with trio.fail_after(5):
+            assert await read_exactly(s, 1) == b"a"
+        proxy.add_toxic(Latency("brief", "downstream", latency=0))
+        proxy.remove_toxic("brief")  # no checkpoint between: the host has not run yet
+        await s.send_all(b"b")
+        with trio.fail_after(5):
+            assert await read_exactly(s, 1) == b"b"

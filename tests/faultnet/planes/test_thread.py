@@ -14,37 +14,10 @@ import pytest
 import trio
 
 from faultnet.eventlog import read_jsonl
-from faultnet.planes import available_planes
 from faultnet.planes import thread as dataplane
-from faultnet.proxy import Proxy, open_proxy
-from faultnet.testing import echo_server, read_exactly, wait_until
-from faultnet.toxics import Latency
-
-
-async def test_the_env_picks_the_plane_and_the_listening_record_names_it(
-    tmp_path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    log = tmp_path / "events.jsonl"
-    monkeypatch.setenv("FAULTNET_DATAPLANE", "thread")
-    async with echo_server() as up, open_proxy(up, event_log=str(log)) as proxy:
-        assert proxy.dataplane == "thread"
-        s = await trio.open_tcp_stream(*proxy.address)
-        await s.send_all(b"x")
-        with trio.fail_after(5):
-            assert await read_exactly(s, 1) == b"x"
-        (conn,) = proxy._connections.values()
-        assert conn.link is not None and conn.link.counts() == (1, 1)
-    (first, *_) = read_jsonl(log).records
-    assert first["event"] == "listening" and first["dataplane"] == "thread"
-    monkeypatch.setenv("FAULTNET_DATAPLANE", "melted")
-    with pytest.raises(ValueError, match="dataplane must be one of"):
-        Proxy(("127.0.0.1", 9))
-
-
-async def _only_link(proxy) -> dataplane.Link:
-    (conn,) = proxy._connections.values()
-    assert conn.link is not None
-    return conn.link
+from faultnet.proxy import open_proxy
+from faultnet.testing import echo_server
+from tests.faultnet.planes.common import ended_and_another_forwards, freeze_while_held, only_link
 
 
 @pytest.mark.parametrize("where", ["common case", "general path"])
@@ -67,8 +40,7 @@ async def test_a_bug_in_the_forwarding_thread_ends_only_its_connection(
     monkeypatch.setattr(dataplane.Plane, "_handle", buggy)
     async with echo_server() as up, open_proxy(up, event_log=str(log), dataplane="thread") as proxy:
         victim = await trio.open_tcp_stream(*proxy.address)
-        await wait_until(lambda: any(c.link for c in proxy._connections.values()))
-        link = await _only_link(proxy)
+        link = await only_link(proxy)
         if where == "common case":
             with link.plane.lock:
                 link.lanes["upstream"].bytes = None  # type: ignore[assignment]
@@ -76,39 +48,11 @@ async def test_a_bug_in_the_forwarding_thread_ends_only_its_connection(
             link.freeze(["upstream"])
             doomed.append(link)
         await victim.send_all(b"boom")
-        with trio.fail_after(5):
-            try:  # ended: the proxy resets it
-                got = await victim.receive_some(10)
-            except trio.BrokenResourceError:
-                got = b""
-        assert got == b""
-        other = await trio.open_tcp_stream(*proxy.address)
-        await other.send_all(b"still forwarding")
-        with trio.fail_after(5):
-            assert await read_exactly(other, 16) == b"still forwarding"
+        await ended_and_another_forwards(proxy, victim)
     errors = [r for r in read_jsonl(log).records if r["event"] == "conn_error"]
     assert len(errors) == 1
     why = "unsupported operand" if where == "common case" else "a bug in the forwarding thread"
     assert why in errors[0]["error"], errors
-
-
-@pytest.mark.parametrize("plane", available_planes())
-async def test_a_toxic_added_and_removed_before_its_host_ran_leaves_the_link_forwarding(
-    plane: str,
-) -> None:
-    """The lane the toxic moved to trio stays there; the host task, starting after the
-    toxic is gone, must still run it (it once started lanes only for toxics then in
-    force: the bytes sat in the inbox and the client hung). Every plane."""
-    async with echo_server() as up, open_proxy(up, dataplane=plane) as proxy:
-        s = await trio.open_tcp_stream(*proxy.address)
-        await s.send_all(b"a")
-        with trio.fail_after(5):
-            assert await read_exactly(s, 1) == b"a"
-        proxy.add_toxic(Latency("brief", "downstream", latency=0))
-        proxy.remove_toxic("brief")  # no checkpoint between: the host has not run yet
-        await s.send_all(b"b")
-        with trio.fail_after(5):
-            assert await read_exactly(s, 1) == b"b"
 
 
 async def _freeze_during_a_write(monkeypatch: pytest.MonkeyPatch) -> tuple[int, int, bool]:
@@ -135,27 +79,13 @@ async def _freeze_during_a_write(monkeypatch: pytest.MonkeyPatch) -> tuple[int, 
     monkeypatch.setattr(dataplane, "os", fake_os)  # before the thread binds it
     async with echo_server() as up, open_proxy(up, dataplane="thread") as proxy:
         client = await trio.open_tcp_stream(*proxy.address)
-        await wait_until(lambda: any(c.link for c in proxy._connections.values()))
-        link = await _only_link(proxy)
+        link = await only_link(proxy)
         lane = link.lanes["upstream"]
         target.append(lane.dst_fd)
         await client.send_all(b"x")
         assert await trio.to_thread.run_sync(entered.wait, 5), "the write never started"
-        returned = threading.Event()
-        at_return: list[int] = []
-
-        def freeze() -> None:
-            link.freeze(["upstream"])
-            at_return.append(lane.bytes)
-            returned.set()
-
-        freezer = threading.Thread(target=freeze)
-        freezer.start()
-        early = await trio.to_thread.run_sync(returned.wait, 0.2)
-        let_go.set()
-        await trio.to_thread.run_sync(freezer.join, 5)
-        assert at_return, "freeze() never returned"
-        return at_return[0], link.counts()[0], early
+        at_return, early = await freeze_while_held(link, lambda: lane.bytes, let_go.set)
+        return at_return, link.counts()[0], early
 
 
 async def test_freeze_waits_for_the_write_in_progress_on_its_lane(
