@@ -13,7 +13,7 @@ applied, so a rejected update changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -59,12 +59,16 @@ class Attribute:
 
 @dataclass(frozen=True)
 class TextAttribute:
-    """One string attribute of a toxic (a method, a glob, a body). *check* may be given
-    to refuse malformed text (it raises ValueError) when the toxic is made or updated."""
+    """One string attribute of a toxic (a method, a glob, a body). Malformed text is
+    refused (ValueError) when the toxic is made or updated: text that is not one of
+    *choices* (where given), or that *parse* raises ValueError on (a header line without
+    a colon, a CA file that does not load)."""
 
     name: str
     default: str
     doc: str
+    choices: tuple[str, ...] = ()
+    parse: Callable[[str], object] | None = None
 
     def check(self, value: Any) -> str:
         """Return *value* as this attribute's str, or raise TypeError."""
@@ -74,6 +78,14 @@ class TextAttribute:
                 f"not {type(value).__name__} {value!r}"
             )
         return value
+
+    def refuse_malformed(self, value: str) -> None:
+        """Raise ValueError if *value* (a str, checked) means nothing."""
+        if self.choices and value not in self.choices:
+            allowed = " or ".join(repr(c) for c in self.choices)
+            raise ValueError(f"attribute {self.name} must be {allowed}, not {value!r}")
+        if self.parse is not None:
+            self.parse(value)
 
 
 class AttributeToxic(Toxic):
@@ -113,13 +125,12 @@ class AttributeToxic(Toxic):
             value = attributes.get(attr.name)
             if value is not None:
                 checked[attr.name] = attr.check(value)
-        cls.check_values(checked)
+        # Every type first, then what each well-typed text means (a header line without
+        # a colon...), in the order ATTRIBUTES declares them.
+        for attr in cls.ATTRIBUTES:
+            if isinstance(attr, TextAttribute) and attr.name in checked:
+                attr.refuse_malformed(checked[attr.name])
         return checked
-
-    @classmethod
-    def check_values(cls, values: Mapping[str, Any]) -> None:
-        """Refuse (ValueError) given values that are well-typed but mean nothing (a
-        header line without a colon...). The default accepts everything."""
 
     def update(self, attributes: Mapping[str, Any]) -> None:
         """Merge *attributes* into this toxic, all or nothing; live for every connection."""

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import fnmatch
 import random
-from collections.abc import Mapping
 from typing import Any, ClassVar, cast
 
 import h11
@@ -56,10 +55,23 @@ __all__ = [
     "HttpTruncate",
 ]
 
+
+def _header_rule(text: str) -> None:
+    """A rule's ``header``: ``Name`` alone matches its presence; ``Name: glob`` must be a
+    header line (ValueError otherwise)."""
+    if ":" in text:
+        parse_header_lines(text)
+
+
 RULE = (
     TextAttribute("method", "", "HTTP methods matched, comma-separated; empty: any"),
     TextAttribute("path", "", "glob on the request path (query excluded); empty: any"),
-    TextAttribute("header", "", "'Name' (present) or 'Name: glob' (value); empty: any"),
+    TextAttribute(
+        "header",
+        "",
+        "'Name' (present) or 'Name: glob' (value); empty: any",
+        parse=_header_rule,
+    ),
     Attribute("percent", 100, "percent of matching requests faulted, drawn per request", 0, 100),
     Attribute("count", 0, "most requests faulted (the first drawn); 0: no limit"),
 )
@@ -83,12 +95,6 @@ class HttpToxic(AttributeToxic):
         #: Requests this toxic matched, and faulted, over every connection.
         self.matched = 0
         self.faulted = 0
-
-    @classmethod
-    def check_values(cls, values: Mapping[str, Any]) -> None:
-        header = values.get("header")
-        if header and ":" in header:
-            parse_header_lines(header)
 
     def plan(self, request: h11.Request) -> Plan:
         """What to do to *request*, which the rule picked."""
@@ -182,16 +188,13 @@ class HttpAbort(HttpToxic):
         *RULE,
         Attribute("status", 503, "the status code answered", 100, 999),
         TextAttribute("body", "", "the body answered (UTF-8)"),
-        TextAttribute("headers", "", "headers answered: 'Name: value' lines"),
+        TextAttribute(
+            "headers", "", "headers answered: 'Name: value' lines", parse=parse_header_lines
+        ),
     )
     status: int
     body: str
     headers: str
-
-    @classmethod
-    def check_values(cls, values: Mapping[str, Any]) -> None:
-        super().check_values(values)
-        parse_header_lines(values.get("headers", ""))
 
     def plan(self, request: h11.Request) -> Plan:
         return _AbortPlan(self.status, self.body.encode(), parse_header_lines(self.headers))
@@ -251,18 +254,12 @@ class HttpDelay(HttpToxic):
     ATTRIBUTES = (
         *RULE,
         Attribute("delay", 0, "time the response is held, in milliseconds"),
-        TextAttribute("before", "headers", "'headers' or 'body': what the delay holds"),
+        TextAttribute(
+            "before", "headers", "'headers' or 'body': what the delay holds", ("headers", "body")
+        ),
     )
     delay: int
     before: str
-
-    @classmethod
-    def check_values(cls, values: Mapping[str, Any]) -> None:
-        super().check_values(values)
-        if values.get("before", "headers") not in ("headers", "body"):
-            raise ValueError(
-                f"attribute before must be 'headers' or 'body', not {values['before']!r}"
-            )
 
     def plan(self, request: h11.Request) -> Plan:
         return _DelayPlan(self.delay / 1000, self.before == "body")
@@ -387,20 +384,18 @@ class HttpHeader(HttpToxic):
     type = "http_header"
     ATTRIBUTES = (
         *RULE,
-        TextAttribute("add", "", "headers added: 'Name: value' lines"),
+        TextAttribute("add", "", "headers added: 'Name: value' lines", parse=parse_header_lines),
         TextAttribute("remove", "", "header names removed, comma-separated"),
-        TextAttribute("on", "response", "'response' or 'request': which head is changed"),
+        TextAttribute(
+            "on",
+            "response",
+            "'response' or 'request': which head is changed",
+            ("response", "request"),
+        ),
     )
     add: str
     remove: str
     on: str
-
-    @classmethod
-    def check_values(cls, values: Mapping[str, Any]) -> None:
-        super().check_values(values)
-        parse_header_lines(values.get("add", ""))
-        if values.get("on", "response") not in ("response", "request"):
-            raise ValueError(f"attribute on must be 'response' or 'request', not {values['on']!r}")
 
     def plan(self, request: h11.Request) -> Plan:
         remove = {n.strip().lower() for n in self.remove.split(",") if n.strip()}

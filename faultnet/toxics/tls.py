@@ -21,7 +21,7 @@ before the clients connect.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 from faultnet.protocols.tls import (
     Originator,
@@ -46,13 +46,34 @@ def _links(ctx: ToxicContext) -> tuple[ChainLink, ChainLink]:
     return up, down
 
 
+class _TlsEnd(AttributeToxic):
+    """A TLS end the proxy plays on a connection: the bytes of one stream are TLS
+    records, the other's plain bytes."""
+
+    both_streams = True
+    #: The stream whose bytes are TLS records (the other stream's are plain).
+    records_on: ClassVar[str]
+
+    def _end(self, ctx: ToxicContext) -> Terminator | Originator:
+        """The connection's TLS end, made on its first bytes."""
+        raise NotImplementedError
+
+    async def on_chunk(self, ctx: ToxicContext, data: bytes, t_read: float) -> None:
+        end = self._end(ctx)
+        await (end.records_in(data) if ctx.stream == self.records_on else end.plain_in(data))
+
+    async def on_eof(self, ctx: ToxicContext) -> None:
+        end = self._end(ctx)
+        await (end.records_eof() if ctx.stream == self.records_on else end.plain_eof())
+
+
 @register
-class TlsTerminate(AttributeToxic):
+class TlsTerminate(_TlsEnd):
     """Terminate the client's TLS with a certificate from the throwaway CA."""
 
     type = "tls_terminate"
-    both_streams = True
     layer = 0
+    records_on = "upstream"  # the client's records, from its side
     ATTRIBUTES = (
         TextAttribute("hostnames", "localhost,127.0.0.1,::1", "names the certificate is for"),
         TextAttribute("ca_cert", "", "read only: the PEM file of the CA that signed it"),
@@ -81,37 +102,35 @@ class TlsTerminate(AttributeToxic):
             end = ctx.state["tls"] = Terminator(self._ctx, up, down, up.log_event)
         return end
 
-    async def on_chunk(self, ctx: ToxicContext, data: bytes, t_read: float) -> None:
-        end = self._end(ctx)
-        await (end.records_in(data) if ctx.stream == "upstream" else end.plain_in(data))
 
-    async def on_eof(self, ctx: ToxicContext) -> None:
-        end = self._end(ctx)
-        await (end.records_eof() if ctx.stream == "upstream" else end.plain_eof())
+def _loadable_ca(ca: str) -> None:
+    """A ``ca`` naming a file must load: a missing or malformed one is refused when the
+    toxic is made (ValueError, the API's 400), not when a connection needs it."""
+    if ca and ca != "none":
+        try:
+            client_context(ca)
+        except OSError as exc:  # ssl.SSLError included: the API's 400, not a 500
+            raise ValueError(f"attribute ca: cannot load {ca!r}: {exc}") from None
 
 
 @register
-class TlsOriginate(AttributeToxic):
+class TlsOriginate(_TlsEnd):
     """Speak TLS to the upstream, verifying it as ``ca`` says."""
 
     type = "tls_originate"
-    both_streams = True
     layer = 2
+    records_on = "downstream"  # the upstream's records, from its side
     ATTRIBUTES = (
-        TextAttribute("ca", "", "'' the system's CAs, 'none' no check, or a PEM file's path"),
+        TextAttribute(
+            "ca",
+            "",
+            "'' the system's CAs, 'none' no check, or a PEM file's path",
+            parse=_loadable_ca,
+        ),
         TextAttribute("server_name", "", "the name sent (SNI) and checked; '' none"),
     )
     ca: str
     server_name: str
-
-    @classmethod
-    def check_values(cls, values: Mapping[str, Any]) -> None:
-        ca = values.get("ca")
-        if ca and ca != "none":
-            try:
-                client_context(ca)  # a missing or malformed file: refused now, not later
-            except OSError as exc:  # ssl.SSLError included: the API's 400, not a 500
-                raise ValueError(f"attribute ca: cannot load {ca!r}: {exc}") from None
 
     def _end(self, ctx: ToxicContext) -> Originator:
         end: Originator | None = ctx.state.get("tls")
@@ -124,14 +143,6 @@ class TlsOriginate(AttributeToxic):
             end = ctx.state["tls"] = Originator(context, name, up, down, up.log_event)
         return end
 
-    async def on_chunk(self, ctx: ToxicContext, data: bytes, t_read: float) -> None:
-        end = self._end(ctx)
-        await (end.plain_in(data) if ctx.stream == "upstream" else end.records_in(data))
-
-    async def on_eof(self, ctx: ToxicContext) -> None:
-        end = self._end(ctx)
-        await (end.plain_eof() if ctx.stream == "upstream" else end.records_eof())
-
 
 @register
 class TlsHandshake(AttributeToxic):
@@ -140,15 +151,12 @@ class TlsHandshake(AttributeToxic):
     type = "tls_handshake"
     both_streams = True
     layer = 0
-    ATTRIBUTES = (TextAttribute("action", "stall", "'stall' or 'reset', after the ClientHello"),)
+    ATTRIBUTES = (
+        TextAttribute(
+            "action", "stall", "'stall' or 'reset', after the ClientHello", ("stall", "reset")
+        ),
+    )
     action: str
-
-    @classmethod
-    def check_values(cls, values: Mapping[str, Any]) -> None:
-        if values.get("action", "stall") not in ("stall", "reset"):
-            raise ValueError(
-                f"attribute action must be 'stall' or 'reset', not {values['action']!r}"
-            )
 
     async def on_chunk(self, ctx: ToxicContext, data: bytes, t_read: float) -> None:
         up, down = _links(ctx)

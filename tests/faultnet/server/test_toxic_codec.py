@@ -96,3 +96,36 @@ def test_update_is_atomic_and_validated() -> None:
         check_update(t, {"toxicity": -0.1})
     with pytest.raises(BadToxicBody):
         check_update(t, "x")
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"type": "http_abort", "attributes": {"headers": "X-A b"}}, "is not 'Name: value'"),
+        ({"type": "http_abort", "attributes": {"header": "X A: b"}}, "is not 'Name: value'"),
+        ({"type": "http_header", "attributes": {"add": "nocolon"}}, "is not 'Name: value'"),
+        (
+            {"type": "http_header", "attributes": {"on": "both"}},
+            "attribute on must be 'response' or 'request', not 'both'",
+        ),
+        (
+            {"type": "http_delay", "attributes": {"before": "end"}},
+            "attribute before must be 'headers' or 'body', not 'end'",
+        ),
+        (
+            {"type": "tls_handshake", "attributes": {"action": "drop"}},
+            "attribute action must be 'stall' or 'reset', not 'drop'",
+        ),
+        # Every value's type is checked before any text's meaning.
+        (
+            {"type": "http_abort", "attributes": {"header": "X A: b", "status": "503"}},
+            "attribute status must be an integer",
+        ),
+    ],
+)
+def test_malformed_text_attributes_are_400(body: dict[str, Any], message: str) -> None:
+    with pytest.raises(BadToxicBody, match=message) as info:
+        toxic_from_json(body)
+    assert info.value.status == 400
+    # A name alone (a presence test) is a well-formed rule header.
+    assert toxic_from_json({"type": "http_abort", "attributes": {"header": "X-A"}}).header == "X-A"
