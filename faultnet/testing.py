@@ -89,7 +89,8 @@ async def start_server(
     listeners = await nursery.start(
         functools.partial(trio.serve_tcp, handler or _echo, 0, host=host)
     )
-    return listeners[0].socket.getsockname()[:2]
+    name = listeners[0].socket.getsockname()
+    return name[0], name[1]
 
 
 @asynccontextmanager

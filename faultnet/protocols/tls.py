@@ -24,9 +24,12 @@ import ssl
 import tempfile
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import trio
+
+if TYPE_CHECKING:
+    import trustme
 
 __all__ = [
     "HANDSHAKE",
@@ -42,11 +45,11 @@ __all__ = [
 HANDSHAKE = 22
 
 _lock = threading.Lock()
-_ca: object | None = None
+_ca: trustme.CA | None = None
 _ca_path: str | None = None
 
 
-def throwaway_ca() -> object:
+def throwaway_ca() -> trustme.CA:
     """This process's CA (a ``trustme.CA``), made at first use."""
     global _ca
     with _lock:
@@ -66,20 +69,20 @@ def ca_cert_path() -> str:
             where = tempfile.mkdtemp(prefix="faultnet-ca-")
             atexit.register(shutil.rmtree, where, True)
             path = os.path.join(where, "ca.pem")
-            ca.cert_pem.write_to_path(path)  # type: ignore[attr-defined]
+            ca.cert_pem.write_to_path(path)
             _ca_path = path
         return _ca_path
 
 
 def ca_cert_pem() -> str:
     """The throwaway CA's certificate, PEM-encoded (made at first use)."""
-    return throwaway_ca().cert_pem.bytes().decode()  # type: ignore[attr-defined]
+    return throwaway_ca().cert_pem.bytes().decode()
 
 
 def server_context(hostnames: list[str]) -> ssl.SSLContext:
     """A TLS server context whose certificate the throwaway CA issued for *hostnames*."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    throwaway_ca().issue_cert(*hostnames).configure_cert(ctx)  # type: ignore[attr-defined]
+    throwaway_ca().issue_cert(*hostnames).configure_cert(ctx)
     return ctx
 
 

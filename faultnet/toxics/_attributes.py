@@ -155,7 +155,8 @@ class AttributeToxic(Toxic):
 
     def applied_at(self, ctx: ToxicContext) -> float:
         """The trio time this toxic began to apply to *ctx*'s connection (first call)."""
-        return ctx.state.setdefault("applied_at", trio.current_time())
+        at: float = ctx.state.setdefault("applied_at", trio.current_time())
+        return at
 
     async def wait_until(self, start: float, attribute: str, *, zero_is_never: bool) -> None:
         """Sleep until ``start + <attribute> ms``, re-reading the attribute on each update.

@@ -3,6 +3,8 @@ closes."""
 
 from __future__ import annotations
 
+import builtins
+
 from faultnet.toxics._attributes import Attribute, AttributeToxic
 from faultnet.toxics.base import ToxicContext
 from faultnet.toxics.registry import register
@@ -24,7 +26,8 @@ class LimitData(AttributeToxic):
     ATTRIBUTES = (Attribute("bytes", 0, "bytes forwarded before the connection closes"),)
     bytes: int
 
-    async def on_chunk(self, ctx: ToxicContext, data: bytes, t_read: float) -> None:
+    # builtins.bytes: in this class, ``bytes`` is the attribute (Toxiproxy's name).
+    async def on_chunk(self, ctx: ToxicContext, data: builtins.bytes, t_read: float) -> None:
         if ctx.state.get("closed"):
             return
         sent: int = ctx.state.get("sent", 0)
