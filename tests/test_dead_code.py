@@ -19,8 +19,6 @@ IGNORE_NAMES = ("_cmd_*",)
 ELSEWHERE = (
     ("faultnet/planes/native.py", "is_open"),  # toxic path: the planes' dead code
     ("faultnet/planes/thread.py", "is_open"),  # toxic path: the planes' dead code
-    ("faultnet/proxy/_proxy.py", "event_log_path"),  # mode table's file
-    ("faultnet/udp/proxy.py", "event_log_path"),  # mode table's file
 )
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import ipaddress
 import os
-import random
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
@@ -21,7 +20,6 @@ import trio
 from faultnet import bpf, planes
 from faultnet.addresses import format_address, peer_matches
 from faultnet.eventlog import JsonlWriter
-from faultnet.events import EVENTS
 from faultnet.modes import FaultRequest, request
 from faultnet.proxy._connection import Connection, ConnectionInfo
 from faultnet.proxy._errors import listen_error
@@ -33,10 +31,10 @@ from faultnet.proxy._faultstate import (
     NewConnectionFaults,
 )
 from faultnet.proxy._reserve import DescriptorReserve
+from faultnet.proxybase import ProxyBase
 from faultnet.sockopts import (
     bound_unsent,
     detach_filter,
-    raise_fd_limit,
     set_linger_reset,
     set_nodelay,
 )
@@ -80,7 +78,7 @@ def _clean_fin(sock: socket.socket) -> None:
         pass
 
 
-class Proxy:
+class Proxy(ProxyBase):
     """A TCP proxy from ``listen`` to ``upstream`` with fault modes and toxics.
 
     Run it with ``await nursery.start(proxy.serve)`` or ``async with open_proxy(...)``.
@@ -109,23 +107,13 @@ class Proxy:
         splice: bool = True,
         dataplane: str | None = None,
     ) -> None:
-        self.name = name
-        self.upstream = (upstream[0], int(upstream[1]))
-        self.listen = (listen[0], int(listen[1]))
-        self.seed = seed if seed is not None else random.SystemRandom().randrange(2**32)
+        super().__init__(upstream, listen, name=name, event_log=event_log, seed=seed)
         self.connect_timeout = connect_timeout
         #: (family, sockaddr) to connect to when the upstream host is an IP address
         #: (None: a name, resolved for each connection).
         self._upstream_target = _ip_target(*self.upstream)
         self.backlog = backlog
-        self.log = (
-            event_log
-            if isinstance(event_log, JsonlWriter)
-            else JsonlWriter(event_log, vocabulary=EVENTS, proxy=name)
-        )
         self.toxics: list[Toxic] = []
-        self.address: Address | None = None
-        self.fd_limit = raise_fd_limit()
         #: Connections past the descriptor limit's reserve are reset at once.
         self._fd_reserve = DescriptorReserve(self.fd_limit, self.log)
         #: An accept() error episode is under way (logged once, at its start).
@@ -145,10 +133,6 @@ class Proxy:
         self._listener_faults = ListenerFaults()
         self._closed = trio.Event()
         self._poll_scope: trio.CancelScope | None = None
-
-    @property
-    def event_log_path(self) -> str | None:
-        return str(self.log.path) if self.log.path is not None else None
 
     # -- running --
 

@@ -40,7 +40,6 @@ was freed: Python returns them to malloc, which kept the 551 MB after a thaw.
 from __future__ import annotations
 
 import ctypes
-import random
 import select
 import socket
 import time
@@ -54,10 +53,9 @@ import trio
 
 from faultnet.addresses import format_address
 from faultnet.eventlog import JsonlWriter
-from faultnet.events import EVENTS
 from faultnet.modes import FaultRequest
 from faultnet.proxy import listen_error
-from faultnet.sockopts import raise_fd_limit
+from faultnet.proxybase import ProxyBase
 from faultnet.udp.impairments import Impairment, fate
 from faultnet.udp.lane import Lane
 
@@ -379,7 +377,7 @@ class Session:
             self.ingress("downstream", bytes(buf[:n]), n)
 
 
-class UdpProxy:
+class UdpProxy(ProxyBase):
     """A UDP proxy from ``listen`` to ``upstream`` with per-direction fault modes.
 
     Run it with ``await nursery.start(proxy.serve)`` or ``async with open_udp_proxy(...)``.
@@ -415,10 +413,7 @@ class UdpProxy:
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{what} must be a positive whole number, not {value!r}")
-        self.name = name
-        self.upstream = (upstream[0], int(upstream[1]))
-        self.listen = (listen[0], int(listen[1]))
-        self.seed = seed if seed is not None else random.SystemRandom().randrange(2**32)
+        super().__init__(upstream, listen, name=name, event_log=event_log, seed=seed)
         self.idle_timeout = idle_timeout
         self.hold_limit = hold_limit
         self.session_bytes = session_bytes
@@ -428,13 +423,6 @@ class UdpProxy:
         self._buffered = 0
         self._freed = 0
         self.evicted = 0
-        self.log = (
-            event_log
-            if isinstance(event_log, JsonlWriter)
-            else JsonlWriter(event_log, vocabulary=EVENTS, proxy=name)
-        )
-        self.address: Address | None = None
-        self.fd_limit = raise_fd_limit()
         self._sock: socket.socket | None = None
         self._recv_buf = memoryview(bytearray(RECV_BUFFER))
         #: In order of last activity, the longest idle first (expiry and eviction read it).
@@ -449,10 +437,6 @@ class UdpProxy:
         #: Datagrams read so far per direction, all sessions: the index fates are keyed by.
         self._seq = dict.fromkeys(STREAMS, 0)
         self._impairments = dict.fromkeys(STREAMS, Impairment())
-
-    @property
-    def event_log_path(self) -> str | None:
-        return str(self.log.path) if self.log.path is not None else None
 
     # -- running --
 
