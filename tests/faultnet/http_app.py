@@ -4,11 +4,15 @@ responses and keeps every byte it was sent (for byte-identity)."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from collections.abc import Callable
 from typing import Any
 
 import h11
 import trio
+
+from tests.conftest import require_program
 
 Address = tuple[str, int]
 
@@ -145,3 +149,16 @@ class Recorder:
             if request.method != b"HEAD":
                 data += conn.send(h11.Data(data=payload))
         return data + conn.send(h11.EndOfMessage())
+
+
+async def curl(*args: str, max_time: int = 20) -> subprocess.CompletedProcess[bytes]:
+    """Run curl (a real client) with *args*, silent but for errors, within *max_time*
+    seconds of its own; its exit code is the caller's to judge."""
+    exe = require_program(shutil.which("curl"), "curl")
+    with trio.fail_after(max_time + 10):
+        return await trio.run_process(
+            [exe, "-sS", "--max-time", str(max_time), *args],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )

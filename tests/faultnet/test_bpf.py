@@ -10,19 +10,11 @@ import trio
 from faultnet import bpf
 from faultnet.sockopts import detach_filter, tcp_segs_in, tcp_unacked
 from faultnet.testing import wait_until
-
-
-def _pair() -> tuple[socket.socket, socket.socket, socket.socket]:
-    listener = socket.create_server(("127.0.0.1", 0))
-    client = socket.create_connection(listener.getsockname()[:2], timeout=5)
-    server, _ = listener.accept()
-    server.settimeout(5)
-    return listener, client, server
+from tests.faultnet.sockets import connected_pair
 
 
 async def test_pure_acks_only_lets_acks_in_but_no_data() -> None:
-    listener, client, server = _pair()
-    try:
+    with connected_pair() as (client, server):
         bpf.attach(server, bpf.pure_acks_only())
         # The server's data is acknowledged by the client: those ACKs get in...
         server.sendall(b"x" * 1000)
@@ -37,23 +29,16 @@ async def test_pure_acks_only_lets_acks_in_but_no_data() -> None:
         server.setblocking(True)
         assert server.recv(100) == b"y" * 100  # the retransmission, once let in
         assert tcp_segs_in(server) > before
-    finally:
-        for s in (listener, client, server):
-            s.close()
 
 
 async def test_drop_all_keeps_what_was_sent_unacknowledged() -> None:
     # The other arm: under drop-all the client's ACK never gets in, so the sender keeps
     # the segment to retransmit (what a blackhole must not do to its client).
-    listener, client, server = _pair()
-    try:
+    with connected_pair() as (client, server):
         bpf.attach(server, bpf.drop_all())
         server.sendall(b"x" * 1000)
         assert client.recv(1000)
         assert not await _becomes(lambda: tcp_unacked(server) == 0, 0.5)
-    finally:
-        for s in (listener, client, server):
-            s.close()
 
 
 async def _becomes(predicate: Callable[[], bool], seconds: float) -> bool:

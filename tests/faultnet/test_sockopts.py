@@ -22,32 +22,16 @@ from faultnet.sockopts import (
     tcp_state,
 )
 from faultnet.testing import wait_until
-
-
-def _listener() -> socket.socket:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    s.listen(8)
-    return s
-
-
-def _connected() -> tuple[socket.socket, socket.socket, socket.socket]:
-    listener = _listener()
-    client = socket.create_connection(listener.getsockname()[:2], timeout=5)
-    server, _ = listener.accept()
-    return listener, client, server
+from tests.faultnet.sockets import connected_pair, recv_exactly
 
 
 async def test_drop_all_on_a_listener_makes_connects_hang_until_detached() -> None:
-    listener = _listener()
-    addr = listener.getsockname()[:2]
-    try:
+    with socket.create_server(("127.0.0.1", 0), backlog=8) as listener:
+        addr = listener.getsockname()[:2]
         attach_drop_all(listener)
         assert (await probe(addr, 0.3)).kind is ProbeKind.HUNG
         detach_filter(listener)
         assert (await probe(addr, 2.0)).kind is ProbeKind.CONNECTED
-    finally:
-        listener.close()
 
 
 def test_detach_without_a_filter_is_not_an_error() -> None:
@@ -59,101 +43,68 @@ def test_detach_without_a_filter_is_not_an_error() -> None:
 
 
 def test_linger_reset_makes_close_send_an_rst() -> None:
-    listener, client, server = _connected()
-    try:
+    with connected_pair() as (client, server):
         set_linger_reset(server)
         server.close()
         with pytest.raises(ConnectionResetError):
             client.recv(1)
-    finally:
-        listener.close()
-        client.close()
 
 
 def test_a_plain_close_sends_a_fin_not_an_rst() -> None:
     # The other arm of the linger test: without set_linger_reset, the peer reads EOF.
-    listener, client, server = _connected()
-    try:
+    with connected_pair() as (client, server):
         server.close()
         assert client.recv(1) == b""
-    finally:
-        listener.close()
-        client.close()
 
 
 async def test_tcp_state_follows_the_connection() -> None:
-    listener, client, server = _connected()
-    try:
+    with connected_pair() as (client, server):
         assert tcp_state(server) == 1  # ESTABLISHED
         client.shutdown(socket.SHUT_WR)
         await wait_until(lambda: tcp_state(server) == 8, what="CLOSE_WAIT after the FIN")
-    finally:
-        for s in (listener, client, server):
-            s.close()
 
 
 async def test_a_retransmit_of_a_lost_segment_is_needed() -> None:
     # The receiver's filter drops the segment: the sender resends what the peer lacked.
-    listener, client, server = _connected()
-    try:
+    with connected_pair() as (client, server):
         attach_drop_all(server)
         client.sendall(b"x" * 1000)
         await wait_until(lambda: tcp_retransmits(client) >= 1, what="a retransmit")
         detach_filter(server)
-        assert _recv_exactly(server, 1000) == b"x" * 1000
+        assert recv_exactly(server, 1000) == b"x" * 1000
         server.sendall(b"!")  # its ACK covers the data: no retransmit is outstanding
         assert client.recv(1) == b"!"
         assert tcp_retransmits_needed(client) == tcp_retransmits(client) >= 1
-    finally:
-        for s in (listener, client, server):
-            s.close()
 
 
 async def test_a_retransmit_the_peer_already_had_is_not_needed() -> None:
     # The segment arrives but its ACK is dropped on the sender's side, so the sender
     # resends what the peer has; once the filter is off, the peer's D-SACK says so.
-    listener, client, server = _connected()
-    try:
+    with connected_pair() as (client, server):
         attach_drop_all(client)
         client.sendall(b"x" * 1000)
-        assert _recv_exactly(server, 1000) == b"x" * 1000
+        assert recv_exactly(server, 1000) == b"x" * 1000
         await wait_until(lambda: tcp_retransmits(client) >= 1, what="a retransmit")
         detach_filter(client)
         await wait_until(
             lambda: tcp_retransmits_needed(client) < tcp_retransmits(client),
             what="a retransmit reported back as a duplicate",
         )
-    finally:
-        for s in (listener, client, server):
-            s.close()
 
 
 async def test_a_duplicate_tcp_discards_counts_in_socket_drops_without_a_filter() -> None:
     # Why a drop count taken while retransmissions are still due can grow with no filter
     # on the socket (FilterDrops, the hop's test): the kernel counts in sk_drops the
     # copies TCP throws away as old data, not only what a filter refused.
-    listener, client, server = _connected()
-    try:
+    with connected_pair() as (client, server):
         attach_drop_all(client)  # the client's ACKs come back to nothing: it resends
         assert filter_length(client) == 1 and filter_length(server) == 0
         client.sendall(b"x" * 1000)
-        assert _recv_exactly(server, 1000) == b"x" * 1000
+        assert recv_exactly(server, 1000) == b"x" * 1000
         await wait_until(lambda: socket_drops(server) >= 1, what="a duplicate discarded")
         assert filter_length(server) == 0
         detach_filter(client)
         assert filter_length(client) == 0
-    finally:
-        for s in (listener, client, server):
-            s.close()
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    got = b""
-    while len(got) < n:
-        chunk = sock.recv(n - len(got))
-        assert chunk, "EOF"
-        got += chunk
-    return got
 
 
 def test_keepalive_and_user_timeout_are_set_as_asked() -> None:

@@ -6,8 +6,6 @@ client's own outcome, awaited with a generous bound."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -34,8 +32,7 @@ from faultnet.toxics import (
     HttpSlowBody,
     HttpTruncate,
 )
-from tests.conftest import require_program
-from tests.faultnet.http_app import BIG, Address, Recorder, serve_app
+from tests.faultnet.http_app import BIG, Address, Recorder, curl, serve_app
 
 Factory = Callable[..., Awaitable[Proxy]]
 
@@ -296,23 +293,12 @@ async def test_urllib3_retry_does_not_retry_a_post_unless_told_to(
     assert toxic.faulted == 2
 
 
-async def _curl(*args: str) -> subprocess.CompletedProcess[bytes]:
-    curl = require_program(shutil.which("curl"), "curl")
-    with trio.fail_after(30):
-        return await trio.run_process(
-            [curl, "-sS", "--max-time", "20", *args],
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
-
-
 async def test_truncate_gives_curl_a_short_body_and_httpx_an_incomplete_one(
     faultnet_proxy: Factory, app: Address, plane: str
 ) -> None:
     proxy = await faultnet_proxy(app, dataplane=plane)
     proxy.add_toxic(HttpTruncate("cut", path="/big", bytes=1000))
-    done = await _curl(url(proxy, "/big"))
+    done = await curl(url(proxy, "/big"))
     assert done.returncode == 18, done.stderr  # CURLE_PARTIAL_FILE
     assert done.stdout == BIG[:1000]
     async with httpx.AsyncClient(timeout=10) as client:
@@ -327,7 +313,7 @@ async def test_reset_mid_body_gives_curl_a_connection_reset(
 ) -> None:
     proxy = await faultnet_proxy(app, dataplane=plane)
     proxy.add_toxic(HttpReset("rst", path="/big", bytes=5000))
-    done = await _curl(url(proxy, "/big"))
+    done = await curl(url(proxy, "/big"))
     assert done.returncode == 56, done.stderr  # CURLE_RECV_ERROR
     assert b"reset" in done.stderr.lower()
     assert len(done.stdout) <= 5000
@@ -408,9 +394,9 @@ async def test_expect_100_continue_passes_and_an_abort_answers_before_the_body(
     proxy = await faultnet_proxy(app)
     proxy.add_toxic(HttpAbort("no", path="/api/*", status=413))
     body = "x" * 100_000
-    ok = await _curl("-H", "Expect: 100-continue", "--data-binary", body, url(proxy, "/echo"))
+    ok = await curl("-H", "Expect: 100-continue", "--data-binary", body, url(proxy, "/echo"))
     assert ok.returncode == 0 and ok.stdout == body.encode(), ok.stderr
-    no = await _curl(
+    no = await curl(
         "-H",
         "Expect: 100-continue",
         "--data-binary",
@@ -422,6 +408,18 @@ async def test_expect_100_continue_passes_and_an_abort_answers_before_the_body(
         url(proxy, "/api/up"),
     )
     assert no.stdout == b"413", no.stderr
+
+
+async def ask_to_upgrade(stream: trio.SocketStream) -> bytes:
+    """Send a request to upgrade the connection; return what came back up to the end of
+    the answer's head (and any bytes after it)."""
+    await stream.send_all(
+        b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: x\r\nConnection: Upgrade\r\n\r\n"
+    )
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += await stream.receive_some(4096)
+    return head
 
 
 async def test_an_upgrade_turns_both_ways_opaque_after_101(
@@ -447,12 +445,7 @@ async def test_an_upgrade_turns_both_ways_opaque_after_101(
     stream = await trio.open_tcp_stream(*proxy.address)
     raw = b"\x00\xffGET / HTTP/1.1\r\n not http \r\n\r\n"
     with trio.fail_after(10):
-        await stream.send_all(
-            b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: x\r\nConnection: Upgrade\r\n\r\n"
-        )
-        head = b""
-        while b"\r\n\r\n" not in head:
-            head += await stream.receive_some(4096)
+        head = await ask_to_upgrade(stream)
         assert head.startswith(b"HTTP/1.1 500")
     # The abort answered the upgrade (it was a request like any other). A second
     # connection, the toxic gone, upgrades; then bytes that are not HTTP echo.
@@ -461,12 +454,7 @@ async def test_an_upgrade_turns_both_ways_opaque_after_101(
     proxy.add_toxic(HttpAbort("api", path="/api/*"))
     stream = await trio.open_tcp_stream(*proxy.address)
     with trio.fail_after(10):
-        await stream.send_all(
-            b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: x\r\nConnection: Upgrade\r\n\r\n"
-        )
-        head = b""
-        while b"\r\n\r\n" not in head:
-            head += await stream.receive_some(4096)
+        head = await ask_to_upgrade(stream)
         assert head.startswith(b"HTTP/1.1 101")
         await stream.send_all(raw)
         echoed = head.split(b"\r\n\r\n", 1)[1]

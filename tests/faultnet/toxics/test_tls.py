@@ -4,7 +4,6 @@ or refused when it cannot be), and the handshake faults without termination."""
 
 from __future__ import annotations
 
-import shutil
 import ssl
 import subprocess
 from collections.abc import Awaitable, Callable
@@ -23,9 +22,10 @@ from faultnet.toxics import (
     TlsHandshake,
     TlsOriginate,
     TlsTerminate,
+    Toxic,
 )
-from tests.conftest import require_program
 from tests.faultnet.http_app import BIG, Address, serve_app
+from tests.faultnet.http_app import curl as http_curl
 
 Factory = Callable[..., Awaitable[Proxy]]
 
@@ -36,14 +36,17 @@ def https(proxy: Proxy, path: str) -> str:
 
 
 async def curl(*args: str) -> subprocess.CompletedProcess[bytes]:
-    exe = require_program(shutil.which("curl"), "curl")
-    with trio.fail_after(30):
-        return await trio.run_process(
-            [exe, "-sS", "--max-time", "10", *args],
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
+    return await http_curl(*args, max_time=10)
+
+
+def terminate(proxy: Proxy, *inner: Toxic) -> str:
+    """Terminate the clients' TLS on *proxy* (outermost), then add *inner*; return the
+    path of the throwaway CA's certificate, which the clients are to trust."""
+    toxic = TlsTerminate()
+    proxy.add_toxic(toxic)
+    for t in inner:
+        proxy.add_toxic(t)
+    return str(toxic.attributes()["ca_cert"])
 
 
 @pytest.fixture
@@ -68,10 +71,7 @@ async def test_curl_with_the_throwaway_ca_gets_http_faults_inside_https(
 ) -> None:
     log = tmp_path / "events.jsonl"
     proxy = await faultnet_proxy(app, event_log=str(log))
-    terminate = TlsTerminate()
-    proxy.add_toxic(terminate)
-    proxy.add_toxic(HttpAbort("api", path="/api/*", status=503, body="busy", count=1))
-    cacert = terminate.attributes()["ca_cert"]
+    cacert = terminate(proxy, HttpAbort("api", path="/api/*", status=503, body="busy", count=1))
     assert (await trio.Path(cacert).read_text()).startswith("-----BEGIN CERTIFICATE-----")
     first = await curl("--cacert", cacert, "-w", " %{http_code}", https(proxy, "/api/x"))
     assert first.stdout == b"busy 503", first.stderr
@@ -87,10 +87,8 @@ async def test_httpx_verifying_the_ca_sees_a_truncated_body_over_https(
     faultnet_proxy: Factory, app: Address
 ) -> None:
     proxy = await faultnet_proxy(app)
-    terminate = TlsTerminate()
-    proxy.add_toxic(terminate)
-    proxy.add_toxic(HttpTruncate("cut", path="/big", bytes=1000, count=1))
-    verify = ssl.create_default_context(cafile=terminate.attributes()["ca_cert"])
+    cacert = terminate(proxy, HttpTruncate("cut", path="/big", bytes=1000, count=1))
+    verify = ssl.create_default_context(cafile=cacert)
     async with httpx.AsyncClient(verify=verify, timeout=10) as client:
         assert (await client.get(https(proxy, "/small"))).text == "GET /small ok"
         with pytest.raises(httpx.RemoteProtocolError):
@@ -104,11 +102,11 @@ async def test_tls_is_re_originated_to_an_https_upstream_verified_against_its_ca
 ) -> None:
     address, upstream_ca = tls_app
     proxy = await faultnet_proxy(address)
-    terminate = TlsTerminate()
-    proxy.add_toxic(terminate)
-    proxy.add_toxic(HttpAbort("api", path="/api/*", status=502))
-    proxy.add_toxic(TlsOriginate(ca=upstream_ca, server_name="localhost"))
-    cacert = terminate.attributes()["ca_cert"]
+    cacert = terminate(
+        proxy,
+        HttpAbort("api", path="/api/*", status=502),
+        TlsOriginate(ca=upstream_ca, server_name="localhost"),
+    )
     verify = ssl.create_default_context(cafile=cacert)
     async with httpx.AsyncClient(verify=verify, timeout=10) as client:
         r = await client.get(https(proxy, "/through"))
@@ -123,10 +121,8 @@ async def test_an_upstream_the_system_cas_cannot_verify_is_refused(
     address, _ = tls_app
     log = tmp_path / "events.jsonl"
     proxy = await faultnet_proxy(address, event_log=str(log))
-    terminate = TlsTerminate()
-    proxy.add_toxic(terminate)
-    proxy.add_toxic(TlsOriginate(server_name="localhost"))  # the system's CAs
-    done = await curl("--cacert", terminate.attributes()["ca_cert"], https(proxy, "/"))
+    cacert = terminate(proxy, TlsOriginate(server_name="localhost"))  # the system's CAs
+    done = await curl("--cacert", cacert, https(proxy, "/"))
     assert done.returncode != 0 and done.stdout == b""
     failed = [r for r in read_jsonl(log).records if r["event"] == "tls_failed"]
     assert failed and "CERTIFICATE_VERIFY_FAILED" in failed[0]["reason"]
@@ -164,13 +160,13 @@ async def test_reset_delay_slow_body_and_hold_inside_https(
     from faultnet.toxics import HttpDelay, HttpHold, HttpReset, HttpSlowBody
 
     proxy = await faultnet_proxy(app)
-    terminate = TlsTerminate()
-    proxy.add_toxic(terminate)
-    proxy.add_toxic(HttpReset("rst", path="/big", method="GET", bytes=5000))
-    proxy.add_toxic(HttpDelay("late", path="/late", delay=300))
-    proxy.add_toxic(HttpSlowBody("slow", path="/big", method="POST", rate=400_000))
-    proxy.add_toxic(HttpHold("hold", path="/stuck"))
-    cacert = terminate.attributes()["ca_cert"]
+    cacert = terminate(
+        proxy,
+        HttpReset("rst", path="/big", method="GET", bytes=5000),
+        HttpDelay("late", path="/late", delay=300),
+        HttpSlowBody("slow", path="/big", method="POST", rate=400_000),
+        HttpHold("hold", path="/stuck"),
+    )
     reset = await curl("--cacert", cacert, https(proxy, "/big"))
     assert reset.returncode == 56 and b"reset" in reset.stderr.lower(), reset.stderr
     verify = ssl.create_default_context(cafile=cacert)
@@ -192,10 +188,8 @@ async def test_tls_originated_with_no_verification_reaches_any_upstream(
     # ca="none": no chain, no name checked (a self-signed test server, say).
     address, _ = tls_app
     proxy = await faultnet_proxy(address)
-    terminate = TlsTerminate()
-    proxy.add_toxic(terminate)
-    proxy.add_toxic(TlsOriginate(ca="none"))
-    done = await curl("--cacert", terminate.attributes()["ca_cert"], https(proxy, "/any"))
+    cacert = terminate(proxy, TlsOriginate(ca="none"))
+    done = await curl("--cacert", cacert, https(proxy, "/any"))
     assert done.stdout == b"GET /any ok", done.stderr
 
 
