@@ -66,7 +66,7 @@ async def test_a_connection_accepted_under_a_listener_filter_does_not_inherit_it
 ) -> None:
     """An accepted socket inherits its listener's filter: a syn_loss's random drop (it
     checks no SYN flag) or a partition's peer rules would go on dropping the new
-    connection's own segments. Found by test_fault_sequences (filter 4, model 0)."""
+    connection's own segments. Found by test_faultstate_sequences (filter 4, model 0)."""
     async with open_link() as (proxy, client, server):
         if listener_fault == "syn_loss":
             await proxy.syn_loss(1)  # a dropped SYN only makes this connect 1 s slower
