@@ -30,23 +30,27 @@ EXPERIMENTS = ("confirm_latency", "silent_loss", "chatty_vs_silent", "fd_flatnes
 # ----------------------------------------------------------------- BOT_BIN and usage
 
 
+def run_silent_loss(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``python -m harness.exp_silent_loss ARGV`` in a real interpreter, with *env*."""
+    return subprocess.run(
+        [sys.executable, "-m", "harness.exp_silent_loss", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=60,
+    )
+
+
 def test_missing_bot_bin_exits_2_as_a_real_command(tmp_path: Path) -> None:
+    # One experiment as a real command (an interpreter start is the point); the
+    # others run in-process below.
     environ = {k: v for k, v in os.environ.items() if k not in ("BOT_BIN", "APIARY_BIN")}
-    for name in EXPERIMENTS:
-        if name != "silent_loss":
-            continue  # one real interpreter start is the point; the rest run in-process
-        proc = subprocess.run(
-            [sys.executable, "-m", f"harness.exp_{name}", "--env", "auto"],
-            capture_output=True,
-            text=True,
-            env=environ,
-            cwd=REPO,
-            timeout=60,
-        )
-        assert proc.returncode == 2, proc.stderr
-        assert "BOT_BIN is required" in proc.stderr
-        assert "Traceback" not in proc.stderr
-        assert len(proc.stderr.strip().splitlines()) == 1
+    proc = run_silent_loss(["--env", "auto"], environ)
+    assert proc.returncode == 2, proc.stderr
+    assert "BOT_BIN is required" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
 
 
 async def test_every_experiment_usage_errors_exit_2_without_a_run(
@@ -78,14 +82,7 @@ def test_an_experiment_usage_error_is_one_line_and_leaves_no_run_directory(
     """Issue 24 item 6: argparse's mistakes were its usage dump (8 lines); now one line,
     exit 2, and nothing made under $TMPDIR."""
     environ = {**os.environ, "TMPDIR": str(tmp_path), "BOT_BIN": f"{sys.executable} -m harness.bot"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness.exp_silent_loss", *argv],
-        capture_output=True,
-        text=True,
-        env=environ,
-        cwd=REPO,
-        timeout=60,
-    )
+    proc = run_silent_loss(argv, environ)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
