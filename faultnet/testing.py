@@ -13,6 +13,7 @@ plugin (the way ``trio.testing`` serves trio's users and its own tests alike).
   through it: ``(proxy, client, server)``.
 * :func:`read_line` -- one line from a child process's pipe, bounded.
 * :func:`read_exactly` -- read *n* bytes or raise ``EOFError`` saying how many came.
+* :func:`echo_back` -- send bytes to an echo while reading them back, both at once.
 * :func:`wait_until` -- wait for a condition that has no event to wait on, bounded by
   a timeout; raises ``trio.TooSlowError`` naming what it waited for.
 * :func:`wait_for_record` -- wait for a JSONL event-log record matching some fields.
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "accept_server",
+    "echo_back",
     "echo_server",
     "open_link",
     "read_exactly",
@@ -168,6 +170,28 @@ async def read_exactly(stream: trio.abc.ReceiveStream, n: int) -> bytes:
             raise EOFError(f"EOF after {len(buf)} of {n} bytes")
         buf += data
     return bytes(buf)
+
+
+async def echo_back(stream: trio.abc.Stream, data: bytes, piece: int = 1 << 20) -> bytes:
+    """Send *data* on *stream* in writes of *piece* bytes while reading back as many
+    bytes as it holds (an echo's answer, :func:`echo_server`); return what came back.
+    Both at once, so neither side's buffers fill and stall the other. Unbounded: the
+    caller's cancel scope bounds it; an EOF first raises ``EOFError``."""
+
+    async def send() -> None:
+        for i in range(0, len(data), piece):
+            await stream.send_all(data[i : i + piece])
+
+    got = bytearray()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send)
+        while len(got) < len(data):
+            # At most a piece per read: a recv of the whole rest allocates all of it.
+            chunk = await stream.receive_some(min(piece, len(data) - len(got)))
+            if not chunk:
+                raise EOFError(f"EOF after {len(got)} of {len(data)} bytes")
+            got += chunk
+    return bytes(got)
 
 
 async def wait_until(

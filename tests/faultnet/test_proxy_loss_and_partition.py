@@ -17,7 +17,7 @@ from faultnet.eventlog import read_jsonl
 from faultnet.probe import ProbeKind, probe
 from faultnet.proxy import open_proxy
 from faultnet.sockopts import detach_filter
-from faultnet.testing import echo_server, read_exactly, wait_for_record, wait_until
+from faultnet.testing import echo_back, echo_server, read_exactly, wait_for_record, wait_until
 
 #: Every test here runs on every data plane built here (tests/faultnet/conftest.py).
 pytestmark = pytest.mark.usefixtures("each_plane")
@@ -48,17 +48,8 @@ async def test_64_mib_each_way_arrive_intact_under_loss_and_the_drops_are_report
     async with echo_server() as up, open_proxy(up, event_log=str(log)) as proxy:
         stream = await trio.open_tcp_stream(*proxy.address)
         assert await proxy.loss(5) == 1
-        got = bytearray()
-
-        async def send() -> None:
-            for i in range(0, size, 1 << 20):
-                await stream.send_all(data[i : i + (1 << 20)])
-
         with trio.fail_after(100):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(send)
-                while len(got) < size:
-                    got += await stream.receive_some(1 << 20)
+            got = await echo_back(stream, data)
         assert hashlib.sha256(got).digest() == hashlib.sha256(data).digest()
         info = proxy.connections()[0]
         # Both directions lost segments, and both peers' TCPs made up for them.

@@ -27,7 +27,7 @@ from faultnet.sockopts import (
     tcp_retransmits_needed,
     tcp_unacked,
 )
-from faultnet.testing import echo_server, read_exactly, start_server, wait_until
+from faultnet.testing import echo_back, echo_server, read_exactly, start_server, wait_until
 
 #: Every test here runs on every data plane built here (tests/faultnet/conftest.py).
 pytestmark = pytest.mark.usefixtures("each_plane")
@@ -175,17 +175,8 @@ async def test_bytes_cross_intact_both_ways_under_20_percent_and_thaw_keeps_the_
     async with echo_server() as up, open_proxy(up, event_log=str(log)) as proxy:
         stream = await trio.open_tcp_stream(*proxy.address)
         assert await proxy.loss(20, both_ways=True) == 1
-        got = bytearray()
-
-        async def send() -> None:
-            for i in range(0, size, 1 << 20):
-                await stream.send_all(data[i : i + (1 << 20)])
-
         with trio.fail_after(LOSSY_BOUND_S):
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(send)
-                while len(got) < size:
-                    got += await stream.receive_some(1 << 20)
+            got = await echo_back(stream, data)
         assert hashlib.sha256(got).digest() == hashlib.sha256(data).digest()
         conn = only_connection(proxy)
         assert conn.hop is not None and conn.hop.program is not None
