@@ -43,8 +43,7 @@ async def test_64_mib_each_way_arrive_intact_under_loss_and_the_drops_are_report
     tmp_path,
 ) -> None:
     log = tmp_path / "events.jsonl"
-    size = 64 << 20
-    data = os.urandom(size)
+    data = os.urandom(64 << 20)
     async with echo_server() as up, open_proxy(up, event_log=str(log)) as proxy:
         stream = await trio.open_tcp_stream(*proxy.address)
         assert await proxy.loss(5) == 1

@@ -170,8 +170,7 @@ async def test_bytes_cross_intact_both_ways_under_20_percent_and_thaw_keeps_the_
     # not diagnosed; the likely way: while the echo's other direction waits out a
     # timeout this one's window closes, and zero-window probes back off toward TCP's
     # 120 s as they would on a real route.
-    size = 1 << 20
-    data = os.urandom(size)
+    data = os.urandom(1 << 20)
     async with echo_server() as up, open_proxy(up, event_log=str(log)) as proxy:
         stream = await trio.open_tcp_stream(*proxy.address)
         assert await proxy.loss(20, both_ways=True) == 1
