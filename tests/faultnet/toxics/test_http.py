@@ -49,6 +49,12 @@ async def app(nursery: trio.Nursery) -> Address:
 
 
 @pytest.fixture
+async def proxy(faultnet_proxy: Factory, app: Address, plane: str) -> Proxy:
+    """A proxy in front of the app, on each data plane."""
+    return await faultnet_proxy(app, dataplane=plane)
+
+
+@pytest.fixture
 async def recorder(nursery: trio.Nursery) -> tuple[Recorder, Address]:
     rec = Recorder()
     return rec, await start_server(nursery, rec.handle)
@@ -148,10 +154,7 @@ async def test_bytes_that_come_one_at_a_time_cross_byte_identical(
     assert bytes(got) == bytes(rec.sent[0])
 
 
-async def test_a_chunked_response_written_chunk_by_chunk_arrives_whole(
-    faultnet_proxy: Factory, app: Address, plane: str
-) -> None:
-    proxy = await faultnet_proxy(app, dataplane=plane)
+async def test_a_chunked_response_written_chunk_by_chunk_arrives_whole(proxy: Proxy) -> None:
     proxy.add_toxic(HttpAbort("never", path="/nowhere"))
     async with httpx.AsyncClient(timeout=10) as client:
         for _ in range(3):
@@ -293,10 +296,7 @@ async def test_urllib3_retry_does_not_retry_a_post_unless_told_to(
     assert toxic.faulted == 2
 
 
-async def test_truncate_gives_curl_a_short_body_and_httpx_an_incomplete_one(
-    faultnet_proxy: Factory, app: Address, plane: str
-) -> None:
-    proxy = await faultnet_proxy(app, dataplane=plane)
+async def test_truncate_gives_curl_a_short_body_and_httpx_an_incomplete_one(proxy: Proxy) -> None:
     proxy.add_toxic(HttpTruncate("cut", path="/big", bytes=1000))
     done = await curl(url(proxy, "/big"))
     assert done.returncode == 18, done.stderr  # CURLE_PARTIAL_FILE
@@ -308,10 +308,7 @@ async def test_truncate_gives_curl_a_short_body_and_httpx_an_incomplete_one(
         assert r.text == "GET /small ok"
 
 
-async def test_reset_mid_body_gives_curl_a_connection_reset(
-    faultnet_proxy: Factory, app: Address, plane: str
-) -> None:
-    proxy = await faultnet_proxy(app, dataplane=plane)
+async def test_reset_mid_body_gives_curl_a_connection_reset(proxy: Proxy) -> None:
     proxy.add_toxic(HttpReset("rst", path="/big", bytes=5000))
     done = await curl(url(proxy, "/big"))
     assert done.returncode == 56, done.stderr  # CURLE_RECV_ERROR
@@ -515,9 +512,8 @@ async def test_a_head_response_is_framed_without_a_body_and_the_next_request_fol
 
 
 async def test_an_http_toxic_added_to_an_open_keep_alive_connection_acts_on_its_next_request(
-    faultnet_proxy: Factory, app: Address, plane: str
+    proxy: Proxy,
 ) -> None:
-    proxy = await faultnet_proxy(app, dataplane=plane)
     async with httpx.AsyncClient(timeout=10) as client:
         assert (await client.get(url(proxy, "/api/a"))).status_code == 200
         [before] = proxy.connections()

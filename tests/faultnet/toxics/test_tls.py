@@ -66,6 +66,13 @@ async def tls_app(nursery: trio.Nursery, tmp_path: Path) -> tuple[Address, str]:
     return await serve_app(nursery, tls=(certfile, keyfile)), cafile
 
 
+@pytest.fixture
+async def https_proxy(faultnet_proxy: Factory, tls_app: tuple[Address, str]) -> tuple[Proxy, str]:
+    """A proxy in front of the HTTPS upstream, and the CA file that signed the upstream."""
+    address, upstream_ca = tls_app
+    return await faultnet_proxy(address), upstream_ca
+
+
 async def test_curl_with_the_throwaway_ca_gets_http_faults_inside_https(
     faultnet_proxy: Factory, app: Address, tmp_path: Path
 ) -> None:
@@ -98,10 +105,9 @@ async def test_httpx_verifying_the_ca_sees_a_truncated_body_over_https(
 
 
 async def test_tls_is_re_originated_to_an_https_upstream_verified_against_its_ca(
-    faultnet_proxy: Factory, tls_app: tuple[Address, str]
+    https_proxy: tuple[Proxy, str],
 ) -> None:
-    address, upstream_ca = tls_app
-    proxy = await faultnet_proxy(address)
+    proxy, upstream_ca = https_proxy
     cacert = terminate(
         proxy,
         HttpAbort("api", path="/api/*", status=502),
@@ -129,10 +135,9 @@ async def test_an_upstream_the_system_cas_cannot_verify_is_refused(
 
 
 async def test_a_stalled_handshake_hangs_the_client_until_its_own_timeout(
-    faultnet_proxy: Factory, tls_app: tuple[Address, str]
+    https_proxy: tuple[Proxy, str],
 ) -> None:
-    address, upstream_ca = tls_app
-    proxy = await faultnet_proxy(address)
+    proxy, upstream_ca = https_proxy
     proxy.add_toxic(TlsHandshake("stall", action="stall"))
     t0 = trio.current_time()
     done = await curl("--cacert", upstream_ca, "--max-time", "1", https(proxy, "/"))
@@ -141,10 +146,9 @@ async def test_a_stalled_handshake_hangs_the_client_until_its_own_timeout(
 
 
 async def test_a_reset_during_the_handshake_is_a_connection_reset(
-    faultnet_proxy: Factory, tls_app: tuple[Address, str]
+    https_proxy: tuple[Proxy, str],
 ) -> None:
-    address, upstream_ca = tls_app
-    proxy = await faultnet_proxy(address)
+    proxy, upstream_ca = https_proxy
     proxy.add_toxic(TlsHandshake("rst", action="reset"))
     done = await curl("--cacert", upstream_ca, https(proxy, "/"))
     assert done.returncode == 35, done.stderr  # CURLE_SSL_CONNECT_ERROR
@@ -183,11 +187,10 @@ async def test_reset_delay_slow_body_and_hold_inside_https(
 
 
 async def test_tls_originated_with_no_verification_reaches_any_upstream(
-    faultnet_proxy: Factory, tls_app: tuple[Address, str]
+    https_proxy: tuple[Proxy, str],
 ) -> None:
     # ca="none": no chain, no name checked (a self-signed test server, say).
-    address, _ = tls_app
-    proxy = await faultnet_proxy(address)
+    proxy, _ = https_proxy
     cacert = terminate(proxy, TlsOriginate(ca="none"))
     done = await curl("--cacert", cacert, https(proxy, "/any"))
     assert done.stdout == b"GET /any ok", done.stderr
