@@ -21,6 +21,7 @@ _.pytest_report_header
 _.accesslog
 _.errorlog
 _.graceful_timeout
+_.keep_alive_timeout
 _.read_timeout
 _.redirect_slashes
 

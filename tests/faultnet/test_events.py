@@ -25,7 +25,7 @@ WRITERS = (
 
 def _written(paths: tuple[str, ...]) -> dict[str, set[str]]:
     """Event name -> the files that write it: ``<...log>.write("name", ...)``,
-    ``log_event("name", ...)``, the API's ``log("name", ...)`` (it hops to the
+    ``log_event("name", ...)``, the API's ``served.log("name", ...)`` (it hops to the
     registry's loop) and ``.write(f"held_{kind}", ...)`` (expanded by hand below),
     found in the source."""
     found: dict[str, set[str]] = {}
@@ -38,8 +38,10 @@ def _written(paths: tuple[str, ...]) -> dict[str, set[str]]:
                     writes = node.func.id == "log"
                 elif isinstance(node.func, ast.Attribute):
                     receiver = ast.unparse(node.func.value)
-                    writes = node.func.attr == "log_event" or (
-                        node.func.attr == "write" and receiver.endswith(("log", "server"))
+                    writes = (
+                        node.func.attr == "log_event"
+                        or (node.func.attr == "log" and receiver == "served")
+                        or (node.func.attr == "write" and receiver.endswith(("log", "server")))
                     )
                 else:
                     continue
