@@ -1,5 +1,11 @@
 """The fidelity table's rows: a mode, a real client, and what it does around the fault.
 
+The table (:data:`CASES`) is data: one line a pair, naming faultnet's mode and its
+arguments (undone by the mode's own undo), a :class:`Client` (its words, situation,
+server and scenario) and a :class:`Reference` (the kernel's fault, in words and as
+what makes and undoes it). The rows on one raw socket share one skeleton,
+:class:`Parked`; a client library's request is judged by :func:`_attempt`.
+
 Each scenario is written once against a :class:`Side` and run twice: against the
 kernel's own version of the fault (nftables in the run's namespace, ``ss -K``, no
 listener, SIGSTOP) and through faultnet's mode. A scenario of many tries is a generator
@@ -23,7 +29,8 @@ import threading
 import time
 from collections.abc import Callable, Generator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from types import MappingProxyType
 from typing import Any
 
@@ -165,51 +172,73 @@ def _segs(s: socket.socket) -> int:
 # -- scenarios --
 
 
-def keepalive_idle(side: Side, servers: Servers) -> Observation:
-    """Keepalive 1/1/2, 60 round trips (out of quick-ack), the fault right after the
-    last reply, the client parked in recv."""
-    s = _connect(side.port)
+@dataclass(frozen=True)
+class Parked:
+    """The one skeleton of the rows on one raw socket: connect, set the socket's timers,
+    warm up with round trips, wait idle, make the fault, (write,) then read until an
+    error, EOF or *bound*, counting what came in after the fault."""
+
+    #: Keepalive 1/1/2 (idle 1 s, interval 1 s, 2 probes).
+    keepalive: bool = False
+    #: TCP_USER_TIMEOUT, ms.
+    user_timeout_ms: int | None = None
+    #: Round trips before the fault (60 take the connection out of quick-ack).
+    trips: int = 5
+    #: Idle time between the last reply and the fault.
+    idle_s: float = 0.0
+    #: A write right after the fault.
+    write: bool = False
+    bound: float = HANG_BOUND_S
+    #: Count the segments the client takes in after the fault.
+    segments: bool = True
+
+    def __call__(self, side: Side, servers: Servers) -> Observation:
+        s = _connect(side.port)
+        try:
+            if self.keepalive:
+                set_keepalive(s, 1, 1, 2)
+            if self.user_timeout_ms is not None:
+                set_user_timeout(s, self.user_timeout_ms)
+            _round_trips(s, self.trips)
+            if self.idle_s:
+                time.sleep(self.idle_s)  # the scenario: the fault lands on an idle connection
+            side.fault()
+            t0 = time.monotonic()
+            before = _segs(s) if self.segments else 0
+            if self.write:
+                s.sendall(b"y" * 64)
+            outcome, seconds, got = _await_outcome(s, t0, self.bound)
+            if not self.segments:
+                return Observation(outcome, seconds, got)
+            return Observation(outcome, seconds, got, _segs(s) - before)
+        finally:
+            s.close()
+
+
+#: Keepalive 1/1/2, 60 round trips (out of quick-ack), the fault right after the last
+#: reply, the client parked in recv.
+keepalive_idle = Parked(keepalive=True, trips=60)
+#: TCP_USER_TIMEOUT 2 s; a reply, the fault 0.5 s later, then a write.
+user_timeout_write = Parked(user_timeout_ms=2000, idle_s=0.5, write=True)
+#: A reply, the fault 0.5 s later, the client parked in recv.
+reset_parked = Parked(idle_s=0.5, bound=3.0, segments=False)
+
+
+def _attempt(
+    op: Callable[[], object], t0: float, fd: int | None = None, before: int = 0
+) -> Observation:
+    """One request of a client library: answered, or the error it raised (its class and
+    the errno it carries), timed from *t0*; with *fd*, the segments its socket took in
+    since it had *before*."""
     try:
-        set_keepalive(s, 1, 1, 2)
-        _round_trips(s, 60)
-        side.fault()
-        t0 = time.monotonic()
-        before = _segs(s)
-        outcome, seconds, got = _await_outcome(s, t0, HANG_BOUND_S)
-        return Observation(outcome, seconds, got, _segs(s) - before)
-    finally:
-        s.close()
-
-
-def user_timeout_write(side: Side, servers: Servers) -> Observation:
-    """TCP_USER_TIMEOUT 2 s; a reply, the fault 0.5 s later, then a write."""
-    s = _connect(side.port)
-    try:
-        set_user_timeout(s, 2000)
-        _round_trips(s, 5)
-        time.sleep(0.5)  # the scenario: the fault lands on an idle connection
-        side.fault()
-        t0 = time.monotonic()
-        before = _segs(s)
-        s.sendall(b"y" * 64)
-        outcome, seconds, got = _await_outcome(s, t0, HANG_BOUND_S)
-        return Observation(outcome, seconds, got, _segs(s) - before)
-    finally:
-        s.close()
-
-
-def reset_parked(side: Side, servers: Servers) -> Observation:
-    """A reply, the fault 0.5 s later, the client parked in recv."""
-    s = _connect(side.port)
-    try:
-        _round_trips(s, 5)
-        time.sleep(0.5)  # the scenario: an idle connection
-        side.fault()
-        t0 = time.monotonic()
-        outcome, seconds, got = _await_outcome(s, t0, 3.0)
-        return Observation(outcome, seconds, got)
-    finally:
-        s.close()
+        op()
+        outcome = "answered"
+    except Exception as exc:
+        outcome = f"{type(exc).__name__}({classify(exc)})"
+    seconds = time.monotonic() - t0
+    if fd is None:
+        return Observation(outcome, seconds)
+    return Observation(outcome, seconds, None, segs_in(fd) - before)
 
 
 def _redis(port: int, **kwargs: Any) -> Any:
@@ -227,13 +256,8 @@ def _redis(port: int, **kwargs: Any) -> Any:
 
 
 def _first_get(r: Any, t0: float) -> Observation:
-    """One GET through redis-py: answered, or the error it raised (its class and the
-    errno it carries), timed from *t0*."""
-    try:
-        r.get("k")
-        return Observation("answered", time.monotonic() - t0)
-    except Exception as exc:
-        return Observation(f"{type(exc).__name__}({classify(exc)})", time.monotonic() - t0)
+    """One GET through redis-py (:func:`_attempt`)."""
+    return _attempt(lambda: r.get("k"), t0)
 
 
 def redis_idle_get(side: Side, servers: Servers) -> Observation:
@@ -260,16 +284,7 @@ def redis_idle_get(side: Side, servers: Servers) -> Observation:
             t0 = time.monotonic()
             before = segs_in(fd)
             time.sleep(3.5)  # the scenario: an idle client, past its keepalive's verdict
-            try:
-                r.get("k")
-                return Observation("answered", time.monotonic() - t0, None, segs_in(fd) - before)
-            except Exception as exc:
-                return Observation(
-                    f"{type(exc).__name__}({classify(exc)})",
-                    time.monotonic() - t0,
-                    None,
-                    segs_in(fd) - before,
-                )
+            return _attempt(lambda: r.get("k"), t0, fd, before)
         finally:
             os.close(fd)
     finally:
@@ -314,16 +329,7 @@ def psycopg_next_query(side: Side, servers: Servers) -> Observation:
         side.fault()
         t0 = time.monotonic()
         before = segs_in(fd)
-        try:
-            conn.execute("select 1").fetchone()
-            return Observation("answered", time.monotonic() - t0, None, segs_in(fd) - before)
-        except Exception as exc:
-            return Observation(
-                f"{type(exc).__name__}({classify(exc)})",
-                time.monotonic() - t0,
-                None,
-                segs_in(fd) - before,
-            )
+        return _attempt(lambda: conn.execute("select 1").fetchone(), t0, fd, before)
     finally:
         os.close(fd)
         with contextlib.suppress(Exception):
@@ -559,67 +565,161 @@ def redis_new_client_frozen(side: Side, servers: Servers) -> Observation:
         r.close()
 
 
+# -- the clients --
+
+
+@dataclass(frozen=True)
+class Client:
+    """A row's client: in words, what it does around the fault (the situation), the
+    server it talks to and its scenario."""
+
+    words: str
+    situation: str
+    server: str  # echo, redis, http, pg
+    scenario: Scenario
+
+    def doing(self, situation: str) -> Client:
+        return replace(self, situation=situation)
+
+
+RAW_KEEPALIVE = Client(
+    "raw socket, keepalive 1/1/2", "idle in recv right after a reply", "echo", keepalive_idle
+)
+RAW_USER_TIMEOUT = Client(
+    "raw socket, TCP_USER_TIMEOUT 2 s", "0.5 s idle, then a write", "echo", user_timeout_write
+)
+RAW_PARKED = Client("raw socket", "idle in recv, 0.5 s after a reply", "echo", reset_parked)
+RAW_CONNECT = Client("raw connect", "a new connection", "echo", raw_connect)
+PATIENT_CONNECT = Client(
+    "raw connect, 6 s timeout", "restored 1.5 s into the connect", "echo", patient_connect
+)
+LOSSY_CONNECTS = Client(
+    f"{SYN_TRIES} raw connects, {SYN_AT_ONCE} at a time",
+    "50 % of SYNs; until past the second SYN retry",
+    "echo",
+    lossy_connects,
+)
+LOSSY_DOWNLOADS = Client(
+    f"{LOSS_TRIES} raw downloads of 512 KiB + sha256, {LOSS_AT_ONCE} at a time",
+    "",
+    "echo",
+    lossy_downloads,
+)
+#: Two clients, one of them cut off: the peer= rows.
+TWO_RAW = Client("two raw sockets", "", "echo", one_peer_cut_off)
+_CUT = f"one client ({PEER}) {{}}; the other's round trip; new connects from each"
+PEER_CUT_OFF = replace(TWO_RAW, words="two raw sockets, keepalive 1/1/2").doing(
+    _CUT.format("cut off")
+)
+PEER_SEVERED = TWO_RAW.doing(_CUT.format("severed"))
+PEER_RESET = TWO_RAW.doing(_CUT.format("reset"))
+LOSS_FROM_SERVER = LOSSY_DOWNLOADS.doing("20 % of the server's segments")
+LOSS_BOTH_WAYS = LOSSY_DOWNLOADS.doing("20 % both ways (both_ways=True)")
+LOSS_EACH_LEG = LOSSY_DOWNLOADS.doing("20 % one way on each leg (stream both)")
+CURL = Client("curl", "a new connection", "http", curl_connect)
+CURL_CONNECT = replace(CURL, words="curl --connect-timeout 2")
+CURL_DOWNLOAD = Client("curl", "mid-download", "http", curl_download)
+REDIS_IDLE = Client("redis-py, keepalive 1/1/2", "GET after 3.5 s idle", "redis", redis_idle_get)
+REDIS_FROZEN = Client(
+    "redis-py, socket timeout 1.5 s", "a GET after the fault", "redis", redis_get_frozen
+)
+REDIS_FROZEN_UP = REDIS_FROZEN.doing('a GET after the fault, `stream="upstream"`')
+REDIS_FROZEN_DOWN = REDIS_FROZEN.doing('a GET after the fault, `stream="downstream"`')
+REDIS_NEW_CLIENT = Client(
+    "redis-py, socket timeout 1.5 s",
+    "a new client's GET after the fault (`include_new=True`)",
+    "redis",
+    redis_new_client_frozen,
+)
+PSYCOPG = Client(
+    "psycopg, keepalives 1/1/2, tcp_user_timeout 2 s",
+    "the next query, right after one returned",
+    "pg",
+    psycopg_next_query,
+)
+
+
 # -- the kernel's faults --
 
 
-def _nft(action: str) -> Callable[[KernelFault, Servers], tuple[Any, Any]]:
-    def make(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
-        return getattr(kf, action), kf.clear
-
-    return make
+def _clear(kf: KernelFault, servers: Servers) -> None:
+    kf.clear()
 
 
-def _random_drop(
-    percent: int, one_way: bool = False
-) -> Callable[[KernelFault, Servers], tuple[Any, Any]]:
-    def make(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
-        drop = kf.random_drop_from_server if one_way else kf.random_drop
-        return (lambda: drop(percent)), kf.clear
-
-    return make
+def _nothing(kf: KernelFault, servers: Servers) -> None:
+    pass
 
 
-def _random_syn_drop(percent: int) -> Callable[[KernelFault, Servers], tuple[Any, Any]]:
-    def make(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
-        return (lambda: kf.drop_random_syns(percent)), kf.clear
-
-    return make
+def _redis_pid(servers: Servers) -> int:
+    assert servers.redis_pid is not None
+    return servers.redis_pid
 
 
-def _peer_dead(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
-    return (lambda: kf.drop_peer_both_ways(PEER)), kf.clear
+@dataclass(frozen=True)
+class Reference:
+    """The kernel's own version of a fault: in words, how it is made and undone."""
+
+    words: str
+    make: Callable[[KernelFault, Servers], None]
+    undo: Callable[[KernelFault, Servers], None] = _clear
+    #: A dead route: the client takes in no more segments than the kernel let it.
+    dead_route: bool = False
+    #: Nothing listens: the client connects to a free port.
+    no_listener: bool = False
+
+    def kernel(
+        self, kf: KernelFault, servers: Servers
+    ) -> tuple[Callable[[], None], Callable[[], None]]:
+        return partial(self.make, kf, servers), partial(self.undo, kf, servers)
 
 
-def _one_way_dead(direction: str) -> Callable[[KernelFault, Servers], tuple[Any, Any]]:
-    def make(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
-        return (lambda: kf.drop_one_way(direction)), kf.clear
+DEAD = Reference("nft drop both ways", lambda kf, _: kf.drop_both_ways(), dead_route=True)
+PEER_DEAD = Reference(
+    f"nft drop both ways of {PEER}'s segments",
+    lambda kf, _: kf.drop_peer_both_ways(PEER),
+    dead_route=True,
+)
+UPSTREAM_DEAD = Reference(
+    "nft drop of the client's segments to the server (one way)",
+    lambda kf, _: kf.drop_one_way("upstream"),
+)
+DOWNSTREAM_DEAD = Reference(
+    "nft drop of the server's segments to the client (one way)",
+    lambda kf, _: kf.drop_one_way("downstream"),
+)
+SYNS_DROPPED = Reference("nft drop of SYNs", lambda kf, _: kf.drop_syns())
+HALF_SYNS_DROPPED = Reference(
+    "nft numgen random mod 100 < 50 drop of SYNs", lambda kf, _: kf.drop_random_syns(50)
+)
+NO_LISTENER = Reference("no listener", _nothing, _nothing, no_listener=True)
+ABORTED = Reference("the server's socket aborted (ss -K)", lambda kf, _: kf.abort_server_sockets())
+PEER_ABORTED = Reference(
+    f"{PEER}'s server sockets aborted (ss -K dst {PEER})",
+    lambda kf, _: kf.abort_server_sockets(PEER),
+    _nothing,
+)
+REJECTED = Reference("nft reject with tcp reset", lambda kf, _: kf.reject_with_reset())
+SERVER_LOSS = Reference(
+    "nft numgen random mod 100 < 20 drop, from the server",
+    lambda kf, _: kf.random_drop_from_server(20),
+)
+ROUTE_LOSS = Reference(
+    "nft numgen random mod 100 < 20 drop, both ways", lambda kf, _: kf.random_drop(20)
+)
+FIN = Reference(
+    "the server closes its socket (FIN)", lambda _, s: s.echo.close_connections(), _nothing
+)
+PEER_FIN = Reference(
+    f"the server closes {PEER}'s sockets (FIN)",
+    lambda _, s: s.echo.close_connections(PEER),
+    _nothing,
+)
+SIGSTOP = Reference(
+    "SIGSTOP of redis-server (an application hang)",
+    lambda _, s: os.kill(_redis_pid(s), signal.SIGSTOP),
+    lambda _, s: os.kill(_redis_pid(s), signal.SIGCONT),
+)
 
-    return make
-
-
-def _sigstop(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
-    pid = servers.redis_pid
-    assert pid is not None
-    return (lambda: os.kill(pid, signal.SIGSTOP)), (lambda: os.kill(pid, signal.SIGCONT))
-
-
-def _server_closes(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
-    return servers.echo.close_connections, (lambda: None)
-
-
-def _server_closes_peer(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
-    return (lambda: servers.echo.close_connections(PEER)), (lambda: None)
-
-
-def _abort_peer(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
-    return (lambda: kf.abort_server_sockets(PEER)), (lambda: None)
-
-
-def _nothing(kf: KernelFault, servers: Servers) -> tuple[Any, Any]:
-    return (lambda: None), (lambda: None)
-
-
-_DEAD = "nft drop both ways"
 RESET_WORDS = (
     "a different failure by design: faultnet's reset is the peer aborting (as `ss -K`),"
     " not a firewall's reject, which answers only what the client sends"
@@ -631,268 +731,62 @@ LOSS_WORDS = (
     " only and recovers faster than a route losing both ways (both_ways=True is that route)"
 )
 
+
+# -- the table --
+
+
+def _row(
+    mode: str,
+    args: dict[str, Any],
+    client: Client,
+    reference: Reference,
+    contrast: str | None = None,
+) -> Case:
+    """A row: faultnet's *mode* with *args* (undone by the mode's undo) against the
+    kernel's *reference*, seen by *client*."""
+    return Case(
+        mode,
+        client.words,
+        client.situation,
+        reference.words,
+        client.server,
+        client.scenario,
+        reference.kernel,
+        (mode, args, MODES[mode].undone_by or "thaw"),
+        contrast=contrast,
+        segments=reference.dead_route,
+        no_listener=reference.no_listener,
+    )
+
+
+# One row a pair: the mode, faultnet's arguments, the client, the kernel's fault.
 CASES: tuple[Case, ...] = (
-    Case(
-        "blackhole",
-        "raw socket, keepalive 1/1/2",
-        "idle in recv right after a reply",
-        _DEAD,
-        "echo",
-        keepalive_idle,
-        _nft("drop_both_ways"),
-        ("blackhole", {}, "thaw"),
-        segments=True,
-    ),
-    Case(
-        "blackhole",
-        "raw socket, TCP_USER_TIMEOUT 2 s",
-        "0.5 s idle, then a write",
-        _DEAD,
-        "echo",
-        user_timeout_write,
-        _nft("drop_both_ways"),
-        ("blackhole", {}, "thaw"),
-        segments=True,
-    ),
-    Case(
-        "blackhole",
-        "redis-py, keepalive 1/1/2",
-        "GET after 3.5 s idle",
-        _DEAD,
-        "redis",
-        redis_idle_get,
-        _nft("drop_both_ways"),
-        ("blackhole", {}, "thaw"),
-        segments=True,
-    ),
-    Case(
-        "blackhole",
-        "psycopg, keepalives 1/1/2, tcp_user_timeout 2 s",
-        "the next query, right after one returned",
-        _DEAD,
-        "pg",
-        psycopg_next_query,
-        _nft("drop_both_ways"),
-        ("blackhole", {}, "thaw"),
-        segments=True,
-    ),
-    Case(
-        "partition",
-        "raw socket, keepalive 1/1/2",
-        "idle in recv right after a reply",
-        _DEAD,
-        "echo",
-        keepalive_idle,
-        _nft("drop_both_ways"),
-        ("partition", {}, "thaw"),
-        segments=True,
-    ),
-    Case(
-        "partition",
-        "two raw sockets, keepalive 1/1/2",
-        f"one client ({PEER}) cut off; the other's round trip; new connects from each",
-        f"nft drop both ways of {PEER}'s segments",
-        "echo",
-        one_peer_cut_off,
-        _peer_dead,
-        ("partition", {"peer": PEER}, "thaw"),
-        segments=True,
-    ),
-    Case(
-        "partition",
-        "curl --connect-timeout 2",
-        "a new connection",
-        _DEAD,
-        "http",
-        curl_connect,
-        _nft("drop_both_ways"),
-        ("partition", {}, "thaw"),
-    ),
-    Case(
-        "drop_syn",
-        "curl --connect-timeout 2",
-        "a new connection",
-        "nft drop of SYNs",
-        "http",
-        curl_connect,
-        _nft("drop_syns"),
-        ("drop_syn", {}, "restore"),
-    ),
-    Case(
-        "drop_syn",
-        "raw connect, 6 s timeout",
-        "restored 1.5 s into the connect",
-        "nft drop of SYNs",
-        "echo",
-        patient_connect,
-        _nft("drop_syns"),
-        ("drop_syn", {}, "restore"),
-    ),
-    Case(
-        "syn_loss",
-        f"{SYN_TRIES} raw connects, {SYN_AT_ONCE} at a time",
-        "50 % of SYNs; until past the second SYN retry",
-        "nft numgen random mod 100 < 50 drop of SYNs",
-        "echo",
-        lossy_connects,
-        _random_syn_drop(50),
-        ("syn_loss", {"percent": 50}, "restore"),
-    ),
-    Case(
-        "refuse",
-        "curl",
-        "a new connection",
-        "no listener",
-        "http",
-        curl_connect,
-        _nothing,
-        ("refuse", {}, "restore"),
-        no_listener=True,
-    ),
-    Case(
-        "refuse",
-        "raw connect",
-        "a new connection",
-        "no listener",
-        "echo",
-        raw_connect,
-        _nothing,
-        ("refuse", {}, "restore"),
-        no_listener=True,
-    ),
-    Case(
-        "reset",
-        "raw socket",
-        "idle in recv, 0.5 s after a reply",
-        "the server's socket aborted (ss -K)",
-        "echo",
-        reset_parked,
-        _nft("abort_server_sockets"),
-        ("reset", {}, "thaw"),
-    ),
-    Case(
-        "reset",
-        "curl",
-        "mid-download",
-        "the server's socket aborted (ss -K)",
-        "http",
-        curl_download,
-        _nft("abort_server_sockets"),
-        ("reset", {}, "thaw"),
-    ),
-    Case(
-        "reset",
-        "raw socket",
-        "idle in recv, 0.5 s after a reply",
-        "nft reject with tcp reset",
-        "echo",
-        reset_parked,
-        _nft("reject_with_reset"),
-        ("reset", {}, "thaw"),
-        contrast=RESET_WORDS,
-    ),
-    Case(
-        "loss",
-        f"{LOSS_TRIES} raw downloads of 512 KiB + sha256, {LOSS_AT_ONCE} at a time",
-        "20 % of the server's segments",
-        "nft numgen random mod 100 < 20 drop, from the server",
-        "echo",
-        lossy_downloads,
-        _random_drop(20, one_way=True),
-        ("loss", {"percent": 20, "stream": "downstream"}, "thaw"),
-    ),
-    Case(
-        "loss",
-        f"{LOSS_TRIES} raw downloads of 512 KiB + sha256, {LOSS_AT_ONCE} at a time",
-        "20 % both ways (both_ways=True)",
-        "nft numgen random mod 100 < 20 drop, both ways",
-        "echo",
-        lossy_downloads,
-        _random_drop(20),
-        ("loss", {"percent": 20, "both_ways": True}, "thaw"),
-    ),
-    Case(
-        "loss",
-        f"{LOSS_TRIES} raw downloads of 512 KiB + sha256, {LOSS_AT_ONCE} at a time",
-        "20 % one way on each leg (stream both)",
-        "nft numgen random mod 100 < 20 drop, both ways",
-        "echo",
-        lossy_downloads,
-        _random_drop(20),
-        ("loss", {"percent": 20}, "thaw"),
-        contrast=LOSS_WORDS,
-    ),
-    Case(
-        "sever",
-        "raw socket",
-        "idle in recv, 0.5 s after a reply",
-        "the server closes its socket (FIN)",
-        "echo",
-        reset_parked,
-        _server_closes,
-        ("sever", {}, "thaw"),
-    ),
-    Case(
-        "freeze",
-        "redis-py, socket timeout 1.5 s",
-        "a GET after the fault",
-        "SIGSTOP of redis-server (an application hang)",
-        "redis",
-        redis_get_frozen,
-        _sigstop,
-        ("freeze", {}, "thaw"),
-    ),
-    Case(
-        "freeze",
-        "redis-py, socket timeout 1.5 s",
-        "a new client's GET after the fault (`include_new=True`)",
-        "SIGSTOP of redis-server (an application hang)",
-        "redis",
-        redis_new_client_frozen,
-        _sigstop,
-        ("freeze", {"include_new": True}, "thaw"),
-    ),
-    Case(
-        "freeze",
-        "redis-py, socket timeout 1.5 s",
-        'a GET after the fault, `stream="upstream"`',
-        "nft drop of the client's segments to the server (one way)",
-        "redis",
-        redis_get_frozen,
-        _one_way_dead("upstream"),
-        ("freeze", {"stream": "upstream"}, "thaw"),
-    ),
-    Case(
-        "freeze",
-        "redis-py, socket timeout 1.5 s",
-        'a GET after the fault, `stream="downstream"`',
-        "nft drop of the server's segments to the client (one way)",
-        "redis",
-        redis_get_frozen,
-        _one_way_dead("downstream"),
-        ("freeze", {"stream": "downstream"}, "thaw"),
-    ),
+    _row("blackhole", {}, RAW_KEEPALIVE, DEAD),
+    _row("blackhole", {}, RAW_USER_TIMEOUT, DEAD),
+    _row("blackhole", {}, REDIS_IDLE, DEAD),
+    _row("blackhole", {}, PSYCOPG, DEAD),
+    _row("partition", {}, RAW_KEEPALIVE, DEAD),
+    _row("partition", {"peer": PEER}, PEER_CUT_OFF, PEER_DEAD),
+    _row("partition", {}, CURL_CONNECT, DEAD),
+    _row("drop_syn", {}, CURL_CONNECT, SYNS_DROPPED),
+    _row("drop_syn", {}, PATIENT_CONNECT, SYNS_DROPPED),
+    _row("syn_loss", {"percent": 50}, LOSSY_CONNECTS, HALF_SYNS_DROPPED),
+    _row("refuse", {}, CURL, NO_LISTENER),
+    _row("refuse", {}, RAW_CONNECT, NO_LISTENER),
+    _row("reset", {}, RAW_PARKED, ABORTED),
+    _row("reset", {}, CURL_DOWNLOAD, ABORTED),
+    _row("reset", {}, RAW_PARKED, REJECTED, contrast=RESET_WORDS),
+    _row("loss", {"percent": 20, "stream": "downstream"}, LOSS_FROM_SERVER, SERVER_LOSS),
+    _row("loss", {"percent": 20, "both_ways": True}, LOSS_BOTH_WAYS, ROUTE_LOSS),
+    _row("loss", {"percent": 20}, LOSS_EACH_LEG, ROUTE_LOSS, contrast=LOSS_WORDS),
+    _row("sever", {}, RAW_PARKED, FIN),
+    _row("freeze", {}, REDIS_FROZEN, SIGSTOP),
+    _row("freeze", {"include_new": True}, REDIS_NEW_CLIENT, SIGSTOP),
+    _row("freeze", {"stream": "upstream"}, REDIS_FROZEN_UP, UPSTREAM_DEAD),
+    _row("freeze", {"stream": "downstream"}, REDIS_FROZEN_DOWN, DOWNSTREAM_DEAD),
     # One client of two: the peer= rows besides partition's.
-    Case(
-        "sever",
-        "two raw sockets",
-        f"one client ({PEER}) severed; the other's round trip; new connects from each",
-        f"the server closes {PEER}'s sockets (FIN)",
-        "echo",
-        one_peer_cut_off,
-        _server_closes_peer,
-        ("sever", {"peer": PEER}, "thaw"),
-    ),
-    Case(
-        "reset",
-        "two raw sockets",
-        f"one client ({PEER}) reset; the other's round trip; new connects from each",
-        f"{PEER}'s server sockets aborted (ss -K dst {PEER})",
-        "echo",
-        one_peer_cut_off,
-        _abort_peer,
-        ("reset", {"peer": PEER}, "thaw"),
-    ),
+    _row("sever", {"peer": PEER}, PEER_SEVERED, PEER_FIN),
+    _row("reset", {"peer": PEER}, PEER_RESET, PEER_ABORTED),
 )
 
 #: The TCP modes with no row, and why (tests/fidelity holds every mode of

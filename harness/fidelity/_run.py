@@ -15,23 +15,13 @@ from harness.fidelity._world import (
     EchoServer,
     KernelFault,
     ProxyThread,
-    enter_private_netns,
     free_port,
     http_server,
     postgres_server,
     redis_server,
 )
 
-__all__ = [
-    "CASES",
-    "Case",
-    "Observation",
-    "Row",
-    "Verdict",
-    "enter_private_netns",
-    "judge",
-    "run",
-]
+__all__ = ["Row", "run"]
 
 
 @dataclass(frozen=True)
