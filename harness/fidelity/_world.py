@@ -412,6 +412,12 @@ class ProxyThread:
         fn: Callable[..., Any] = getattr(self.proxy, method)
         return trio.from_thread.run(lambda: fn(*args, **kwargs), trio_token=self._token)
 
+    def call_sync(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`call` for a method that is not async (``add_toxic``)."""
+        assert self.proxy is not None
+        fn: Callable[..., Any] = getattr(self.proxy, method)
+        return trio.from_thread.run_sync(lambda: fn(*args, **kwargs), trio_token=self._token)
+
     def close(self) -> None:
         if self._stop is not None and self._token is not None:
             with contextlib.suppress(trio.RunFinishedError):
