@@ -16,7 +16,13 @@ heavy-tailed times moves more than the judge allows; the shares of many do not).
 
 Rows with ``contrast`` are two failures known to differ (faultnet's ``reset`` against a
 firewall's reject): shown with the reason, not judged. Every TCP mode has a row or a
-reason for none (``NOT_HELD`` in _cases.py).
+reason for none (``NOT_HELD`` in _cases.py). :data:`UDP_CASES` (_udp.py) hold the UDP
+proxy's loss, freeze and blackhole against nft on datagrams and SIGSTOP, run and judged
+the same way.
+
+The toxics have no kernel twin here (no netem): each is held to its own promise by
+its row in _toxics.py (latency, jitter, bandwidth, slicer, limit_data, timeout,
+slow_close, reset_peer, toxicity), through a real proxy, no root needed.
 
 Run it with ``python -m harness.fidelity`` or ``faultnet fidelity``; ``--record`` keeps
 the rows in recorded.json, the README's fidelity column (:mod:`harness.fidelity.readme`).
@@ -31,6 +37,7 @@ __all__ = [
     "Case",
     "Observation",
     "Row",
+    "UDP_CASES",
     "Verdict",
     "enter_private_netns",
     "judge",
@@ -48,6 +55,7 @@ _EXPORTS = {
     "judge": "harness.fidelity._observe",
     "enter_private_netns": "harness.fidelity._world",
     "Row": "harness.fidelity._run",
+    "UDP_CASES": "harness.fidelity._udp",
     "run": "harness.fidelity._run",
 }
 

@@ -37,6 +37,7 @@ from typing import Any
 from faultnet.controls import syn_retry_schedule
 from faultnet.modes import MODES
 from faultnet.sockopts import set_keepalive, set_user_timeout
+from faultnet.udp.modes import UDP_MODES
 from harness.fidelity._observe import Observation, classify, segs_in
 from harness.fidelity._world import HOST, EchoServer, KernelFault, pattern
 
@@ -77,6 +78,8 @@ class Servers:
     redis_pid: int | None = None
     http_port: int | None = None
     pg_port: int | None = None
+    udp_port: int | None = None
+    udp_pid: int | None = None
 
 
 @dataclass
@@ -108,7 +111,7 @@ class Case:
     situation: str
     #: The kernel's version of the fault, in words.
     reference: str
-    server: str  # echo, redis, http, pg
+    server: str  # echo, redis, http, pg, udp
     scenario: Scenario
     kernel: Callable[[KernelFault, Servers], tuple[Callable[[], None], Callable[[], None]]]
     faultnet: tuple[str, dict[str, Any], str]  # method, its kwargs, the undoing method
@@ -119,6 +122,9 @@ class Case:
     #: The reference side connects to a port nothing listens on.
     no_listener: bool = False
     tags: tuple[str, ...] = field(default=())
+    #: The proxy faultnet's side runs (``udp``: faultnet.udp's), and what the kernel's
+    #: rules match.
+    protocol: str = "tcp"
 
     @property
     def name(self) -> str:
@@ -575,7 +581,7 @@ class Client:
 
     words: str
     situation: str
-    server: str  # echo, redis, http, pg
+    server: str  # echo, redis, http, pg, udp
     scenario: Scenario
 
     def doing(self, situation: str) -> Client:
@@ -741,9 +747,11 @@ def _row(
     client: Client,
     reference: Reference,
     contrast: str | None = None,
+    protocol: str = "tcp",
 ) -> Case:
-    """A row: faultnet's *mode* with *args* (undone by the mode's undo) against the
-    kernel's *reference*, seen by *client*."""
+    """A row: faultnet's *mode* with *args* (undone by the mode's undo, in the *protocol*
+    proxy's table of modes) against the kernel's *reference*, seen by *client*."""
+    modes = UDP_MODES if protocol == "udp" else MODES
     return Case(
         mode,
         client.words,
@@ -752,10 +760,11 @@ def _row(
         client.server,
         client.scenario,
         reference.kernel,
-        (mode, args, MODES[mode].undone_by or "thaw"),
+        (mode, args, modes[mode].undone_by or "thaw"),
         contrast=contrast,
         segments=reference.dead_route,
         no_listener=reference.no_listener,
+        protocol=protocol,
     )
 
 

@@ -19,6 +19,7 @@ from harness.fidelity._world import (
     http_server,
     postgres_server,
     redis_server,
+    udp_echo_server,
 )
 
 __all__ = ["Row", "run"]
@@ -61,6 +62,8 @@ def _servers(cases: Iterable[Case]) -> Iterator[Servers]:
             servers.http_port = stack.enter_context(http_server())
         if "pg" in wanted:
             servers.pg_port = stack.enter_context(postgres_server())
+        if "udp" in wanted:
+            servers.udp_port, servers.udp_pid = stack.enter_context(udp_echo_server())
         yield servers
 
 
@@ -70,19 +73,20 @@ def _server_port(case: Case, servers: Servers) -> int | None:
         "redis": servers.redis_port,
         "http": servers.http_port,
         "pg": servers.pg_port,
+        "udp": servers.udp_port,
     }[case.server]
 
 
 def _kernel_side(case: Case, port: int, servers: Servers) -> Side:
     if case.no_listener:
         return Side("kernel", free_port(), lambda: None, lambda: None)
-    kf = KernelFault(port)
+    kf = KernelFault(port, case.protocol)
     fault, undo = case.kernel(kf, servers)
     return Side("kernel", port, fault, undo, close=undo)
 
 
 def _faultnet_side(case: Case, port: int) -> Side:
-    proxy = ProxyThread(port)
+    proxy = ProxyThread(port, case.protocol)
     method, kwargs, undoing = case.faultnet
     undone = [False]
 

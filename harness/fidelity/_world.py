@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -27,6 +28,7 @@ import trio
 
 from faultnet.errors import EnvironmentProblem
 from faultnet.proxy import Proxy
+from faultnet.udp.proxy import UdpProxy
 
 __all__ = [
     "EchoServer",
@@ -37,6 +39,7 @@ __all__ = [
     "http_server",
     "postgres_server",
     "redis_server",
+    "udp_echo_server",
 ]
 
 Address = tuple[str, int]
@@ -82,10 +85,12 @@ class KernelFault:
     """The kernel's own version of a fault on the server's port, as nftables rules in
     one input chain. On loopback every segment passes the input hook exactly once (the
     output hook too: rules there would act twice), so a rule that matches both ports
-    acts once on each segment of both directions."""
+    acts once on each segment of both directions. *protocol* ``udp`` makes the rules
+    that name no TCP flag (drop both ways, random drop) match datagrams instead."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, protocol: str = "tcp") -> None:
         self.port = port
+        self.protocol = protocol
 
     def _load(self, rules: list[str]) -> None:
         body = "\n".join(f"    {r}" for r in rules)
@@ -98,8 +103,8 @@ class KernelFault:
 
     def drop_both_ways(self) -> None:
         """A dead route: every segment to or from the port is dropped."""
-        p = self.port
-        self._load([f"tcp dport {p} drop", f"tcp sport {p} drop"])
+        p, proto = self.port, self.protocol
+        self._load([f"{proto} dport {p} drop", f"{proto} sport {p} drop"])
 
     def drop_syns(self) -> None:
         """New connects hang: SYNs (not SYN-ACKs) to the port are dropped."""
@@ -133,11 +138,11 @@ class KernelFault:
 
     def random_drop(self, percent: int) -> None:
         """Each segment either way dropped with probability *percent* / 100."""
-        p = self.port
+        p, proto = self.port, self.protocol
         self._load(
             [
-                f"tcp dport {p} numgen random mod 100 < {percent} drop",
-                f"tcp sport {p} numgen random mod 100 < {percent} drop",
+                f"{proto} dport {p} numgen random mod 100 < {percent} drop",
+                f"{proto} sport {p} numgen random mod 100 < {percent} drop",
             ]
         )
 
@@ -328,6 +333,39 @@ def _stop(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM) -> None:
             proc.wait()
 
 
+#: The UDP echo server: a process of its own, so that SIGSTOP (an application hang, the
+#: kernel's version of a freeze) stops it alone; its datagrams wait in its socket.
+_UDP_ECHO = """
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], 0))
+print(s.getsockname()[1], flush=True)
+while True:
+    data, peer = s.recvfrom(65536)
+    s.sendto(data, peer)
+"""
+
+
+@contextlib.contextmanager
+def udp_echo_server() -> Iterator[tuple[int, int]]:
+    """A UDP echo server in a process of its own for the block; yields (port, pid)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _UDP_ECHO, HOST], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # its port, once bound (EOF if it died)
+        if not line.strip().isdigit():
+            raise EnvironmentProblem(f"the UDP echo server did not start ({proc.poll()})")
+        yield int(line), proc.pid
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGCONT)  # a stopped process takes no SIGTERM
+        _stop(proc)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
 @contextlib.contextmanager
 def http_server() -> Iterator[int]:
     """An HTTP/1.1 server on a thread: ``/`` answers a short body; ``/stream`` sends
@@ -372,15 +410,17 @@ def http_server() -> Iterator[int]:
 
 
 class ProxyThread:
-    """A faultnet proxy to *upstream*, run by trio on a thread of its own, so that the
-    clients (blocking libraries, subprocesses) run on the caller's. :meth:`call` runs
-    one of the proxy's fault methods and returns when it has (total on return)."""
+    """A faultnet proxy to *upstream* (a TCP one, or with *protocol* ``udp`` a UDP one),
+    run by trio on a thread of its own, so that the clients (blocking libraries,
+    subprocesses) run on the caller's. :meth:`call` runs one of the proxy's fault
+    methods and returns when it has (total on return)."""
 
-    def __init__(self, upstream_port: int) -> None:
+    def __init__(self, upstream_port: int, protocol: str = "tcp") -> None:
+        self._protocol = protocol
         self._ready = threading.Event()
         self._stop: trio.Event | None = None
         self._token: trio.lowlevel.TrioToken | None = None
-        self.proxy: Proxy | None = None
+        self.proxy: Proxy | UdpProxy | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._main, args=(upstream_port,), daemon=True)
         self._thread.start()
@@ -393,7 +433,11 @@ class ProxyThread:
         async def run() -> None:
             self._stop = trio.Event()
             self._token = trio.lowlevel.current_trio_token()
-            proxy = Proxy((HOST, upstream_port), (HOST, 0))
+            proxy: Proxy | UdpProxy
+            if self._protocol == "udp":
+                proxy = UdpProxy((HOST, upstream_port), (HOST, 0))
+            else:
+                proxy = Proxy((HOST, upstream_port), (HOST, 0))
             async with trio.open_nursery() as nursery:
                 await nursery.start(proxy.serve)
                 self.proxy = proxy

@@ -1,7 +1,8 @@
 """``faultnet fidelity`` / ``python -m harness.fidelity``: print the fidelity table.
 
-Runs every case (or those of the modes given) in a network namespace of its own, the
-kernel's version of each fault against faultnet's, and prints one row per pair.
+Runs every case, TCP and UDP (or those of the modes or protocol given), in a network
+namespace of its own, the kernel's version of each fault against faultnet's, and prints
+one row per pair. Example: python -m harness.fidelity --protocol udp
 Exit 0 when every judged pair is the same, 1 when one differs, 2 for usage or
 environment (not root, iproute2 or nftables missing, a server that did not start).
 """
@@ -27,6 +28,11 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         metavar="MODE",
         help="run only this fault mode's rows (repeatable; default every row)",
+    )
+    p.add_argument(
+        "--protocol",
+        choices=("tcp", "udp"),
+        help="run only the rows of this protocol's proxy (default both)",
     )
     p.add_argument("--json", action="store_true", help="print the rows as one JSON document")
     p.add_argument(
@@ -80,7 +86,9 @@ def _record(rows: list[Row]) -> None:
 
     old = load_recorded()["rows"] if RECORDED.exists() else []
     order = [(c.mode, c.client, c.situation, c.reference) for c in CASES]
-    merged = merge_rows(old, [r.to_json() for r in rows], order)
+    # The record is the README's modes table's: the TCP rows (the UDP rows have none).
+    tcp = [r.to_json() for r in rows if r.case.protocol == "tcp"]
+    merged = merge_rows(old, tcp, order)
     document = {
         "recorded": {
             "by": "python -m harness.fidelity --record",
@@ -99,11 +107,13 @@ def _run(args: argparse.Namespace) -> int:
         print(modes_table())
         return 0
     # Here, not at the top: registering the command must not import the proxy.
-    from harness.fidelity import CASES, enter_private_netns, run
+    from harness.fidelity import CASES, UDP_CASES, enter_private_netns, run
 
-    cases = list(CASES)
+    cases = [*CASES, *UDP_CASES]
+    if args.protocol:
+        cases = [c for c in cases if c.protocol == args.protocol]
     if args.mode:
-        unknown = sorted(set(args.mode) - {c.mode for c in CASES})
+        unknown = sorted(set(args.mode) - {c.mode for c in cases})
         if unknown:
             raise UsageError(f"no fidelity rows for mode {', '.join(unknown)}")
         cases = [c for c in cases if c.mode in args.mode]

@@ -33,7 +33,10 @@ def test_every_mode_fails_as_the_kernels_own_version_of_it() -> None:
     pytest.importorskip("redis")
     pytest.importorskip("psycopg")
     # The contrasts (never judged) are the record's: the loss ones alone are 48 runs.
-    done = run_module("harness.fidelity", "--json", "--judged-only", timeout=400)
+    # The UDP rows are tests/fidelity/test_udp_rows.py's (a file to a worker: in parallel).
+    done = run_module(
+        "harness.fidelity", "--json", "--judged-only", "--protocol", "tcp", timeout=400
+    )
     assert done.returncode in (0, 1), done.stderr
     rows = json.loads(done.stdout)["rows"]
     table = "\n".join(
