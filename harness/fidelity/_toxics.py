@@ -99,20 +99,15 @@ class ToxicRow:
     sample: Sample = field(repr=False, default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        c = self.case
-        return {
-            "toxic": c.toxic,
-            "row": c.name,
-            "asked": c.asked,
-            "seen": self.seen,
-            "kept": self.verdict.same,
-            "verdict": self.verdict.text,
-            "breakages": [
-                {"judged as": dict(b), "verdict": v.text}
-                for b, v in zip(c.breakages, self.broken, strict=True)
-            ],
-            "seconds": round(self.seconds, 3),
-        }
+        return dict(
+            row=self.case.name,
+            asked=self.case.asked,
+            seen=self.seen,
+            kept=self.verdict.same,
+            verdict=self.verdict.text,
+            breakages=[v.text for v in self.broken],
+            seconds=round(self.seconds, 3),
+        )
 
 
 # -- the bounds (CI's: each measured under the suite's load; see the module's doc) --
@@ -480,32 +475,21 @@ def _binomial_share(sample: Sample, asked: Asked) -> str | None:
 #: One row a promise: the toxic and its attributes, the client, the promise, and the
 #: breakage (what the same sample is judged as, and must fail).
 TOXIC_CASES: tuple[ToxicCase, ...] = (
-    ToxicCase(
-        "latency 5 ms; a 64-byte message every 10 ms: p50 delay added",
-        "latency",
-        {"latency": 5},
-        _messages(0.010, 100),
-        _p50_delay,
-        ({"latency": 10}, {"latency": 2.5}),
-        attempts=2,
-    ),
-    ToxicCase(
-        "latency 5 ms; a 64-byte message every 1 ms: p50 delay added",
-        "latency",
-        {"latency": 5},
-        _messages(0.001, 500),
-        _p50_delay,
-        ({"latency": 10}, {"latency": 2.5}),
-        attempts=2,
-    ),
-    ToxicCase(
-        "latency 5 ms; a 64-byte message every 100 us: p50 delay added",
-        "latency",
-        {"latency": 5},
-        _messages(0.0001, 2000),
-        _p50_delay,
-        ({"latency": 10}, {"latency": 2.5}),
-        attempts=2,
+    *(
+        ToxicCase(
+            f"latency 5 ms; a 64-byte message every {every}: p50 delay added",
+            "latency",
+            {"latency": 5},
+            _messages(period, count),
+            _p50_delay,
+            ({"latency": 10}, {"latency": 2.5}),
+            attempts=2,
+        )
+        for every, period, count in (
+            ("10 ms", 0.010, 100),
+            ("1 ms", 0.001, 500),
+            ("100 us", 0.0001, 2000),
+        )
     ),
     ToxicCase(
         "latency 50 ms, jitter 40 ms; 8 connections in turn, a message every 12 ms:"
@@ -572,13 +556,17 @@ TOXIC_CASES: tuple[ToxicCase, ...] = (
         _ended_after("timeout", "ECONNRESET", through=FRAME),
         ({"timeout": 600}, {"timeout": 0}),
     ),
+    # The share's bound is the binomial's (SHARE_Z deviations: 50 +- 16.4 of 100);
+    # measured: 40-62 met in 47 samples. The breakages' bounds, 10 +- 9.9 and 90 +- 9.9,
+    # are 20 and 18 beyond the nearest measured (0.25 and 0.75 were tried first: 62 met
+    # fell inside 0.75's bound once).
     ToxicCase(
         "toxicity 0.5 (limit_data 0); 100 connections, a message each: the share met",
         "limit_data",
         {"bytes": 0},
         _connections(100),
         _binomial_share,
-        ({"toxicity": 0.25}, {"toxicity": 0.75}),
+        ({"toxicity": 0.1}, {"toxicity": 0.9}),
         toxicity=0.5,
     ),
 )
@@ -629,10 +617,13 @@ def _measure(case: ToxicCase, echo: EchoServer) -> Sample:
 
 
 def _seen(sample: Sample) -> str:
+    """A sample in words: each figure, a list by its median (times in ms)."""
     parts = []
     for key, value in sample.items():
         if isinstance(value, list):
-            if value:
+            if key.endswith(("rtts", "gaps")):
+                parts.append(f"{key} p50 {statistics.median(value) * 1000:.3g} ms")
+            else:
                 parts.append(f"{key} p50 {statistics.median(value):.4g}")
         elif isinstance(value, float):
             parts.append(f"{key} {value:.4g}")

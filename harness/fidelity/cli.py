@@ -48,6 +48,13 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         " column (with --mode, replacing those modes' rows only)",
     )
     p.add_argument(
+        "--toxics",
+        action="store_true",
+        help="run the toxics' rows instead: each toxic through a real proxy against its own"
+        " promise, and each row's breakage (no root; exit 1 when a promise is broken or a"
+        " breakage passes)",
+    )
+    p.add_argument(
         "--readme-table",
         action="store_true",
         help="print the README's modes table with the recorded run's fidelity column and"
@@ -106,6 +113,8 @@ def _run(args: argparse.Namespace) -> int:
 
         print(modes_table())
         return 0
+    if args.toxics:
+        return _run_toxics(args)
     # Here, not at the top: registering the command must not import the proxy.
     from harness.fidelity import CASES, UDP_CASES, enter_private_netns, run
 
@@ -132,6 +141,34 @@ def _run(args: argparse.Namespace) -> int:
     if args.record:
         _record(rows)
     return 1 if any(r.judged and not r.verdict.same for r in rows) else 0
+
+
+def _run_toxics(args: argparse.Namespace) -> int:
+    given = [f"--{n}" for n in ("mode", "protocol", "record", "judged_only") if getattr(args, n)]
+    if given:
+        raise UsageError(f"--toxics runs the toxics' rows: not with {given[0].replace('_', '-')}")
+    from harness.fidelity._toxics import TOXIC_CASES, run_toxic, toxic_servers
+
+    if not args.json:
+        print("| toxic's row | seen | promise | breakages |")
+        print("|---|---|---|---|")
+    rows, failed = [], False
+    with toxic_servers() as echo:
+        for case in TOXIC_CASES:
+            row = run_toxic(case, echo)
+            rows.append(row)
+            told = sum(not b.same for b in row.broken)
+            failed |= not row.verdict.same or told < len(row.broken)
+            if not args.json:
+                print(
+                    f"| {case.name} | {row.seen} | {row.verdict.text} |"
+                    f" {told} of {len(row.broken)} told apart |",
+                    flush=True,
+                )
+    if args.json:
+        json.dump({"toxics": [r.to_json() for r in rows]}, sys.stdout, indent=1)
+        print()
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from typing import Any
 
 import pytest
 
@@ -13,6 +14,15 @@ from faultnet.modes import MODES
 from harness.fidelity._cases import NOT_HELD
 from harness.fidelity.cli import main
 from tests.conftest import in_ci, require_program, run_module
+
+
+def _table(rows: list[dict[str, Any]]) -> str:
+    """A run's rows, one a line, for a failure's message."""
+    return "\n".join(
+        f"{r['mode']} / {r['client']}: kernel {r['kernel']} faultnet {r['faultnet']}: "
+        f"{r['verdict']}"
+        for r in rows
+    )
 
 
 def _require_root() -> None:
@@ -39,11 +49,7 @@ def test_every_mode_fails_as_the_kernels_own_version_of_it() -> None:
     )
     assert done.returncode in (0, 1), done.stderr
     rows = json.loads(done.stdout)["rows"]
-    table = "\n".join(
-        f"{r['mode']} / {r['client']}: kernel {r['kernel']} faultnet {r['faultnet']}: "
-        f"{r['verdict']}"
-        for r in rows
-    )
+    table = _table(rows)
     modes = {r["mode"] for r in rows if r["judged"]}
     assert set(MODES) - set(NOT_HELD) <= modes, table
     differ = [r for r in rows if r["judged"] and not r["same"]]
@@ -96,3 +102,10 @@ def test_it_is_a_faultnet_command_through_the_entry_point_group() -> None:
     register(parser.add_subparsers())
     args = parser.parse_args(["fidelity", "--json", "--mode", "reset"])
     assert (args.json, args.mode, callable(args.func)) == (True, ["reset"], True)
+
+
+def test_toxics_with_a_mode_is_a_usage_error_on_one_line() -> None:
+    done = run_module("harness.fidelity", "--toxics", "--mode", "loss")
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0
+    assert "--mode" in done.stderr

@@ -13,7 +13,7 @@ import pytest
 from faultnet.udp.modes import UDP_MODES
 from harness.fidelity._udp import UDP_CASES
 from tests.conftest import run_module
-from tests.fidelity.test_fidelity_table import _require_root
+from tests.fidelity.test_fidelity_table import _require_root, _table
 
 
 def test_each_udp_row_calls_its_own_mode_and_undoes_it_with_the_mode_s_undo() -> None:
@@ -31,11 +31,7 @@ def test_every_udp_mode_fails_as_the_kernels_own_version_of_it() -> None:
     done = run_module("harness.fidelity", "--json", "--protocol", "udp", timeout=100)
     assert done.returncode in (0, 1), done.stderr
     rows = json.loads(done.stdout)["rows"]
-    table = "\n".join(
-        f"{r['mode']} / {r['client']}: kernel {r['kernel']} faultnet {r['faultnet']}: "
-        f"{r['verdict']}"
-        for r in rows
-    )
+    table = _table(rows)
     assert {r["mode"] for r in rows if r["judged"]} == {"loss", "freeze", "blackhole"}, table
     assert all(r["same"] for r in rows), table
     assert done.returncode == 0, table
