@@ -26,7 +26,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from faultnet.toxics import TOXICS
@@ -87,16 +87,15 @@ class ToxicCase:
         return {**self.attributes, "toxicity": self.toxicity}
 
 
-@dataclass(frozen=True)
-class ToxicRow:
+class ToxicRow(NamedTuple):
+    """A row's result: what was seen, the promise's verdict and each breakage's."""
+
     case: ToxicCase
     #: The figures the verdict was drawn from, in words.
     seen: str
     verdict: Verdict
     #: Each breakage's verdict (``same`` False: the judge told it apart).
     broken: tuple[Verdict, ...]
-    seconds: float
-    sample: Sample = field(repr=False, default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return dict(
@@ -106,7 +105,6 @@ class ToxicRow:
             kept=self.verdict.same,
             verdict=self.verdict.text,
             breakages=[v.text for v in self.broken],
-            seconds=round(self.seconds, 3),
         )
 
 
@@ -589,8 +587,8 @@ def toxic_servers() -> Iterator[EchoServer]:
 
 
 def run_toxic(case: ToxicCase, echo: EchoServer) -> ToxicRow:
-    """Measure *case* through a fresh proxy with its toxic to *echo*; judge it."""
-    t0 = time.monotonic()
+    """Measure *case* through a fresh proxy with its toxic to *echo* (again, up to its
+    ``attempts``, while a sample breaks the promise); judge it."""
     for _ in range(case.attempts):
         sample = _measure(case, echo)
         why = case.promise(sample, case.asked)
@@ -602,8 +600,6 @@ def run_toxic(case: ToxicCase, echo: EchoServer) -> ToxicRow:
         _seen(sample),
         Verdict(why is None, why or "kept"),
         tuple(Verdict(b is None, b or "kept: the breakage was not told apart") for b in broken),
-        time.monotonic() - t0,
-        sample,
     )
 
 
