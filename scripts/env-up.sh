@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Start a fresh enclave environment; prints its state directory (see harness/env.py).
 #   scripts/env-up.sh [--state DIR] [--json] [--ping-interval S] [--ping-timeout S]
+# The interpreter: the one faultnet is installed in (scripts/_python.sh says how it is found).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+. "$root/scripts/_python.sh"
+py="$(faultnet_python "$root" scripts/env-up.sh)" || exit 2
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-exec "${PYTHON:-python3}" -m harness.env up "$@"
+exec "$py" -m harness.env up "$@"

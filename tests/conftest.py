@@ -5,10 +5,12 @@ plugin (``faultnet_proxy``, ``faultnet_server``, ...) and the helpers from
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -101,6 +103,23 @@ def run_module(module: str, *args: str, timeout: float = 30) -> subprocess.Compl
     return subprocess.run(
         [sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout
     )
+
+
+def bare_python_env(where: Path) -> dict[str, str]:
+    """``os.environ`` as on a stock Debian machine with no virtual environment active:
+    ``python3`` and ``python`` on PATH are an interpreter that cannot import trio or
+    faultnet (a shim in *where* running this one with ``-I -S``: no site-packages,
+    PYTHONPATH ignored), and VIRTUAL_ENV and PYTHON are unset."""
+    shims = where / "bare-bin"
+    shims.mkdir()
+    real = os.path.realpath(sys.executable)
+    for name in ("python3", "python"):
+        shim = shims / name
+        shim.write_text(f'#!/bin/sh\nexec {shlex.quote(real)} -I -S "$@"\n')
+        shim.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHON")}
+    env["PATH"] = f"{shims}{os.pathsep}{os.environ.get('PATH', '')}"
+    return env
 
 
 def interrupt_module(
