@@ -684,11 +684,19 @@ def status(state_dir: str | os.PathLike[str]) -> StatusReport:
 # ------------------------------------------------------------------------------ CLI
 
 
+def _state_arg(text: str) -> Path:
+    # Path("") is ".": an empty --state (an unset shell variable) would put the state
+    # files and the server in the current directory.
+    if not text:
+        raise argparse.ArgumentTypeError("empty: name a directory")
+    return Path(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--state",
-        type=Path,
+        type=_state_arg,
         default=None,
         help=f"state directory (default: ${STATE_ENV_VAR}; for up, a new temp dir)",
     )
@@ -747,17 +755,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         if args.command == "up":
-            where = args.state if args.state is not None else os.environ.get(STATE_ENV_VAR)
+            # An empty $ENCLAVE_STATE_DIR is unset (as `down` and `status` read it): as a
+            # path it was ".", and `up` wrote its state and started its server in the
+            # current directory, a checkout included.
+            where = args.state if args.state is not None else os.environ.get(STATE_ENV_VAR) or None
             opts = ("ping_interval", "ping_timeout", "leader_nick", "channel", "timeout")
             st = up(where, **{k: getattr(args, k) for k in opts})
-            _print(
-                args,
-                st.to_json(),
+            if args.json:
+                print(json.dumps(st.to_json()))
+                return 0
+            # stdout is the state directory alone, for `--state "$(env-up.sh)"`; what a
+            # person reads goes to stderr.
+            print(
                 f"enclave up: {st.host}:{st.port} pid {st.pid}\n"
-                f"state: {st.state_dir}\n"
                 f"leader: {st.leader_nick} (token in {st.state_dir / STATE_FILE})\n"
                 f"channel: {st.channel}  log: {st.log_path}",
+                file=sys.stderr,
             )
+            print(st.state_dir)
             return 0
         state_dir = _state_dir(args)
         if args.command == "down":

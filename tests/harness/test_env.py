@@ -22,7 +22,7 @@ from faultnet.procs import ProcessIdentity, read_start_time, stop_exact
 from harness import env
 from harness.env import STATE_FILE, read_state
 from tests import REPO
-from tests.conftest import run_module
+from tests.conftest import bare_python_env, run_module
 
 
 def run_env(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -130,18 +130,24 @@ def test_up_status_down_cli(tmp_path: Path, cleanup: list[ProcessIdentity]) -> N
 
 
 def test_up_default_state_dir_and_scripts(tmp_path: Path, cleanup: list) -> None:
+    # As after the README's install on stock Debian: `python3` on PATH cannot import trio
+    # (the scripts called it and failed there), the venv is active only as $VIRTUAL_ENV.
+    # stdout is the state directory alone, so the scripts compose; the human lines go to
+    # stderr (they were four lines on stdout and `--state "$(env-up.sh)"` failed).
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("the suite runs outside a virtual environment")
+    environ = {**bare_python_env(tmp_path), "TMPDIR": str(tmp_path), "VIRTUAL_ENV": sys.prefix}
     r = subprocess.run(
         ["bash", str(REPO / "scripts" / "env-up.sh")],
         capture_output=True,
         text=True,
         timeout=60,
         cwd=tmp_path,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
+        env=environ,
     )
     assert r.returncode == 0, r.stderr
-    m = re.search(r"^state: (\S+)$", r.stdout, re.M)
-    assert m, r.stdout
-    state = Path(m.group(1))
+    assert r.stdout.count("\n") == 1 and "enclave up: 127.0.0.1:" in r.stderr, r
+    state = Path(r.stdout.strip())
     assert state.parent == tmp_path.resolve() and state.name.startswith("enclave-env-")
     st = read_state(state)
     cleanup.append(st.identity)
@@ -150,11 +156,53 @@ def test_up_default_state_dir_and_scripts(tmp_path: Path, cleanup: list) -> None
         capture_output=True,
         text=True,
         timeout=60,
+        env=environ,
     )
     assert r.returncode == 0 and "enclave down (stopped)" in r.stdout, r.stderr
     assert not st.identity.is_alive()
     # `up` made the directory, so `down` removed it: nothing is left in $TMPDIR.
     assert "removed the temporary state directory" in r.stdout and not state.exists()
+
+    # The two composed, as the scripts' comments say.
+    scripts = REPO / "scripts"
+    r = subprocess.run(
+        ["bash", "-c", f'"{scripts}/env-down.sh" --state "$("{scripts}/env-up.sh")"'],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=environ,
+    )
+    for left in tmp_path.glob("enclave-env-*/" + STATE_FILE):  # should down have failed
+        cleanup.append(read_state(left.parent).identity)
+    assert r.returncode == 0 and "enclave down (stopped)" in r.stdout, r
+    assert [p.name for p in tmp_path.iterdir()] == ["bare-bin"]
+
+
+def test_an_empty_state_variable_is_unset(tmp_path: Path, cleanup: list) -> None:
+    # ENCLAVE_STATE_DIR="" was the path ".": `up` wrote state.env and its log into the
+    # current directory (a checkout, typically) and started the server there. Empty is
+    # unset, as `down` already read it: a temporary directory of its own.
+    cwd = tmp_path / "checkout"
+    cwd.mkdir()
+    r = subprocess.run(
+        [sys.executable, "-m", "harness.env", "up", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+        env={**os.environ, env.STATE_ENV_VAR: "", "TMPDIR": str(tmp_path), "PYTHONPATH": str(REPO)},
+    )
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    cleanup.append(ProcessIdentity(st["pid"], st["start_time"], tuple(st["cmdline"])))
+    assert list(cwd.iterdir()) == [], "up wrote into the current directory"
+    state = Path(st["state_dir"])
+    assert state.parent == tmp_path.resolve() and state.name.startswith("enclave-env-")
+    assert env_down(state)["outcome"] == "stopped"
+    # An empty --state (an unset shell variable) is a usage error, not ".".
+    r = run_env("up", "--state", "")
+    assert r.returncode == 2 and "--state: empty" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_two_environments_side_by_side(tmp_path: Path, cleanup: list) -> None:
