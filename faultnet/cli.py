@@ -24,6 +24,7 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from faultnet._version import __version__
+from faultnet.cliargs import examples, keep_examples
 from faultnet.errors import CommandError, UsageError, fail
 
 __all__ = ["UsageError", "main"]  # UsageError: faultnet.errors's, re-exported
@@ -43,6 +44,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="faultnet",
         description="Inject the network failures real networks have, and prove they are in force.",
+        epilog=examples(
+            "faultnet server --detach",
+            "faultnet create redis --listen 127.0.0.1:16379 --upstream 127.0.0.1:6379",
+            "faultnet fault redis partition    # open connections blackholed, new ones hang",
+            "faultnet fault redis thaw",
+            "faultnet COMMAND --help           # each command's own examples",
+        ),
     )
     parser.add_argument(
         "--version",
@@ -53,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for register in _registrars():
         register(sub)
+    keep_examples(parser)
     return parser
 
 

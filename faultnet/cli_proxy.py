@@ -11,6 +11,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from faultnet.cliargs import examples
 from faultnet.errors import UsageError
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ def register(sub: Any) -> None:
         "proxy",
         help="the fault proxy's own checks",
         description="Commands about the fault proxy itself.",
+        epilog=examples("faultnet proxy control-test --protocol tcp"),
     )
     psub = proxy.add_subparsers(dest="proxy_command", metavar="COMMAND")
     ct = psub.add_parser(
@@ -33,6 +35,10 @@ def register(sub: Any) -> None:
             "Start a throwaway echo upstream and proxy on 127.0.0.1; for every fault mode "
             "run its control on the real mode (must pass) and on deliberate breakages "
             "(must go red). Exit 0 only if all of that held; 1 otherwise."
+        ),
+        epilog=examples(
+            "faultnet proxy control-test",
+            "faultnet proxy control-test --protocol udp --json",
         ),
     )
     ct.add_argument("--json", action="store_true", help="print one JSON document")
@@ -51,6 +57,10 @@ def register(sub: Any) -> None:
         description="Connect once to HOST:PORT and print connected, refused, hung or "
         "reset; with --udp send one datagram and print answered, refused or silent. "
         "Exit 0 after any classification; 2 for a bad address.",
+        epilog=examples(
+            "faultnet probe 127.0.0.1:16379 --timeout 2",
+            "faultnet probe --udp 127.0.0.1:5353 --json",
+        ),
     )
     pr.add_argument(
         "--udp", action="store_true", help="probe a UDP service with one datagram instead"

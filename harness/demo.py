@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from faultnet.cliargs import examples, plain
 from faultnet.errors import UsageError
 from harness.experiment import TimeScale, attempt_seeds
 
@@ -34,8 +35,12 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "demo",
         help="run the silent-loss pair: the reference bot with and without its defect",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=examples(
+            "faultnet demo",
+            "faultnet demo --seed 7 --run-dir demo-run    # replay a seed, evidence kept there",
+        ),
     )
     p.add_argument(
         "--time-scale",

@@ -31,6 +31,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from faultnet.cliargs import examples
+
 __all__ = ["SAMPLE_PLAN", "register"]
 
 #: The sample plan file: the format, every key commented (``faultnet chaos sample``).
@@ -328,7 +330,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "done, 1 a step failed or a fault was not undone, 2 usage error or unarmed run.",
         epilog="Plan file format: `faultnet chaos sample` prints a sample plan with every "
         f"key explained ({SAMPLE_PLAN}). After a SIGKILL of chaos, `faultnet chaos undo "
-        "--log FILE` undoes what the join log says it left in force.",
+        "--log FILE` undoes what the join log says it left in force.\n\n"
+        + examples(
+            "faultnet chaos sample > plan.toml",
+            "faultnet chaos plan --seed 7 --plan plan.toml --api http://127.0.0.1:8474 --target db",
+            "faultnet chaos --dry-run --seed 7 --plan plan.toml --api http://127.0.0.1:8474 "
+            "--target db --log run/chaos-log.jsonl",
+            "faultnet chaos undo --log run/chaos-log.jsonl",
+        ),
     )
     p.add_argument(
         "verb",

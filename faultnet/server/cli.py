@@ -24,6 +24,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from faultnet.cliargs import examples
 from faultnet.modes import MODES, STREAM_CHOICES, ModeArgumentError, mode, modes_that
 from faultnet.server.client import (
     DEFAULT_API,
@@ -501,6 +502,15 @@ async def _serve_forever(args: argparse.Namespace, populate: Any) -> None:
 # -- registration ------------------------------------------------------------------------
 
 
+class _ToxicTypes:
+    """Every registered toxic type, as text, looked up when a help text is formatted."""
+
+    def __str__(self) -> str:
+        from faultnet.toxics import TOXICS
+
+        return ", ".join(TOXICS)
+
+
 def _modes_that(flag: str) -> str:
     return "/".join(modes_that(flag))
 
@@ -515,8 +525,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     common.add_argument("--json", action="store_true", help="print the API's JSON answer")
     _add_token_options(common, "bearer token for a server started with a token")
 
-    def client(name: str, func: Callable[..., Any], help: str, parent: Any = sub) -> Any:
-        p = parent.add_parser(name, parents=[common], help=help, description=help)
+    def client(
+        name: str, func: Callable[..., Any], help: str, *example: str, parent: Any = sub
+    ) -> Any:
+        p = parent.add_parser(
+            name, parents=[common], help=help, description=help, epilog=examples(*example)
+        )
         p.set_defaults(func=_client_command(func))
         return p
 
@@ -525,6 +539,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="run the Toxiproxy-compatible HTTP API (and faultnet's modes)",
         description="Run the Toxiproxy-compatible HTTP API with faultnet's fault modes as "
         "extensions (OpenAPI document at /openapi.json). Stops on SIGINT or SIGTERM.",
+        epilog=examples(
+            "faultnet server --detach --event-log events.jsonl",
+            "faultnet server --host 0.0.0.0 --expose --token-file token.txt",
+        ),
     )
     s.add_argument("--host", default="127.0.0.1", help="API address (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=8474, help="API port (default 8474; 0 = any)")
@@ -583,8 +601,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     s.set_defaults(func=_server)
 
-    client("proxies", _proxies, "list the proxies")
-    p = client("create", _create, "create a proxy")
+    client("proxies", _proxies, "list the proxies", "faultnet proxies --json")
+    p = client(
+        "create",
+        _create,
+        "create a proxy",
+        "faultnet create redis --listen 127.0.0.1:16379 --upstream 127.0.0.1:6379",
+        "faultnet create dns --protocol udp --upstream 127.0.0.1:53",
+    )
     p.add_argument("name")
     p.add_argument("--listen", default="127.0.0.1:0", help="HOST:PORT (default 127.0.0.1:0)")
     p.add_argument("--upstream", required=True, help="HOST:PORT of the real server")
@@ -595,37 +619,91 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default="tcp",
         help="tcp (default) or udp: a UDP proxy, whose faults are the UDP modes",
     )
-    client("delete", _delete, "delete a proxy").add_argument("name")
-    client("enable", _enable(True), "listen again (same address)").add_argument("name")
-    client("disable", _enable(False), "close the listener and every connection").add_argument(
-        "name"
-    )
+    client("delete", _delete, "delete a proxy", "faultnet delete redis").add_argument("name")
+    client(
+        "enable", _enable(True), "listen again (same address)", "faultnet enable redis"
+    ).add_argument("name")
+    client(
+        "disable",
+        _enable(False),
+        "close the listener and every connection",
+        "faultnet disable redis",
+    ).add_argument("name")
 
-    p = client("ca", _ca, "print the CA certificate tls_terminate's certificates come from")
+    p = client(
+        "ca",
+        _ca,
+        "print the CA certificate tls_terminate's certificates come from",
+        'curl --cacert "$(faultnet ca --path)" https://localhost:16443/',
+    )
     p.add_argument("--path", action="store_true", help="print its file's path instead")
 
-    t = sub.add_parser("toxic", help="add, update, remove or list toxics")
+    t = sub.add_parser(
+        "toxic",
+        help="add, update, remove or list toxics",
+        description="Add, update, remove or list a proxy's toxics (ACTION --help for each).",
+        epilog=examples(
+            "faultnet toxic add redis --type latency -a latency=100",
+            "faultnet toxic list redis",
+        ),
+    )
     tsub = t.add_subparsers(dest="toxic_command", metavar="ACTION", required=True)
-    p = client("add", _toxic_add, "add a toxic to a proxy", tsub)
+    p = client(
+        "add",
+        _toxic_add,
+        "add a toxic to a proxy",
+        "faultnet toxic add redis --type latency --stream downstream -a latency=100 -a jitter=10",
+        "faultnet toxic add web --type http_abort -a status=503 -a path='/api/*' -a percent=20",
+        parent=tsub,
+    )
     p.add_argument("proxy")
-    p.add_argument("--type", "-t", required=True, help="latency, bandwidth, slicer, ...")
+    type_arg = p.add_argument("--type", "-t", required=True, help="one of %(toxic_types)s")
+    # Read from the toxic registry when the help is shown: importing every toxic (trio,
+    # h11, ssl) is a cost no other command should pay.
+    type_arg.toxic_types = _ToxicTypes()  # type: ignore[attr-defined,unused-ignore]
     p.add_argument("--name", "-n", help="default <type>_<stream>")
     p.add_argument("--stream", "-s", default="downstream", help="upstream or downstream")
     p.add_argument("--toxicity", type=float, default=1.0, help="0 to 1 (default 1)")
     p.add_argument(
         "--attribute", "-a", action="append", metavar="KEY=VALUE", help="e.g. latency=100"
     )
-    p = client("update", _toxic_update, "update a toxic's attributes or toxicity", tsub)
+    p = client(
+        "update",
+        _toxic_update,
+        "update a toxic's attributes or toxicity",
+        "faultnet toxic update redis latency_downstream -a latency=250",
+        parent=tsub,
+    )
     p.add_argument("proxy")
     p.add_argument("name")
     p.add_argument("--toxicity", type=float)
     p.add_argument("--attribute", "-a", action="append", metavar="KEY=VALUE")
-    p = client("remove", _toxic_remove, "remove a toxic", tsub)
+    p = client(
+        "remove",
+        _toxic_remove,
+        "remove a toxic",
+        "faultnet toxic remove redis latency_downstream",
+        parent=tsub,
+    )
     p.add_argument("proxy")
     p.add_argument("name")
-    client("list", _toxic_list, "list a proxy's toxics", tsub).add_argument("proxy")
+    client(
+        "list",
+        _toxic_list,
+        "list a proxy's toxics",
+        "faultnet toxic list redis --json",
+        parent=tsub,
+    ).add_argument("proxy")
 
-    p = client("fault", _fault, "apply a fault mode to a proxy (or undo: thaw, restore)")
+    p = client(
+        "fault",
+        _fault,
+        "apply a fault mode to a proxy (or undo: thaw, restore)",
+        "faultnet fault redis partition",
+        "faultnet fault redis thaw",
+        "faultnet fault redis loss --percent 5 --both-ways",
+        "faultnet fault redis blackhole --peer 127.0.0.1",
+    )
     p.description = (
         "To kill the route for old and new connections alike: `partition` (open "
         "connections blackholed, new connects hang; `--peer HOST` for one client; "
@@ -690,9 +768,24 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="HOST[:PORT]",
         help=f"{_modes_that('takes_peer')}: only the client at this address",
     )
-    client("connections", _connections, "list a proxy's live connections").add_argument("proxy")
-    p = client("events", _events, "print event log records (all, or one proxy's)")
+    client(
+        "connections",
+        _connections,
+        "list a proxy's live connections",
+        "faultnet connections redis --json",
+    ).add_argument("proxy")
+    p = client(
+        "events",
+        _events,
+        "print event log records (all, or one proxy's)",
+        "faultnet events redis --since 10 --limit 50",
+    )
     p.add_argument("proxy", nargs="?")
     p.add_argument("--since", type=int, default=0, help="records numbered after this")
     p.add_argument("--limit", type=int, default=1000)
-    client("reset", _reset, "enable every proxy, remove every toxic, end every mode")
+    client(
+        "reset",
+        _reset,
+        "enable every proxy, remove every toxic, end every mode",
+        "faultnet reset --api http://127.0.0.1:8474",
+    )

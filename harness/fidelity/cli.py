@@ -14,12 +14,18 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
+from faultnet.cliargs import examples, plain
 from faultnet.errors import CommandError, UsageError, fail
 
 if TYPE_CHECKING:
     from harness.fidelity._run import Row
 
 __all__ = ["main", "register"]
+
+EXAMPLE = examples(
+    "sudo faultnet fidelity --mode freeze --mode reset",
+    "faultnet fidelity --readme-table    # the README's table from the recorded run",
+)
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -67,8 +73,9 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "fidelity",
         help="hold every fault mode against the kernel's own version of it (root)",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EXAMPLE,
     )
     _add_arguments(p)
 
@@ -108,24 +115,24 @@ def _record(rows: list[Row]) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    if args.readme_table:
-        from harness.fidelity.readme import modes_table
-
-        print(modes_table())
-        return 0
     if args.toxics:
-        return _run_toxics(args)
+        return _run_toxics(args)  # refuses --mode and --protocol itself
     # Here, not at the top: registering the command must not import the proxy.
     from harness.fidelity import CASES, UDP_CASES, enter_private_netns, run
 
     cases = [*CASES, *UDP_CASES]
     if args.protocol:
         cases = [c for c in cases if c.protocol == args.protocol]
-    if args.mode:
+    if args.mode:  # checked first: --readme-table ignored a mode that has no rows
         unknown = sorted(set(args.mode) - {c.mode for c in cases})
         if unknown:
             raise UsageError(f"no fidelity rows for mode {', '.join(unknown)}")
         cases = [c for c in cases if c.mode in args.mode]
+    if args.readme_table:
+        from harness.fidelity.readme import modes_table
+
+        print(modes_table())
+        return 0
     if args.judged_only:
         if args.record:
             raise UsageError("--record writes every row of a mode: not with --judged-only")
@@ -174,8 +181,9 @@ def _run_toxics(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m harness.fidelity",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EXAMPLE,
     )
     _add_arguments(parser)
     args = parser.parse_args(argv)

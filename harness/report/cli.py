@@ -22,12 +22,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from faultnet.cliargs import examples, plain
 from harness.report._build import NotARunDir, attempt_dirs, build, skipped_lines
 from harness.report._files import MalformedEvidence
 
 __all__ = ["main", "register", "run"]
 
 EXIT_OK, EXIT_FAILED, EXIT_ENV = 0, 1, 2
+EXAMPLE = examples(
+    "faultnet report /tmp/faultnet-demo-abc123          # a pair: both arms on one page",
+    "faultnet report RUN_DIR --json | jq -r '.reports[].report'",
+)
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,8 +48,9 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "report",
         help="draw a run directory: timeline (PNG, SVG) and a one-page report.html",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EXAMPLE,
     )
     _add_arguments(p)
     p.set_defaults(func=run)
@@ -109,8 +115,9 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m harness.report",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EXAMPLE,
     )
     _add_arguments(p)
     try:

@@ -150,3 +150,12 @@ def test_the_readme_table_needs_no_root(
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert main(["--readme-table"]) == 0
     assert capsys.readouterr().out == modes_table() + "\n"
+
+
+def test_an_unknown_mode_is_refused_with_the_readme_table(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # --readme-table printed the table and exited 0 for a mode with no rows.
+    assert main(["--readme-table", "--mode", "nosuch"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == "fidelity: error: no fidelity rows for mode nosuch\n"
