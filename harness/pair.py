@@ -219,8 +219,8 @@ async def amain(argv: Sequence[str] | None = None) -> int:
     out = sys.stderr if args.json else sys.stdout
     try:
         exp = load_experiment(args.experiment)
-        argv_a = resolve_bot_argv(args.a, environ={})
-        argv_b = resolve_bot_argv(args.b, environ={})
+        argv_a = resolve_bot_argv(args.a, environ={}, flag="--a")
+        argv_b = resolve_bot_argv(args.b, environ={}, flag="--b")
         refuse_identical(argv_a, argv_b)
         names = tuple(n.strip() for n in args.names.split(","))
         if len(names) != 2 or not all(names) or names[0] == names[1]:

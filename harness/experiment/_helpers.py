@@ -10,11 +10,12 @@ import shutil
 import sys
 from collections.abc import Mapping, Sequence
 
-from faultnet.errors import EnvironmentProblem
+from faultnet.errors import EnvironmentProblem, UsageError
 
 __all__ = [
     "RunProblem",
     "attempt_seeds",
+    "check_reference_bot",
     "pct",
     "resolve_bot_argv",
     "resolved_program",
@@ -36,7 +37,9 @@ def pct(values: Sequence[float], p: float) -> float | None:
     return xs[i]
 
 
-def resolve_bot_argv(cli_value: str | None, environ: Mapping[str, str] | None = None) -> list[str]:
+def resolve_bot_argv(
+    cli_value: str | None, environ: Mapping[str, str] | None = None, flag: str = "--bot-bin"
+) -> list[str]:
     """BOT_BIN as an argv: from --bot-bin, else BOT_BIN, else APIARY_BIN (an alias).
 
     Raises EnvironmentProblem with the reason when it is missing, empty, unparseable, or
@@ -44,7 +47,7 @@ def resolve_bot_argv(cli_value: str | None, environ: Mapping[str, str] | None = 
     silently ran the same default program would look like a result.
     """
     env = os.environ if environ is None else environ
-    raw, source = cli_value, "--bot-bin"
+    raw, source = cli_value, flag
     if raw is None:
         for name in ("BOT_BIN", "APIARY_BIN"):
             if env.get(name):
@@ -64,7 +67,39 @@ def resolve_bot_argv(cli_value: str | None, environ: Mapping[str, str] | None = 
         raise EnvironmentProblem(f"{source} is empty")
     if shutil.which(argv[0]) is None:
         raise EnvironmentProblem(f"{source}: program not found or not executable: {argv[0]!r}")
+    check_reference_bot(argv, source)
     return argv
+
+
+def check_reference_bot(argv: Sequence[str], source: str = "--bot-bin") -> None:
+    """UsageError if *argv* runs the reference bot (``enclave-bot``, ``PYTHON -m
+    harness.bot``) with a defect it does not have. Such a bot exits 2 at once, but an
+    experiment learned it only by waiting out the MCP handshake: a mistyped ``--defect``
+    in a pair ran one arm for 15 s before its exit 2. Any other program is not checked."""
+    if not argv:
+        return
+    if os.path.basename(argv[0]) == "enclave-bot":
+        rest = list(argv[1:])
+    else:
+        at = next(
+            (i for i in range(1, len(argv) - 1) if argv[i : i + 2] == ["-m", "harness.bot"]), None
+        )
+        if at is None:
+            return
+        rest = list(argv[at + 2 :])
+    from harness.bot import DEFECTS  # the bot's own list, read only for its command lines
+
+    names = []
+    for i, arg in enumerate(rest):
+        if arg == "--defect":
+            names.append(rest[i + 1] if i + 1 < len(rest) else "")
+        elif arg.startswith("--defect="):
+            names.append(arg.split("=", 1)[1])
+    for name in names:
+        if name not in DEFECTS:
+            raise UsageError(
+                f"{source}: the reference bot has no defect {name!r} (one of {', '.join(DEFECTS)})"
+            )
 
 
 def resolved_program(argv: Sequence[str]) -> list[str]:

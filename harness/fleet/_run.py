@@ -531,9 +531,15 @@ async def _build_report(run_dir: Path, out: Any) -> None:
     except (OSError, trio.TooSlowError) as exc:
         print(f"report: {shlex.join(cmd)} failed: {exc!r}", file=out)
         return
-    if done.returncode != 0:
-        tail = (done.stderr.decode(errors="replace").strip().splitlines() or [""])[-1]
-        print(f"report: {shlex.join(cmd)} exited {done.returncode}: {tail}", file=out)
+    # Exit 1 is a report built that shows a failed check (a control run's, as it must):
+    # its path, as for 0. Only 2 (nothing could be drawn) is the command's failure.
+    if done.returncode in (0, 1):
+        for line in done.stdout.decode(errors="replace").splitlines():
+            if line.startswith("report: "):
+                print(line, file=out)
+        return
+    tail = (done.stderr.decode(errors="replace").strip().splitlines() or [""])[-1]
+    print(f"report: {shlex.join(cmd)} exited {done.returncode}: {tail}", file=out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

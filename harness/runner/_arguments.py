@@ -19,7 +19,13 @@ from faultnet.procs import stop_exact
 from harness import env as envmod
 from harness.experiment import TimeScale
 
-__all__ = ["OneLineParser", "add_common_arguments", "build_parser", "environment"]
+__all__ = [
+    "OneLineParser",
+    "add_common_arguments",
+    "build_parser",
+    "check_environment",
+    "environment",
+]
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -107,6 +113,38 @@ def build_parser(exp: ModuleType) -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------- environment
 
 
+def check_environment(args: argparse.Namespace) -> None:
+    """EnvironmentProblem unless ``--env auto`` or the environment named (``--state``,
+    else $ENCLAVE_STATE_DIR) has a running server. Called before any run directory is
+    made: a run that cannot start must not leave one behind (it left the directory and
+    a report of a run that never ran)."""
+    if args.env != "auto":
+        _running_env(args.state)
+
+
+def _running_env(state: Path | None) -> envmod.EnvState:
+    if state is None and os.environ.get("ENCLAVE_STATE_DIR"):
+        state = Path(os.environ["ENCLAVE_STATE_DIR"])
+    if state is None:
+        raise EnvironmentProblem(
+            "no environment: pass --state DIR (written by scripts/env-up.sh or "
+            "python -m harness.env up; or set ENCLAVE_STATE_DIR), or --env auto"
+        )
+    try:
+        st = envmod.read_state(state)
+    except Exception as exc:
+        raise EnvironmentProblem(
+            f"no usable environment in {state}: {exc}; run scripts/env-up.sh (or "
+            "python -m harness.env up) first, or pass --env auto"
+        ) from None
+    if not st.identity.is_alive():
+        raise EnvironmentProblem(
+            f"the environment's server (pid {st.pid}) is not running; run env-up again "
+            "or pass --env auto"
+        )
+    return st
+
+
 @contextlib.asynccontextmanager
 async def environment(
     mode: str | None,
@@ -118,26 +156,7 @@ async def environment(
     """Yield an EnvState: the one in *state* (or env's default), or, for mode "auto", a
     private one brought up under *run_dir* and brought down by its exact PID after."""
     if mode != "auto":
-        if state is None and os.environ.get("ENCLAVE_STATE_DIR"):
-            state = Path(os.environ["ENCLAVE_STATE_DIR"])
-        if state is None:
-            raise EnvironmentProblem(
-                "no environment: pass --state DIR (written by scripts/env-up.sh or "
-                "python -m harness.env up; or set ENCLAVE_STATE_DIR), or --env auto"
-            )
-        try:
-            st = await trio.to_thread.run_sync(envmod.read_state, state)
-        except Exception as exc:
-            raise EnvironmentProblem(
-                f"no usable environment in {state}: {exc}; run scripts/env-up.sh (or "
-                "python -m harness.env up) first, or pass --env auto"
-            ) from None
-        if not st.identity.is_alive():
-            raise EnvironmentProblem(
-                f"the environment's server (pid {st.pid}) is not running; run env-up again "
-                "or pass --env auto"
-            )
-        yield st
+        yield await trio.to_thread.run_sync(_running_env, state)
         return
     env_dir = run_dir / "env"
     kwargs: dict[str, Any] = {}

@@ -56,7 +56,7 @@ from harness.experiment import (
     time_scale_from,
 )
 from harness.report import publish_run
-from harness.runner._arguments import build_parser, environment
+from harness.runner._arguments import build_parser, check_environment, environment
 from harness.runner._supervisor import supervised
 
 __all__ = [
@@ -193,6 +193,8 @@ def finish_attempt_dir(
     asked to keep it. Returns the kept path or None."""
     if passed and not keep:
         shutil.rmtree(run_dir, ignore_errors=True)
+        # Said: the attempt's first line printed this path, and a reader goes looking.
+        say(f"attempt passed: its run directory {run_dir} is removed (--keep keeps it)")
         return None
     if not passed:
         say(f"!! attempt failed: evidence kept in {run_dir}")
@@ -218,6 +220,7 @@ async def amain(exp: ModuleType, argv: Sequence[str] | None = None) -> int:
         check_args = getattr(exp, "check_arguments", None)
         if check_args is not None:
             check_args(args)
+        check_environment(args)
         base, report = open_run(args, exp.NAME, experiment=exp.NAME)
     except (CommandError, ValueError) as exc:
         return fail(prog, exc)

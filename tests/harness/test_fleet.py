@@ -383,3 +383,25 @@ def test_an_unfinished_run_is_unusable(pair: dict[str, Path], tmp_path: Path) ->
         env=_env(),
     )
     assert r.returncode == 2 and "did not complete" in r.stderr and len(r.stderr.splitlines()) == 1
+
+
+async def test_a_report_that_shows_a_failed_check_is_announced_as_built(tmp_path: Path) -> None:
+    # `faultnet report` exits 1 for a report it built that shows a failed check (a control
+    # run's, as it must): the fleet printed "report: CMD exited 1: " for a report it wrote.
+    import io
+
+    from harness.fleet._run import _build_report
+
+    (tmp_path / "result.json").write_text(
+        json.dumps(
+            {
+                "experiment": "fleet",
+                "passed": False,
+                "exit_code": 1,
+                "checks": [{"name": "no silent loss", "passed": False, "role": "target"}],
+            }
+        )
+    )
+    out = io.StringIO()
+    await _build_report(tmp_path, out)
+    assert out.getvalue() == f"report: {tmp_path / 'report.html'}\n"
