@@ -1,15 +1,17 @@
 """``faultnet demo``: the whole idea in under two minutes.
 
 Runs the silent_loss experiment as a matched pair against the reference bot, both arms
-``python -m harness.bot`` with this interpreter: arm a with its ``no-confirm`` defect (a
-post claims delivery as soon as it is written), arm b as shipped (a post waits for the
-server's confirmation). Each arm gets a fresh environment (the enclave server, brought up
-and torn down by its exact PID), a faultnet proxy in front of the worker, and a leader on
-a direct link that scores what it RECEIVED. The two arms print side by side.
+``python -m harness.bot`` with this interpreter: the no-confirm arm with its
+``no-confirm`` defect (a post claims delivery as soon as it is written), the fixed arm as
+shipped (a post waits for the server's confirmation). Each arm gets a fresh environment
+(the enclave server, brought up and torn down by its exact PID), a faultnet proxy in
+front of the worker, and a leader on a direct link that scores what it RECEIVED. The two
+arms print side by side.
 
-Exit 0 when the pair shows what it should: arm a fails the targeted check (it claimed
-deliveries that never arrived) while its controls pass, arm b passes every check, and
-the internal control holds between them. Exit 1 otherwise; 2 for usage or environment.
+Exit 0 when the pair shows what it should: the no-confirm arm fails the targeted check
+(it claimed deliveries that never arrived) while its controls pass, the fixed arm passes
+every check, and the internal control holds between them. Exit 1 otherwise; 2 for usage
+or environment.
 """
 
 from __future__ import annotations
@@ -70,18 +72,21 @@ def demo_verdict(outcome: Any) -> tuple[bool, str]:
     if target_a is None or target_a.passed:
         return (
             False,
-            "arm a (no-confirm) did NOT fail the silent-loss check: the demo showed nothing",
+            "the no-confirm arm did NOT fail the silent-loss check: the demo showed nothing",
         )
     bad_a = [c.name for c in a.by_role("control") if not c.passed]
     if bad_a:
-        return False, f"arm a's controls failed ({', '.join(bad_a)}): its failure means nothing"
+        return (
+            False,
+            f"the no-confirm arm's controls failed ({', '.join(bad_a)}): its failure means nothing",
+        )
     if not b.passed:
-        return False, "arm b (fixed) failed: " + "; ".join(c.name for c in b.failed_checks())
+        return False, "the fixed arm failed: " + "; ".join(c.name for c in b.failed_checks())
     if not outcome.steady:
         return False, "the internal control moved between arms: not comparable"
     return True, (
-        "arm a claimed deliveries that never arrived; arm b said UNCONFIRMED instead; "
-        "both arms' controls passed"
+        "the no-confirm arm claimed deliveries that never arrived (its failing is the point: "
+        "that is the defect); the fixed arm said UNCONFIRMED instead; both arms' controls passed"
     )
 
 
@@ -120,8 +125,8 @@ def _run(args: argparse.Namespace) -> int:
     base = args.run_dir or runner.default_run_dir("demo")
     print(
         "faultnet demo: does a post made during an outage claim a delivery it never achieved?\n"
-        f"  arm a (no-confirm): {' '.join(argv_a)}\n"
-        f"  arm b (fixed):      {' '.join(argv_b)}\n"
+        f"  the no-confirm arm: {' '.join(argv_a)}\n"
+        f"  the fixed arm:      {' '.join(argv_b)}\n"
         f"  time scale {scale.factor:g}, seed {seed}, evidence in {base}",
         file=out,
         flush=True,

@@ -126,7 +126,8 @@ def judge(a: Result, b: Result) -> PairOutcome:
     steady = not moved and not bad_controls and not incomplete
     parts = []
     for label, r in (("a", a), ("b", b)):
-        name = f"arm {label} ({r.arm})" if r.arm and r.arm != label else f"arm {label}"
+        # The arms by their names (the report's words: "the no-confirm arm"), not a/b.
+        name = f"the {r.arm} arm" if r.arm else f"arm {label}"
         if r.error:
             parts.append(f"{name} did not complete: {r.error}")
         elif r.passed:

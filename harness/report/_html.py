@@ -1,7 +1,8 @@
 """The one-page ``report.html``: self-contained (the timeline is inline SVG, the style is
 inline; no script, no network), readable from the run directory or copied elsewhere.
 
-Sections: the verdict and summary; the timeline; then per run: the command that replays
+Sections: a first line saying what the page is; the verdict (a pair's, saying what passed
+and that an arm with the defect is meant to fail) and summary; the timeline; then per run: the command that replays
 it (with its seed), the checks with PASS/FAIL and the numbers behind each, the headline
 numbers and internal controls, every fault interval, detection and post drawn, anything
 the loader noticed, and relative links to the raw evidence files. A run's section is a
@@ -34,6 +35,7 @@ tr.silent_loss td{background:#ffebee;font-weight:bold} tr.late td{background:#ff
 pre{background:#f5f5f5;padding:.5em;overflow-x:auto;white-space:pre-wrap}
 .timeline svg{width:100%;height:auto} .muted{color:#757575}
 .swatch{display:inline-block;width:.8em;height:.8em;border-radius:50%;margin-right:.3em}
+.what{color:#424242;margin:0 0 .4em} .headline{font-size:1.1em}
 """
 
 
@@ -73,6 +75,8 @@ class Section:
     page_dir: Path
     heading: bool = False
     page_replay: str = ""
+    #: A pair's arm whose FAIL is the point (:meth:`Report.fails_as_expected`).
+    expected_fail: bool = False
 
     @property
     def lane_title(self) -> dict[str, str]:
@@ -82,7 +86,10 @@ class Section:
 def _heading(s: Section) -> list[str]:
     if not s.heading:
         return []
-    return [f"<h2>{escape(s.run.title)}: {_badge(s.run.verdict() == 'PASS')}</h2>"]
+    why = ""
+    if s.expected_fail:
+        why = ' <span class="muted">as the pair expects: the arm with the defect</span>'
+    return [f"<h2>{escape(s.run.title)}: {_badge(s.run.verdict() == 'PASS')}{why}</h2>"]
 
 
 def _facts(s: Section) -> list[str]:
@@ -311,6 +318,47 @@ def caption(drawn: Sequence[Drawn], png_name: str, svg_name: str) -> str:
     return f'<p class="muted">{" ".join(parts)}</p>'
 
 
+def what_it_is(report: Report) -> str:
+    """The page's first line: what a reader who never ran faultnet is looking at."""
+    names = [escape(r.title) for r in report.runs]
+    exp = escape(report.runs[0].experiment or "an experiment") if report.runs else "a run"
+    if report.kind == "pair":
+        return (
+            f"faultnet run report: a matched pair, the {exp} experiment run once against "
+            f"each of two bots ({' and '.join(names)}) with the same seed, on one timeline. "
+            "The pair passes when the arm without the defect passes every check and the "
+            "internal controls hold between the arms; the arm with the defect is there to "
+            "fail."
+        )
+    if exp == "fleet":
+        return (
+            "faultnet run report: a fleet soak, reference bots posting through faultnet "
+            "links while a seeded chaos plan faults them, judged from their own records."
+        )
+    return (
+        f"faultnet run report: one run of the {exp} experiment against one bot, its "
+        "timeline, its checks and the evidence behind each."
+    )
+
+
+def _headline(report: Report) -> list[str]:
+    """The verdict, saying whose it is; under a pair's PASS, that an arm's FAIL below is
+    the defect showing, not the pair failing."""
+    whose = "The pair's verdict" if report.kind == "pair" else "Verdict"
+    out = [f'<p class="headline">{whose}: {_badge(report.passed)}</p>']
+    if report.summary:
+        out.append(f"<p>{escape(report.summary)}</p>")
+    shown = [escape(r.title) for r in report.runs if report.fails_as_expected(r)]
+    if shown:
+        out.append(
+            f"<p>{', '.join(shown)}: {_badge(False)} below is expected: "
+            f"{'that is the arm' if len(shown) == 1 else 'those are the arms'} with the defect "
+            "the experiment exists to expose, and its failing the target check is what "
+            "the pair shows.</p>"
+        )
+    return out
+
+
 def render(
     report: Report, svg_text: str, png_name: str, svg_name: str, *, drawn: Sequence[Drawn]
 ) -> str:
@@ -321,10 +369,10 @@ def render(
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{escape(report.title)}</title><style>{_STYLE}</style></head><body>",
-        f"<h1>{escape(report.title)}: {_badge(report.passed)}</h1>",
+        f'<p class="what">{what_it_is(report)}</p>',
+        f"<h1>{escape(report.title)}</h1>",
+        *_headline(report),
     ]
-    if report.summary:
-        parts.append(f"<p>{escape(report.summary)}</p>")
     if report.skipped:
         parts.append(
             "<p>Not read (only regular files and real directories inside are): "
@@ -357,6 +405,7 @@ def render(
         )
     for run in report.runs:
         heading = len(report.runs) > 1 or report.kind != "attempt"
-        parts.append(run_section(Section(run, page_dir, heading, report.replay)))
+        expected = report.fails_as_expected(run)
+        parts.append(run_section(Section(run, page_dir, heading, report.replay, expected)))
     parts.append("</body></html>")
     return "\n".join(parts)

@@ -285,6 +285,12 @@ class Report:
     #: What the directory itself held but was not read (its runs say their own).
     skipped: list[str] = field(default_factory=list)
 
+    def fails_as_expected(self, run: Run) -> bool:
+        """Is *run* a pair's arm whose FAIL is the point? The pair passed (its verdict
+        rests on the other arm passing every check, the controls steady) and this arm
+        completed and failed: it carries the defect the experiment exists to expose."""
+        return self.kind == "pair" and self.passed and not run.error and run.verdict() != "PASS"
+
     def to_json(self) -> dict[str, Any]:
         return {
             "path": str(self.path),

@@ -83,24 +83,31 @@ class Drawn:
     gid: str = ""
 
 
+#: A post's call, from made to answered: a thin line on its lane.
+_CALL_COLOR = "#bdbdbd"
+_CALL_LABEL = "a post's call, from made to answered"
+
+
 def _darker(color: str, by: float = 0.6) -> str:
     """*color* (``#rrggbb``) darkened: a light outcome colour read as text on white."""
     rgb = [int(color[i : i + 2], 16) for i in (1, 3, 5)]
     return "#" + "".join(f"{int(c * by):02x}" for c in rgb)
 
 
-def _panel_title(run: Run) -> tuple[str, str]:
+def _panel_title(run: Run, expected_fail: bool = False) -> tuple[str, str]:
     checks = run.checks
     npass = sum(1 for c in checks if c.get("passed"))
     verdict = run.verdict()
     head = "PASS" if verdict == "PASS" else "FAIL"
+    if expected_fail:  # under a PASS headline: say why this FAIL is not the pair's
+        head = "FAIL, as the pair expects (the arm with the defect)"
     failed = [c["name"] for c in checks if not c.get("passed")]
     text = f"{run.title}: {head}, {npass}/{len(checks)} checks passed"
     if failed:
         text += "\nFAILED: " + "; ".join(failed)
     elif run.error:
         text += f"\nDID NOT COMPLETE: {run.error}"
-    return text, ("#1b5e20" if head == "PASS" else "#b71c1c")
+    return text, ("#1b5e20" if verdict == "PASS" else "#b71c1c")
 
 
 # --------------------------------------------------------------------------- a panel
@@ -120,6 +127,8 @@ class Panel:
     #: The figure's legend so far: label -> (colour, marker, "post" or "marker").
     legend: dict[str, tuple[str, str, str]]
     drawn: list[Drawn]
+    #: A pair's arm whose FAIL is the point (:meth:`Report.fails_as_expected`).
+    expected_fail: bool = False
 
 
 def lane_ys(run: Run) -> dict[str, int]:
@@ -135,7 +144,7 @@ def _lanes(pn: Panel) -> None:
     ax.grid(axis="x", color="#e0e0e0", linewidth=0.6)
     for y in pn.ys.values():
         ax.axhline(y, color="#eeeeee", linewidth=0.8, zorder=0)
-    title, color = _panel_title(pn.run)
+    title, color = _panel_title(pn.run, pn.expected_fail)
     ax.set_title(title, fontsize=9, color=color, loc="left")
 
 
@@ -181,6 +190,9 @@ def _fault_bands(pn: Panel) -> None:
         col = _MODE_COLORS.get(f.mode, _TOXIC_COLOR)
         gid = f"fault-{pn.index}-{fi}-{f.mode.replace(' ', '_')}"
         _band_artist(pn, f, lanes, col).set_gid(gid)
+        pn.legend.setdefault(
+            f"fault in force: {f.mode} (a band on each lane it holds)", (col, "", "band")
+        )
         top = max(pn.ys[ln] for ln in lanes) + 0.45
         pn.ax.text(
             f.start, top, f" {fault_label(f)}", fontsize=8, va="top", ha="left",
@@ -195,7 +207,8 @@ def _calls(pn: Panel) -> None:
     for p in pn.run.posts:
         y = pn.ys.get(p.lane)
         if y is not None and p.t_end > p.t:
-            pn.ax.plot([p.t, p.t_end], [y, y], color="#bdbdbd", linewidth=1.2, zorder=2)
+            pn.ax.plot([p.t, p.t_end], [y, y], color=_CALL_COLOR, linewidth=1.2, zorder=2)
+            pn.legend.setdefault(_CALL_LABEL, (_CALL_COLOR, "", "line"))
 
 
 def _tally(pn: Panel, name: str, oc: Outcome, pts: list[Post]) -> None:
@@ -308,13 +321,19 @@ def _x_axis(ax: Any, runs: list[Run], t_min: float, t_max: float) -> None:
 
 
 def _legend(fig: Any, legend: dict[str, tuple[str, str, str]]) -> int:
-    """The figure's legend, one entry per label met; returns how many entries."""
+    """The figure's legend, one entry per label met (every kind of mark a layer drew:
+    bands, call lines, posts, markers); returns how many entries."""
     from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
-    handles = [
-        Line2D([], [], linestyle="none", marker=mk, color=col, markersize=7, label=label)
-        for label, (col, mk, _kind) in legend.items()
-    ]
+    def handle(label: str, col: str, mk: str, kind: str) -> Any:
+        if kind == "band":
+            return Patch(facecolor=col, edgecolor=col, alpha=0.25, label=label)
+        if kind == "line":
+            return Line2D([], [], color=col, linewidth=1.2, label=label)
+        return Line2D([], [], linestyle="none", marker=mk, color=col, markersize=7, label=label)
+
+    handles = [handle(label, *entry) for label, entry in legend.items()]
     if handles:
         fig.legend(
             handles=handles, loc="lower center", ncol=4, fontsize=8, frameon=False,
@@ -329,8 +348,9 @@ def _suptitle(fig: Any, report: Report) -> None:
     if len(report.runs) < 2:
         return
     head = "PASS" if report.passed else "FAIL"
+    whose = "the pair's verdict" if report.kind == "pair" else "verdict"
     fig.suptitle(
-        f"{report.title}: {head}"
+        f"{report.title}: {whose} {head}"
         + (f"\n{textwrap.shorten(report.summary, 170)}" if report.summary else ""),
         fontsize=10,
         color="#1b5e20" if report.passed else "#b71c1c",
@@ -373,7 +393,9 @@ def draw(report: Report) -> tuple[Any, list[Drawn]]:
     legend: dict[str, tuple[str, str, str]] = {}
     t_min, t_max = time_range(runs)
     for ri, (ax, run) in enumerate(zip(axes, runs, strict=True)):
-        panel = Panel(ax, ri, run, lane_ys(run), t_max, legend, drawn)
+        panel = Panel(
+            ax, ri, run, lane_ys(run), t_max, legend, drawn, report.fails_as_expected(run)
+        )
         for _what, layer in PANEL_LAYERS:
             layer(panel)
     _x_axis(axes[-1], runs, t_min, t_max)

@@ -64,13 +64,13 @@ def _result(arm: str, target: bool, control_ok: bool, value: float | None) -> Re
 def test_judge_reports_drift_and_which_arm_failed_which_check() -> None:
     p = pair.judge(_result("pre", False, True, 1.0), _result("post", True, True, 1.2))
     assert p.steady and p.b_passed and p.exit_code == 0
-    assert "arm a (pre) failed: tgt" in p.summary and "internal control steady" in p.summary
+    assert "the pre arm failed: tgt" in p.summary and "internal control steady" in p.summary
     moved = pair.judge(_result("pre", False, True, 1.0), _result("post", True, True, 2.0))
     assert not moved.steady and moved.exit_code == 1
     assert "internal control MOVED: detect" in moved.summary
     assert moved.drifts[0].drift == pytest.approx(1.0)
     bad_b = pair.judge(_result("pre", True, True, 1.0), _result("post", False, True, 1.0))
-    assert bad_b.exit_code == 1 and "arm b (post) failed: tgt" in bad_b.summary
+    assert bad_b.exit_code == 1 and "the post arm failed: tgt" in bad_b.summary
     # A control failing in arm a makes the pair incomparable even if b passed.
     bad_ctl = pair.judge(_result("pre", False, False, 1.0), _result("post", True, True, 1.0))
     assert bad_ctl.exit_code == 1 and "a control failed: pre: ctl" in bad_ctl.summary
@@ -136,7 +136,7 @@ async def test_pair_fails_when_b_fails_or_the_control_moves(
     )
     assert code == 1
     out = capsys.readouterr().out
-    assert "arm b (post) failed: the target" in out
+    assert "the post arm failed: the target" in out
     assert "evidence kept in" in out and (tmp_path / "r1").is_dir()
     code = await pair.amain(
         [*base, "--a", f"{PY} -c pass --defect", "--b", f"{PY} -c pass --drift"]

@@ -150,8 +150,9 @@ def test_draw_runs_every_layer_on_every_panel(tmp_path: Path) -> None:
     b.title = "other"
     fig, drawn = tl.draw(Report(tmp_path, "pair", "t", [a, b], True, "both fine"))
     assert {d.run for d in drawn} == {0, 1} and len(drawn) == 2 * 13
-    assert fig._suptitle.get_text() == "t: PASS\nboth fine"
-    assert len(fig.legends[0].get_texts()) == 5
+    assert fig._suptitle.get_text() == "t: the pair's verdict PASS\nboth fine"
+    # 5 marks, the bands of the 3 modes drawn (freeze, severed, latency toxic), the calls.
+    assert len(fig.legends[0].get_texts()) == 9
 
 
 # --------------------------------------------------------------------------- the page

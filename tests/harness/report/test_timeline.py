@@ -58,7 +58,15 @@ def test_no_two_legend_entries_share_a_mark(built) -> None:
     assert len(set(marks)) == len(marks), sorted(marks)
     fig, _drawn = draw(built.report)
     (legend,) = fig.legends
-    shown = [(h.get_color(), h.get_marker()) for h in legend.legend_handles]
+    # A band's entry is a patch, a call's a line with no marker, the rest marks.
+    shown = [
+        (
+            type(h).__name__,
+            str(h.get_facecolor() if hasattr(h, "get_facecolor") else h.get_color()),
+            getattr(h, "get_marker", lambda: "")(),
+        )
+        for h in legend.legend_handles
+    ]
     assert len(set(shown)) == len(shown) == len(legend.get_texts())
 
 
