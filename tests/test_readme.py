@@ -196,3 +196,13 @@ def test_the_chaos_lines_run_as_written(tmp_path: Path) -> None:
         bot1.wait()
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=30)
+
+
+def test_the_fixture_says_it_needs_trio_mode_and_the_suite_how_long_it_takes() -> None:
+    # A newcomer's two questions the README did not answer (issue 35 item 13).
+    at = README.index("the `faultnet_proxy` fixture")
+    assert "trio_mode = true" in README[at : at + 700] and "@pytest.mark.trio" in README
+    assert "trio_mode = true" in (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert re.search(
+        r"`\.ci/run` \(install,\s+then\s+the\s+suite\)\s+takes\s+about\s+[0-9.]+\s+minutes", README
+    )
