@@ -84,3 +84,12 @@ def test_memcheck_help_and_usage() -> None:
     assert "Example: scripts/memcheck" in r.stdout
     r = run([str(REPO / "scripts" / "memcheck"), "nosuch"], dict(os.environ))
     assert r.returncode == 2 and r.stderr.startswith("usage: scripts/memcheck"), r
+
+
+def test_bench_report_runs_again_on_the_installed_python(tmp_path: Path) -> None:
+    # Its shebang's python3 is the bare one here: it found no matplotlib and failed.
+    in_a_venv()
+    environ = {**bare_python_env(tmp_path), "VIRTUAL_ENV": sys.prefix}
+    r = run([str(REPO / "scripts" / "bench-report"), str(tmp_path / "missing")], environ)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r
+    assert "not a directory" in r.stderr and "Traceback" not in r.stderr
