@@ -71,7 +71,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from faultnet.cliargs import positive_number
+from faultnet.cliargs import examples, keep_examples, positive_number
 from faultnet.errors import CommandError, EnvironmentProblem, UsageError, fail
 from faultnet.procs import ProcessIdentity, read_cmdline, read_start_time, stop_exact
 from harness.enclave import REGISTRY_FILE, Registry, RegistryError
@@ -704,9 +704,19 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m harness.env",
         description="Start, inspect and stop an enclave server environment.",
+        epilog=examples(
+            'state="$(python -m harness.env up)"',
+            'python -m harness.env down --state "$state"',
+        ),
     )
     sub = p.add_subparsers(dest="command", metavar="{up,down,status}")
-    u = sub.add_parser("up", parents=[common], help="start a fresh environment")
+    u = sub.add_parser(
+        "up",
+        parents=[common],
+        help="start a fresh environment",
+        description="Start a fresh environment; print its state directory (alone on stdout).",
+        epilog=examples("python -m harness.env up --state /tmp/enclave --ping-interval 5"),
+    )
     u.add_argument("--ping-interval", type=positive_number, default=90.0)
     u.add_argument("--ping-timeout", type=positive_number, default=60.0)
     u.add_argument("--leader-nick", default=DEFAULT_LEADER_NICK)
@@ -717,7 +727,13 @@ def _parser() -> argparse.ArgumentParser:
         default=15.0,
         help="seconds to wait for the server to accept (default 15)",
     )
-    d = sub.add_parser("down", parents=[common], help="stop exactly the recorded server")
+    d = sub.add_parser(
+        "down",
+        parents=[common],
+        help="stop exactly the recorded server",
+        description="Stop exactly the server recorded in the state directory.",
+        epilog=examples("python -m harness.env down --state /tmp/enclave --json"),
+    )
     d.add_argument(
         "--by-port",
         action="store_true",
@@ -730,7 +746,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--term-timeout", type=positive_number, default=5.0)
     d.add_argument("--kill-timeout", type=positive_number, default=5.0)
-    sub.add_parser("status", parents=[common], help="is the recorded server running?")
+    sub.add_parser(
+        "status",
+        parents=[common],
+        help="is the recorded server running?",
+        description="Is the recorded server running? Exit 0 if it is, 1 if not.",
+        epilog=examples("python -m harness.env status --state /tmp/enclave"),
+    )
+    keep_examples(p)
     return p
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 import trio
 
+from faultnet.cliargs import plain
 from faultnet.errors import EnvironmentProblem
 from harness import runner
 from harness.experiment import (
@@ -42,7 +43,7 @@ from harness.experiment import (
 )
 
 NAME = "chatty_vs_silent"
-DESCRIPTION = __doc__
+DESCRIPTION = plain(__doc__)
 #: Watch window (200 s) + start-up and teardown, at time scale 1.0.
 MAX_REAL_S = 300.0
 WATCH_REAL_S = 200.0

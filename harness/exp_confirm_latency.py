@@ -28,12 +28,13 @@ import time
 from typing import Any
 
 from drivers.irc import Message, Observer
+from faultnet.cliargs import plain
 from faultnet.toxics import Latency
 from harness import runner
 from harness.experiment import BotHandle, Context, claims_delivery, pct
 
 NAME = "confirm_latency"
-DESCRIPTION = __doc__
+DESCRIPTION = plain(__doc__)
 #: 40 posts, one a second, each up to the 3 s budget, at time scale 1.0.
 MAX_REAL_S = 300.0
 #: The MCP round trip (JSON-RPC over pipes, the SDK's dispatch) the tool-call clock may

@@ -22,12 +22,13 @@ import argparse
 import sys
 import time
 
+from faultnet.cliargs import plain
 from faultnet.errors import EnvironmentProblem
 from harness import runner
 from harness.experiment import Context, first_after, freeze_held, freeze_worker, rel
 
 NAME = "fd_flatness"
-DESCRIPTION = __doc__
+DESCRIPTION = plain(__doc__)
 #: 40 posts + 45 s outage + 90 s detection + reconnects, at time scale 1.0.
 MAX_REAL_S = 400.0
 #: Descriptors a stage may differ from the baseline by (lazy one-off allocations).

@@ -33,6 +33,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from faultnet.cliargs import plain
 from harness import runner
 from harness.experiment import (
     Context,
@@ -48,7 +49,7 @@ from harness.experiment import (
 )
 
 NAME = "silent_loss"
-DESCRIPTION = __doc__
+DESCRIPTION = plain(__doc__)
 #: Longest scenario at time scale 1.0: 14 posts x (10 s + a 3 s confirm) + 30 s late
 #: wait + detection (90 s) + reconnect backoff (16 s) + controls.
 MAX_REAL_S = 500.0

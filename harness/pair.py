@@ -29,6 +29,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TextIO
 
+from faultnet.cliargs import examples, plain
 from faultnet.errors import CommandError, UsageError, fail
 from harness import runner
 from harness.experiment import (
@@ -189,8 +190,12 @@ def render_pair(p: PairOutcome) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m harness.pair",
-        description=__doc__,
+        description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=examples(
+            "python -m harness.pair silent_loss --a 'python -m harness.bot --defect no-confirm' "
+            "--b 'python -m harness.bot' --names no-confirm,fixed --time-scale 0.05",
+        ),
     )
     p.add_argument("experiment", help=f"one of {', '.join(EXPERIMENTS)}")
     p.add_argument("--a", required=True, metavar="CMD", help="arm a: the bot command line")

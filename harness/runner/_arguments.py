@@ -14,6 +14,7 @@ from typing import Any, NoReturn
 
 import trio
 
+from faultnet.cliargs import examples
 from faultnet.errors import EnvironmentProblem, UsageError
 from faultnet.procs import stop_exact
 from harness import env as envmod
@@ -103,7 +104,11 @@ def build_parser(exp: ModuleType) -> argparse.ArgumentParser:
         prog=f"python -m harness.exp_{exp.NAME}",
         description=exp.DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Exit codes: 0 every check passed, 1 a check failed, 2 usage or environment.",
+        epilog="Exit codes: 0 every check passed, 1 a check failed, 2 usage or environment.\n\n"
+        + examples(
+            f"BOT_BIN='python -m harness.bot' python -m harness.exp_{exp.NAME} --env auto "
+            "--time-scale 0.05"
+        ),
     )
     add_common_arguments(p)
     exp.add_arguments(p)
