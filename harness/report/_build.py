@@ -152,6 +152,7 @@ def load_report(path: Path) -> Report:
             run.title,
             [run],
             run.verdict() == "PASS",
+            summary=str((run.result or {}).get("verifier_message") or ""),
             replay=run.replay,
             skipped=skipped,
         )

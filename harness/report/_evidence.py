@@ -453,10 +453,16 @@ def _with_verdict(
     result: dict[str, Any] | None, verdict: dict[str, Any] | None
 ) -> dict[str, Any] | None:
     """A separate verifier's verdict (the fleet's ``verdict.json``: ``ok`` and ``checks``)
-    joins the run's own checks: the run passes only if both do."""
+    joins the run's own checks: the run passes only if both do. A control run's verdict
+    (``mode`` "control") that is ok is one whose loss checks failed, as they must: those
+    are marked ``expected_fail`` and do not fail the run (the page said FAIL, and
+    `faultnet report` exited 1, for a control that did its job)."""
     if not verdict or not isinstance(verdict.get("checks"), list):
         return result
+    control_ok = verdict.get("mode") == "control" and bool(verdict.get("ok"))
     doc = dict(result or {})
+    if isinstance(verdict.get("message"), str):  # the page's summary line
+        doc["verifier_message"] = verdict["message"]
     doc["checks"] = [
         *doc.get("checks", []),
         *(
@@ -465,6 +471,7 @@ def _with_verdict(
                 "passed": bool(c.get("passed")),
                 "detail": str(c.get("detail", "")),
                 "role": "verifier",
+                **({"expected_fail": True} if control_ok and not c.get("passed") else {}),
             }
             for c in verdict["checks"]
             if isinstance(c, dict)

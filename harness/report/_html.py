@@ -121,9 +121,10 @@ def _error(s: Section) -> list[str]:
 
 
 def _checks(s: Section) -> list[str]:
+    as_it_must = ' <span class="muted">as a control run must</span>'
     rows = [
         [
-            _badge(bool(c.get("passed"))),
+            _badge(bool(c.get("passed"))) + (as_it_must if c.get("expected_fail") else ""),
             escape(str(c.get("role", ""))),
             escape(str(c.get("name", ""))),
             escape(str(c.get("detail", ""))),

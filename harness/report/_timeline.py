@@ -101,10 +101,13 @@ def _panel_title(run: Run, expected_fail: bool = False) -> tuple[str, str]:
     head = "PASS" if verdict == "PASS" else "FAIL"
     if expected_fail:  # under a PASS headline: say why this FAIL is not the pair's
         head = "FAIL, as the pair expects (the arm with the defect)"
-    failed = [c["name"] for c in checks if not c.get("passed")]
+    failed = [c["name"] for c in checks if not c.get("passed") and not c.get("expected_fail")]
+    by_design = [c["name"] for c in checks if c.get("expected_fail") and not c.get("passed")]
     text = f"{run.title}: {head}, {npass}/{len(checks)} checks passed"
     if failed:
         text += "\nFAILED: " + "; ".join(failed)
+    elif by_design:
+        text += "\nfailed as a control run must: " + "; ".join(by_design)
     elif run.error:
         text += f"\nDID NOT COMPLETE: {run.error}"
     return text, ("#1b5e20" if verdict == "PASS" else "#b71c1c")
@@ -190,9 +193,12 @@ def _fault_bands(pn: Panel) -> None:
         col = _MODE_COLORS.get(f.mode, _TOXIC_COLOR)
         gid = f"fault-{pn.index}-{fi}-{f.mode.replace(' ', '_')}"
         _band_artist(pn, f, lanes, col).set_gid(gid)
-        pn.legend.setdefault(
-            f"fault in force: {f.mode} (a band on each lane it holds)", (col, "", "band")
-        )
+        if f.instant:  # drawn as a line across each lane, not a band
+            pn.legend.setdefault(f"fault at an instant: {f.mode} (a line)", (col, "|", "marker"))
+        else:
+            pn.legend.setdefault(
+                f"fault in force: {f.mode} (a band on each lane it holds)", (col, "", "band")
+            )
         top = max(pn.ys[ln] for ln in lanes) + 0.45
         pn.ax.text(
             f.start, top, f" {fault_label(f)}", fontsize=8, va="top", ha="left",

@@ -5,7 +5,9 @@ mark the timeline draws has its legend entry."""
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
 from html import unescape
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 
 from harness.report import DETECTIONS, OUTCOMES, build
 from harness.report._timeline import draw
+from harness.report.cli import main as report_main
 
 
 @pytest.fixture(scope="module")
@@ -69,3 +72,30 @@ def test_every_kind_of_mark_drawn_is_in_the_legend(built) -> None:
     want.add("a post's call, from made to answered")
     assert "fault in force: freeze (a band on each lane it holds)" in want
     assert want <= set(labels), want - set(labels)
+
+
+def test_a_control_runs_loss_failing_as_it_must_is_not_a_fail(
+    pair_dir: Path, tmp_path: Path
+) -> None:
+    # The fleet's control run (verdict.json: mode control, ok: it lost posts, as it
+    # must): the page said FAIL and `faultnet report` exited 1, which the fleet then
+    # printed as "report: ... exited 1:".
+    arm = tmp_path / "control"
+    shutil.copytree(pair_dir / "fixed", arm)
+    verdict = {
+        "mode": "control",
+        "ok": True,
+        "message": "control lost 2 of 9 claimed posts, as it must",
+        "checks": [{"name": "no silent loss", "passed": False, "detail": "2 lost"}],
+    }
+    (arm / "verdict.json").write_text(json.dumps(verdict))
+    assert report_main([str(arm)]) == 0
+    built = build(arm)
+    assert built.report.passed and built.report.runs[0].verdict() == "PASS"
+    page = built.html.read_text()
+    assert "as a control run must" in page and "control lost 2 of 9 claimed posts" in page
+    # A control that lost nothing fails the harness: still a FAIL.
+    verdict["ok"] = False
+    (arm / "verdict.json").write_text(json.dumps(verdict))
+    assert report_main([str(arm)]) == 1
+    assert build(arm).report.runs[0].verdict() == "FAIL: verifier: no silent loss"
