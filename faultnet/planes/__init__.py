@@ -21,7 +21,8 @@ The contract every plane keeps (and every plane runs the same tests):
   the kinds below. After RESET, DONE, ERROR or UPSTREAM_FAILED the link has ended.
 * **The toxic path.** A lane handed over with :meth:`Link.to_trio` is still read by the
   plane (gate first), but its chunks are queued for trio (:meth:`Link.take`, b"" is the
-  EOF, signalled by CHUNKS) and trio writes what its toxic chain lets out with
+  EOF, signalled by CHUNKS; :meth:`Link.take_timed` with each chunk's read time;
+  the inbox is bounded in bytes) and trio writes what its toxic chain lets out with
   :meth:`Link.offer` / :meth:`Link.offer_eof` (gate first; DRAINED when held bytes went
   out). The trio side of that path is the core's (:mod:`faultnet.proxy`), not a plane's.
 
@@ -106,6 +107,11 @@ class Link(Protocol):
 
     def take(self, stream: str) -> list[bytes]:
         """The chunks read for trio so far (b"" is the EOF)."""
+
+    def take_timed(self, stream: str) -> list[tuple[bytes, float]]:
+        """As :meth:`take`, each chunk with the time the plane read it, in seconds of
+        CLOCK_MONOTONIC (``time.monotonic()``; trio's real clock is that plus its
+        offset). The latency toxic delays a chunk from this time."""
 
     def offer(self, stream: str, data: bytes | memoryview) -> bool:
         """Write *data* (gate first); False while frozen or earlier bytes are held.

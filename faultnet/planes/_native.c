@@ -53,8 +53,15 @@
 #define SPLICE_CHUNK (1024 * 1024)
 /* Syscalls one socket may make per wake-up before the others get a turn. */
 #define FAIR_OPS 16
-/* Chunks a toxic lane's reader may run ahead of trio's chain. */
-#define INBOX_CAP 16
+/* Bytes a toxic lane's reader may run ahead of trio's chain (each chunk costing its
+ * length plus CHUNK_COST, so a stream of tiny reads is bounded too). 1 MiB: what the
+ * former bound of 16 chunks held at most (16 full 64 KiB reads), so no lane holds more
+ * memory than before, while small messages are no longer cut off at 16 (64-byte
+ * messages every 200 us through latency=5 ms are 25 chunks in flight: the reader stopped
+ * at 16 and every later message waited in the socket, its read time late). Bulk through
+ * latency L moves at most INBOX_BYTES per L (1 MiB / 5 ms: ~200 MB/s). */
+#define INBOX_BYTES (1024 * 1024)
+#define CHUNK_COST 64
 #define MAX_EVENTS 256
 /* Idle pipes kept for the next burst. */
 #define PIPE_KEEP 64
@@ -65,6 +72,7 @@ enum { UP = 0, DOWN = 1 };
 
 typedef struct chunk {
     struct chunk *next;
+    double t; /* CLOCK_MONOTONIC seconds when the plane read it */
     size_t len;
     char data[];
 } chunk;
@@ -83,7 +91,7 @@ typedef struct {
     int rdhup;
     int to_trio;
     chunk *inbox, *inbox_tail; /* chunks read for trio (len 0: the EOF) */
-    int inbox_n;
+    size_t inbox_bytes;        /* their cost against INBOX_BYTES */
     int notified, waiting;
 } lane_t;
 
@@ -152,7 +160,7 @@ static double now_s(void) {
 static int wants_read(const lane_t *l) {
     if (!l->open || l->eof_read || l->held || l->piped)
         return 0;
-    return !l->to_trio || l->inbox_n < INBOX_CAP;
+    return !l->to_trio || l->inbox_bytes < INBOX_BYTES;
 }
 
 static int wants_write(const lane_t *l) { return l->open && (l->held || l->piped); }
@@ -432,6 +440,7 @@ static int for_trio(CoreObject *c, LinkObject *k, int li, size_t n) {
         return -1;
     }
     ch->next = NULL;
+    ch->t = now_s(); /* the read just returned: the latency toxic counts from here */
     ch->len = n;
     memcpy(ch->data, c->buf, n);
     if (l->inbox_tail)
@@ -439,7 +448,7 @@ static int for_trio(CoreObject *c, LinkObject *k, int li, size_t n) {
     else
         l->inbox = ch;
     l->inbox_tail = ch;
-    l->inbox_n++;
+    l->inbox_bytes += n + CHUNK_COST;
     if (!l->notified) {
         l->notified = 1;
         post(c, k, EV_CHUNKS, li);
@@ -448,7 +457,7 @@ static int for_trio(CoreObject *c, LinkObject *k, int li, size_t n) {
         l->eof_read = 1;
         return 0;
     }
-    return (n == COPY_CHUNK || l->rdhup) && l->inbox_n < INBOX_CAP;
+    return (n == COPY_CHUNK || l->rdhup) && l->inbox_bytes < INBOX_BYTES;
 }
 
 /* Pass on the n bytes just read into the buffer (0: the EOF). As for_trio. */
@@ -1129,7 +1138,7 @@ static void free_inbox(lane_t *l) {
         l->inbox = next;
     }
     l->inbox_tail = NULL;
-    l->inbox_n = 0;
+    l->inbox_bytes = 0;
 }
 
 static void link_dealloc(LinkObject *k) {
@@ -1262,18 +1271,24 @@ static PyObject *link_to_trio(LinkObject *k, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-static PyObject *link_take(LinkObject *k, PyObject *arg) {
+/* _take(lane, timed): the chunks read for trio, as bytes, or with timed as
+ * (bytes, CLOCK_MONOTONIC read time) pairs. */
+static PyObject *link_take(LinkObject *k, PyObject *args) {
     NEED_CORE(k);
-    int li = lane_arg(arg);
-    if (li < 0)
+    int li, timed = 0;
+    if (!PyArg_ParseTuple(args, "i|p", &li, &timed))
         return NULL;
+    if (li != 0 && li != 1) {
+        PyErr_SetString(PyExc_ValueError, "lane must be 0 or 1");
+        return NULL;
+    }
     CoreObject *c = k->core;
     chunk *got;
     LOCKED(c, {
         lane_t *l = &k->lanes[li];
         got = l->inbox;
         l->inbox = l->inbox_tail = NULL;
-        l->inbox_n = 0;
+        l->inbox_bytes = 0;
         l->notified = 0;
         if (got && !k->ended)
             rearm(c, k);
@@ -1283,6 +1298,10 @@ static PyObject *link_take(LinkObject *k, PyObject *arg) {
         chunk *next = got->next;
         if (out) {
             PyObject *b = PyBytes_FromStringAndSize(got->data, (Py_ssize_t)got->len);
+            if (b && timed) {
+                PyObject *pair = Py_BuildValue("(Nd)", b, got->t);
+                b = pair;
+            }
             if (!b || PyList_Append(out, b) < 0)
                 Py_CLEAR(out);
             Py_XDECREF(b);
@@ -1388,7 +1407,7 @@ static PyMethodDef link_methods[] = {
     {"_is_open", (PyCFunction)link_is_open, METH_O, ""},
     {"_on_toxic_path", (PyCFunction)link_on_toxic_path, METH_O, ""},
     {"_to_trio", (PyCFunction)link_to_trio, METH_O, ""},
-    {"_take", (PyCFunction)link_take, METH_O, ""},
+    {"_take", (PyCFunction)link_take, METH_VARARGS, ""},
     {"_offer", (PyCFunction)link_offer, METH_VARARGS, ""},
     {"_offer_eof", (PyCFunction)link_offer_eof, METH_O, ""},
     {"_fail_next", (PyCFunction)link_fail_next, METH_NOARGS,
@@ -1438,6 +1457,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "ERROR", EV_ERROR);
     PyModule_AddIntConstant(m, "UPSTREAM_FAILED", EV_UPSTREAM_FAILED);
     PyModule_AddIntConstant(m, "COPY_CHUNK", COPY_CHUNK);
-    PyModule_AddIntConstant(m, "INBOX_CAP", INBOX_CAP);
+    PyModule_AddIntConstant(m, "INBOX_BYTES", INBOX_BYTES);
+    PyModule_AddIntConstant(m, "CHUNK_COST", CHUNK_COST);
     return m;
 }

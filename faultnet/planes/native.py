@@ -178,6 +178,11 @@ class Link(_Base):  # type: ignore[misc, valid-type]
         chunks: list[bytes] = self._take(_INDEX[stream])
         return chunks
 
+    def take_timed(self, stream: str) -> list[tuple[bytes, float]]:
+        """As :meth:`take`, each chunk with the CLOCK_MONOTONIC time the thread read it."""
+        chunks: list[tuple[bytes, float]] = self._take(_INDEX[stream], True)
+        return chunks
+
     def offer(self, stream: str, data: bytes | memoryview) -> bool:
         """Write *data* to the lane's ``dst`` (gate first, under the mutex); what the
         socket does not take is held for the thread. False (nothing done) while the gate

@@ -52,8 +52,8 @@ these a probe closed just before a fault was still counted (10 of 30 runs of
 test_fault_modes_through_the_api; trio's pumps, which run in trio's own loop, 0 of 12).
 
 **Toxics.** A lane with a toxic chain is handed to trio (:meth:`Link.to_trio`): the
-thread still reads it (gate first, under the lock) into the lane's inbox, up to
-:data:`_INBOX_CAP` chunks, and trio's one task for that lane runs the chain and writes
+thread still reads it (gate first, under the lock) into the lane's inbox, each chunk
+stamped with the time it was read, up to :data:`_INBOX_BYTES`, and trio's one task for that lane runs the chain and writes
 with :meth:`Link.offer` (gate, then send, under the lock; what the socket does not take
 is handed to the thread). No reader task and no channel per chunk.
 
@@ -109,8 +109,10 @@ COPY_CHUNK = 64 * 1024
 #: Syscalls one socket may make per epoll wake-up before the others get a turn (level
 #: triggered: it is offered again at the next poll).
 _FAIR_OPS = 16
-#: Chunks a toxic lane's reader may run ahead of trio's chain.
-_INBOX_CAP = 16
+#: Bytes a toxic lane's reader may run ahead of trio's chain, each chunk costing its
+#: length plus _CHUNK_COST (the native plane's bound: see INBOX_BYTES in _native.c).
+_INBOX_BYTES = 1024 * 1024
+_CHUNK_COST = 64
 _SPLICE_FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 _IN, _OUT = select.EPOLLIN, select.EPOLLOUT
 _MAX_EVENTS = 256
@@ -144,6 +146,7 @@ class Lane:
         "eof_read",
         "held",
         "inbox",
+        "inbox_bytes",
         "notified",
         "open",
         "pipe",
@@ -174,14 +177,17 @@ class Lane:
         self.eof_pending = False
         self.eof_forwarded = False
         self.to_trio = False
-        self.inbox: deque[bytes] = deque()
+        #: Chunks read for trio, each with the time.monotonic() (CLOCK_MONOTONIC) of its
+        #: read, and their cost against _INBOX_BYTES.
+        self.inbox: deque[tuple[bytes, float]] = deque()
+        self.inbox_bytes = 0
         self.notified = False
         self.waiting = False
 
     def wants_read(self) -> bool:
         if not self.open or self.eof_read or self.held is not None or self.piped:
             return False
-        return not self.to_trio or len(self.inbox) < _INBOX_CAP
+        return not self.to_trio or self.inbox_bytes < _INBOX_BYTES
 
     def wants_write(self) -> bool:
         return self.open and (self.held is not None or self.piped > 0)
@@ -279,10 +285,15 @@ class Link:
 
     def take(self, stream: str) -> list[bytes]:
         """The chunks read for trio so far (b"" is the EOF), and re-arm the reader."""
+        return [data for data, _ in self.take_timed(stream)]
+
+    def take_timed(self, stream: str) -> list[tuple[bytes, float]]:
+        """As :meth:`take`, each chunk with the CLOCK_MONOTONIC time the thread read it."""
         with self.plane.lock:
             lane = self.lanes[stream]
             chunks = list(lane.inbox)
             lane.inbox.clear()
+            lane.inbox_bytes = 0
             lane.notified = False
             if chunks and not self.ended:
                 self.plane._rearm(self)
@@ -595,14 +606,16 @@ class Plane:
     def _for_trio(self, link: Link, lane: Lane, n: int) -> bool:
         """Queue the *n* bytes just read (0: the EOF) for trio's toxic chain. True if the
         socket may have more to read now."""
-        lane.inbox.append(bytes(self._view[:n]))
+        # Stamped here, in the thread, at the read: the latency toxic counts from it.
+        lane.inbox.append((bytes(self._view[:n]), time.monotonic()))
+        lane.inbox_bytes += n + _CHUNK_COST
         if not lane.notified:
             lane.notified = True
             self._post(link, CHUNKS, lane.stream)
         if not n:
             lane.eof_read = True
             return False
-        return n == COPY_CHUNK and len(lane.inbox) < _INBOX_CAP
+        return n == COPY_CHUNK and lane.inbox_bytes < _INBOX_BYTES
 
     def _took(self, link: Link, lane: Lane, n: int) -> bool:
         """Pass on the *n* bytes just read into the buffer (0: the EOF). True if the

@@ -25,6 +25,7 @@ import trio
 
 from faultnet.toxics._attributes import Attribute, AttributeToxic
 from faultnet.toxics.base import ToxicContext
+from faultnet.toxics.clock import monotonic_offset
 from faultnet.toxics.registry import register
 
 __all__ = ["Slicer"]
@@ -79,23 +80,10 @@ def _timer_slack() -> float:
     return slack / 1e9 if 0 < slack < 10_000_000 else 0.0
 
 
-def _monotonic_offset() -> float | None:
-    """trio's clock minus CLOCK_MONOTONIC, if trio's clock is its real one (its
-    SystemClock is ``offset + perf_counter()``, and perf_counter is CLOCK_MONOTONIC on
-    Linux); None under any other clock (MockClock), whose time is not the kernel's."""
-    clock = trio.lowlevel.current_clock()
-    offset = getattr(clock, "offset", None)
-    if type(clock).__name__ != "SystemClock" or not isinstance(offset, float):
-        return None
-    if time.get_clock_info("perf_counter").implementation != "clock_gettime(CLOCK_MONOTONIC)":
-        return None
-    return offset
-
-
 async def sleep_until_precisely(deadline: float) -> None:
     """Sleep until the trio time *deadline*, to within the kernel's timer slack (~50 µs)
     where trio's own timer gives a millisecond; a checkpoint if it has passed."""
-    offset = _monotonic_offset() if _timerfd is not None else None
+    offset = monotonic_offset() if _timerfd is not None else None
     if offset is None or _timerfd is None:
         await trio.sleep_until(deadline)
         return

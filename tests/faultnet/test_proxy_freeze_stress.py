@@ -235,7 +235,7 @@ def _reads_through_the_gate(self: PlaneLane) -> bool:
     # Lane.wants_read without its look at the gate.
     if self.eof_read or self.held is not None or self.piped:
         return False
-    return not self.to_trio or len(self.inbox) < dataplane._INBOX_CAP
+    return not self.to_trio or self.inbox_bytes < dataplane._INBOX_BYTES
 
 
 def _writes_through_the_gate(self: PlaneLane) -> bool:
