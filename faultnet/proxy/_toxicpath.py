@@ -48,6 +48,8 @@ class ToxicLane:
         self.owner = owner
         self._wake = wake
         self.eof_offered = False
+        #: The lane's task has let others run since it took up its current chunk.
+        self._yielded = False
 
     async def run(self) -> None:
         """Until the EOF has been offered through the chain (or the link ends)."""
@@ -68,7 +70,10 @@ class ToxicLane:
                     if not data:
                         return await self._eof()
                     t_read = now if offset is None else t_plane + offset
+                    self._yielded = False
                     await self.owner.chain(self.stream).send(data, t_read, self)
+                    if not self._yielded:  # dropped or held by a toxic without a wait
+                        await trio.lowlevel.checkpoint()
         except ConnectionError:
             return  # the link ended: its RESET event (or the fault that ended it) acts
 
@@ -84,11 +89,19 @@ class ToxicLane:
 
     # The chain's sink.
     async def send_all(self, data: bytes | memoryview) -> None:
+        """Write *data* (gate first), then let the loop's other tasks run: a write that
+        the socket takes at once schedules nothing, and a chain whose stages do not wait
+        (a slicer with delay 0 writing 1-byte pieces, any pass-through while the plane
+        keeps the inbox full) would otherwise hold trio's one thread for as long as the
+        stream lasts (API calls and other proxies' accepts waited 19 s: issue 32). One
+        checkpoint per write (per piece), or per chunk where none reaches the sink."""
         while True:
             woken = self._wake(self.stream)
             if self.link.offer(self.stream, data):
-                return
+                break
             await woken.wait()
+        self._yielded = True
+        await trio.lowlevel.checkpoint()
 
     async def send_eof(self) -> None:
         while True:
