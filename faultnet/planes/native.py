@@ -37,8 +37,9 @@ calls it would cost a second GIL hand-off per batch for nothing.
 behind the link's last event; :meth:`Plane._deliver` drops the reference once the batch
 is built, so no event ever points at a freed link.
 
-**The toxic path** stays in Python: :class:`faultnet.proxy._toxicpath.ToxicLane` drives it
-through :meth:`Link.take` / :meth:`Link.offer` / :meth:`Link.offer_eof`, which are C calls.
+**The toxic path** stays in Python: :class:`faultnet.proxy._toxiclink.ToxicLink` drives it
+through :meth:`Link.take_timed` / :meth:`Link.offer` / :meth:`Link.offer_eof`, which are C
+calls.
 
 **Debug switches** (tests only): ``Core.set_unlocked(True)`` makes freeze and counts skip
 the mutex (the freeze stress test goes red with it), and ``Core.hold_write(fd)`` stops the

@@ -7,7 +7,8 @@ The package, one concept per module:
   and the listener: what every mode does and what undoes it, as tables (pure, no I/O);
 * ``_connection`` -- one connection: its sockets, its fault state made real on its
   plane and sockets, its toxics, its life from accept to ``conn_close``;
-* ``_toxicpath`` -- the trio side of a stream that passes through toxics;
+* ``_toxiclink`` -- a toxic link: one stream's path through its toxics (chain, task);
+* ``_hop`` -- the internal hop of two-way loss;
 * ``_proxy`` -- the :class:`Proxy`: listener and accept loop, the fault operations, toxics;
 * ``_errors`` -- what the proxies raise.
 

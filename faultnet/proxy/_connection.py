@@ -10,7 +10,8 @@ plane only through :mod:`faultnet.planes`' interface and never asks which plane 
 Its life: accepted (listed, its state taken from the faults on new connections), the
 upstream connect started and both sockets handed to the plane (:meth:`start`), then the
 plane's events end it (both EOFs forwarded, a peer reset, a failed connect), or a fault
-or the proxy does (:meth:`end`). Toxics run in a task of its own, only when it has any.
+or the proxy does (:meth:`end`). Toxics run in a task of its own, only when it has any:
+each stream's path through them is a :class:`~faultnet.proxy._toxiclink.ToxicLink`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from faultnet.addresses import format_address
 from faultnet.eventlog import JsonlWriter
 from faultnet.proxy._faultstate import LABELS, FaultState
 from faultnet.proxy._hop import HOP, Hop
-from faultnet.proxy._toxicpath import ToxicLane
+from faultnet.proxy._toxiclink import ToxicLink
 from faultnet.seeds import derive_seed
 from faultnet.sockopts import (
     FilterDrops,
@@ -45,7 +46,7 @@ from faultnet.sockopts import (
     tcp_unacked,
 )
 from faultnet.toxics.base import STREAMS, Toxic
-from faultnet.toxics.chain import ChainLink, Sink, ToxicChain, chain_of
+from faultnet.toxics.chain import Sink, ToxicChain, ToxicStage, chain_of
 
 __all__ = ["CONNECTION_STATES", "Connection", "ConnectionInfo", "Host"]
 
@@ -180,16 +181,13 @@ class Connection:
         self._done = trio.Event()
         self._held_logged: set[str] = set()
         # -- toxics --
-        #: Toxic name -> its link on this connection, or None where toxicity said no.
-        self.links: dict[str, ChainLink | None] = {}
-        #: Set (and replaced) whenever a toxic is attached or detached here.
-        self.chain_changed = trio.Event()
-        self._toxic_lanes: dict[str, ToxicLane] = {}
-        self._toxic_scopes: dict[str, trio.CancelScope] = {}
-        self._wakes: dict[str, trio.Event] = {s: trio.Event() for s in STREAMS}
-        #: The internal hop (two-way loss), once the connection is on it, and its links.
+        #: Toxic name -> its stage on this connection, or None where toxicity said no.
+        self.stages: dict[str, ToxicStage | None] = {}
+        #: Each stream's path through its toxics (chain, task, wake-ups): see _toxiclink.
+        self.toxic_links = {s: ToxicLink(s, self) for s in STREAMS}
+        #: The internal hop (two-way loss), once the connection is on it, and its stage.
         self.hop: Hop | None = None
-        self._hop_link: ChainLink | None = None
+        self._hop_stage: ToxicStage | None = None
         #: :meth:`start` has run: a hop can be set up (not before: see :meth:`_refilter`).
         self._started = False
         self._scope = trio.CancelScope()
@@ -215,7 +213,7 @@ class Connection:
         if opening and self.link is not None:
             self.link.thaw(sorted(opening))
             for s in opening:
-                self._wake(s)
+                self.toxic_links[s].wake()
 
     def apply(
         self, mode: str, streams: tuple[str, ...], fraction: float = 0.0, both_ways: bool = False
@@ -284,13 +282,13 @@ class Connection:
             return
         self.hop = hop
         rng = random.Random(derive_seed(self.proxy.seed, self.id, HOP.name))
-        link = ChainLink(HOP, self.id, "upstream", rng, self.sever, self.reset, self)
-        link.pair()
-        link.state["hop"] = hop
-        link.state["on_failure"] = self._hop_failed
-        self._hop_link = link
+        stage = ToxicStage(HOP, self.id, "upstream", rng, self.sever, self.reset, self)
+        stage.pair()
+        stage.state["hop"] = hop
+        stage.state["on_failure"] = self._hop_failed
+        self._hop_stage = stage
         self.log_event("hop_opened", ports=hop.ports)
-        self._put_on_path(link)
+        self._put_on_path(stage)
 
     def _hop_failed(self, why: str) -> None:
         if self.closing is None and not self._done.is_set():
@@ -414,81 +412,65 @@ class Connection:
     def wants_copy(self, stream: str) -> bool:
         """True once any toxic (or the hop) applies to *stream* here (the plane hands it
         to trio)."""
-        return any(
-            link is not None and stream in link.streams
-            for link in (*self.links.values(), self._hop_link)
+        return bool(self.toxic_links[stream].chain.stages)
+
+    def build_chain(self, stream: str) -> ToxicChain:
+        """The toxics that apply to *stream* here, in the order they were added (both-
+        stream toxics as layers: see :func:`faultnet.toxics.chain.chain_of`), and the
+        hop, innermost, once the connection is on it (the toxic link's ChainSource)."""
+        return chain_of(
+            (*(self.stages.get(t.name) for t in self.proxy.toxics), self._hop_stage), stream
         )
 
     def chain(self, stream: str) -> ToxicChain:
-        """The toxics that apply to *stream* here, in the order they were added (both-
-        stream toxics as layers: see :func:`faultnet.toxics.chain.chain_of`), and the
-        hop, innermost, once the connection is on it."""
-        return chain_of(
-            (*(self.links.get(t.name) for t in self.proxy.toxics), self._hop_link), stream
-        )
+        """*stream*'s chain as of now (built when the toxics change, not per call)."""
+        return self.toxic_links[stream].chain
 
     def sink(self, stream: str) -> Sink | None:
         """What writes *stream*'s bytes now, for a both-stream toxic's own writes."""
-        return self._toxic_lanes.get(stream)
+        toxic_link = self.toxic_links[stream]
+        return toxic_link if toxic_link.running else None
 
     @property
     def seed(self) -> int:
         return self.proxy.seed
 
     def attach_toxic(self, toxic: Toxic) -> None:
-        if toxic.name in self.links:  # already decided for this connection: kept
+        if toxic.name in self.stages:  # already decided for this connection: kept
             return
         # Decided once per connection and kept; toxicity 0 never applies
         # (random() < 0 is never true), 1 always does.
         rng = random.Random(derive_seed(self.proxy.seed, self.id, toxic.name))
         if not rng.random() < toxic.toxicity:
-            self.links[toxic.name] = None
+            self.stages[toxic.name] = None
             return
-        link = ChainLink(toxic, self.id, toxic.stream, rng, self.sever, self.reset, self)
+        stage = ToxicStage(toxic, self.id, toxic.stream, rng, self.sever, self.reset, self)
         if toxic.both_streams:
-            link.pair()
-        self.links[toxic.name] = link
-        self._put_on_path(link)
+            stage.pair()
+        self.stages[toxic.name] = stage
+        self._put_on_path(stage)
 
-    def _put_on_path(self, link: ChainLink) -> None:
-        """*link* is in this connection's chains from now on: its streams go to trio."""
-        self._signal_chain_changed()
+    def _put_on_path(self, stage: ToxicStage) -> None:
+        """*stage* is in this connection's chains from now on: its streams go to trio."""
+        for s in stage.streams:
+            self.toxic_links[s].rebuild()
         # From now on the stream's bytes go to trio; its chain runs in the host task.
         if self.link is not None:
-            for s in link.streams:
+            for s in stage.streams:
                 self.link.to_trio(s)
             self._ensure_host()
         if self._nursery is not None:
-            self._start_toxic(link)
+            self.toxic_links[stage.stream].start_stage(self._nursery, stage)
             if self.link is not None:
-                for s in link.streams:
-                    self._start_toxic_lane(s)
+                for s in stage.streams:
+                    self.toxic_links[s].start(self._nursery)
 
     def detach_toxic(self, name: str) -> None:
-        if self.links.pop(name, None) is not None:
-            self._signal_chain_changed()
-        scope = self._toxic_scopes.pop(name, None)
-        if scope is not None:
-            scope.cancel()
-
-    def _signal_chain_changed(self) -> None:
-        self.chain_changed.set()
-        self.chain_changed = trio.Event()
-
-    def _start_toxic(self, link: ChainLink) -> None:
-        assert self._nursery is not None
-        scope = trio.CancelScope()
-        try:
-            self._nursery.start_soon(self._run_toxic, link.toxic, link, scope)
-        except RuntimeError:
-            # "Nursery is closed to new arrivals": the connection is being torn down
-            # (still listed for a moment). No byte will cross it again.
-            return
-        self._toxic_scopes[link.toxic.name] = scope
-
-    async def _run_toxic(self, toxic: Toxic, link: ChainLink, scope: trio.CancelScope) -> None:
-        with scope:
-            await toxic.run(link)
+        stage = self.stages.pop(name, None)
+        if stage is not None:
+            self.toxic_links[stage.stream].stop_stage(name)
+            for s in stage.streams:
+                self.toxic_links[s].rebuild()
 
     def _ensure_host(self) -> None:
         """Start the task whose nursery runs this connection's toxics (once)."""
@@ -500,34 +482,18 @@ class Connection:
         with self._scope:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                for link in (*self.links.values(), self._hop_link):
-                    if link is not None and link.toxic.name not in self._toxic_scopes:
-                        self._start_toxic(link)
+                for stage in (*self.stages.values(), self._hop_stage):
+                    if stage is not None:
+                        self.toxic_links[stage.stream].start_stage(nursery, stage)
                 # Every lane on the toxic path, not only those a toxic applies to now:
                 # one added and removed before this task ran left its lane sending
                 # bytes to trio that nobody took (a churning client hung, in the suite).
                 for s in STREAMS:
                     if self.link is not None and self.link.on_toxic_path(s):
-                        self._start_toxic_lane(s)
+                        self.toxic_links[s].start(nursery)
                 await self._done.wait()
                 nursery.cancel_scope.cancel()
         self._nursery = None
-
-    def _start_toxic_lane(self, stream: str) -> None:
-        assert self.link is not None and self._nursery is not None
-        if stream in self._toxic_lanes:
-            return
-        self.link.to_trio(stream)
-        lane = ToxicLane(self.link, stream, self, self._wake_event)
-        self._toxic_lanes[stream] = lane
-        self._nursery.start_soon(lane.run)
-
-    def _wake_event(self, stream: str) -> trio.Event:
-        return self._wakes[stream]
-
-    def _wake(self, stream: str) -> None:
-        self._wakes[stream].set()
-        self._wakes[stream] = trio.Event()
 
     # -- life --
 
@@ -584,7 +550,7 @@ class Connection:
             return self._upstream_failed(err)
         self._refilter()  # the upstream socket's filter (loss applied while connecting)
         # No checkpoint from reading the state to add(): a fault cannot fall between.
-        self.link = plane.add(
+        self.link = link = plane.add(
             self.client,
             server,
             self._on_plane_event,
@@ -592,6 +558,8 @@ class Connection:
             to_trio=[s for s in STREAMS if self.wants_copy(s)],
             connect_timeout=self.proxy.connect_timeout,
         )
+        for toxic_link in self.toxic_links.values():
+            toxic_link.plane = link
         if any(self.wants_copy(s) for s in STREAMS):
             self._ensure_host()
 
@@ -643,7 +611,7 @@ class Connection:
             self.log_event("peer_reset", stream=stream, errno=errno.errorcode.get(link.errno, "?"))
             self.end("reset")
         elif stream is not None:  # CHUNKS or DRAINED
-            self._wake(stream)
+            self.toxic_links[stream].wake()
 
     def _finish(self, how: str) -> None:
         """Close what is still open, forget the connection and log ``conn_close``; once

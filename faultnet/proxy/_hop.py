@@ -40,7 +40,7 @@ import trio
 from faultnet import bpf
 from faultnet.sockopts import FilterDrops, detach_filter, set_linger_reset, tcp_retransmits
 from faultnet.toxics.base import Toxic, ToxicContext
-from faultnet.toxics.chain import ChainLink
+from faultnet.toxics.chain import ToxicStage
 
 __all__ = ["HOP", "HOP_LAYER", "Hop", "HopToxic"]
 
@@ -218,7 +218,7 @@ class Hop:
             except (trio.ClosedResourceError, trio.BrokenResourceError) as exc:
                 raise ConnectionResetError("the hop is closed") from exc
 
-    async def run(self, links: dict[str, ChainLink], on_failure: Callable[[str], None]) -> None:
+    async def run(self, links: dict[str, ToxicStage], on_failure: Callable[[str], None]) -> None:
         """Read each end and inject what arrives past the hop, until both EOFs have
         crossed or the hop is closed; *on_failure* (why) if the hop's TCP failed."""
         if self.closed:
@@ -231,7 +231,7 @@ class Hop:
                 nursery.start_soon(self._uncork, stream)
 
     async def _out(
-        self, src: trio.SocketStream, link: ChainLink, on_failure: Callable[[str], None]
+        self, src: trio.SocketStream, link: ToxicStage, on_failure: Callable[[str], None]
     ) -> None:
         try:
             while True:
@@ -249,15 +249,16 @@ class Hop:
             return  # the stream no longer forwards: the connection is ending
 
 
-async def _inject_eof(link: ChainLink) -> None:
+async def _inject_eof(stage: ToxicStage) -> None:
     """Offer the EOF past the hop; again whenever the chain changes while a toxic after
-    it holds the EOF (as the toxic lane does: faultnet/proxy/_toxicpath.py)."""
-    host = cast(Any, link.host)
+    it holds the EOF (as the toxic link does: faultnet/proxy/_toxiclink.py)."""
+    host = cast(Any, stage.host)
     while True:
-        changed: trio.Event = host.chain_changed
-        await link.inject_eof()
-        sink = host.sink(link.stream)
-        if sink is None or getattr(sink, "eof_offered", True) or sink.link.ended:
+        toxic_link = host.toxic_links[stage.stream]
+        changed: trio.Event = toxic_link.changed
+        await stage.inject_eof()
+        sink = host.sink(stage.stream)
+        if sink is None or sink.eof_offered or sink.plane is None or sink.plane.ended:
             return
         await changed.wait()
 
@@ -277,7 +278,7 @@ class HopToxic(Toxic):
         await _hop(ctx).write_eof(ctx.stream)
 
     async def run(self, ctx: ToxicContext) -> None:
-        link = cast(ChainLink, ctx)
+        link = cast(ToxicStage, ctx)
         up, down = link.on("upstream"), link.on("downstream")
         assert up is not None and down is not None
         await _hop(ctx).run({"upstream": up, "downstream": down}, ctx.state["on_failure"])

@@ -41,7 +41,7 @@ from faultnet.protocols.http import (
 from faultnet.seeds import derive_seed
 from faultnet.toxics._attributes import Attribute, AttributeToxic, TextAttribute
 from faultnet.toxics.base import ToxicContext
-from faultnet.toxics.chain import ChainLink
+from faultnet.toxics.chain import ToxicStage
 from faultnet.toxics.registry import register
 
 __all__ = [
@@ -137,7 +137,7 @@ class HttpToxic(AttributeToxic):
     def _session(self, ctx: ToxicContext) -> Session:
         session: Session | None = ctx.state.get("http")
         if session is None:
-            link = cast(ChainLink, ctx)
+            link = cast(ToxicStage, ctx)
             up, down = link.on("upstream"), link.on("downstream")
             assert up is not None and down is not None, "an HTTP toxic sees both streams"
             seed = link.seed

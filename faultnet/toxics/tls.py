@@ -33,14 +33,14 @@ from faultnet.protocols.tls import (
 )
 from faultnet.toxics._attributes import AttributeToxic, TextAttribute
 from faultnet.toxics.base import ToxicContext
-from faultnet.toxics.chain import ChainLink
+from faultnet.toxics.chain import ToxicStage
 from faultnet.toxics.registry import register
 
 __all__ = ["TlsHandshake", "TlsOriginate", "TlsTerminate"]
 
 
-def _links(ctx: ToxicContext) -> tuple[ChainLink, ChainLink]:
-    link = cast(ChainLink, ctx)
+def _links(ctx: ToxicContext) -> tuple[ToxicStage, ToxicStage]:
+    link = cast(ToxicStage, ctx)
     up, down = link.on("upstream"), link.on("downstream")
     assert up is not None and down is not None, "a TLS toxic sees both streams"
     return up, down

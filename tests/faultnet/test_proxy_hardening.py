@@ -49,7 +49,7 @@ async def test_toxics_added_and_removed_while_connections_close_are_atomic(tmp_p
                     proxy.add_toxic(Latency(f"lat{i}", "downstream", latency=0))
                     # In force on every live connection that its toxicity picks (1.0).
                     for c in proxy._live():
-                        assert f"lat{i}" in c.links, (i, c.id)
+                        assert f"lat{i}" in c.stages, (i, c.id)
                     await trio.lowlevel.checkpoint()
                     proxy.update_toxic(f"lat{i}", {"latency": 1})
                     await trio.lowlevel.checkpoint()

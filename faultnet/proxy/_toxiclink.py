@@ -1,0 +1,184 @@
+"""A toxic link: one stream of one connection on the toxic path (Toxiproxy's ToxicLink).
+
+::
+
+    plane (Link.take_timed) > stage > stage > ... > this link's sink (Link.offer)
+
+A plane hands a lane's chunks to trio (:meth:`faultnet.planes.Link.take_timed`,
+signalled by the CHUNKS event), each with the time it was read. The :class:`ToxicLink`
+of that stream owns what happens next, apart from the connection:
+
+* the stream's chain (:class:`~faultnet.toxics.chain.ToxicChain`), rebuilt by
+  :meth:`ToxicLink.rebuild` when the connection's toxics (or its hop) change, never per
+  chunk;
+* the one task that runs each chunk through it (:meth:`ToxicLink.run`) and is the
+  chain's sink: what comes out is written with :meth:`~faultnet.planes.Link.offer`,
+  gate first, by the plane;
+* the tasks of the stages at home on this stream (a toxic's ``run``: a both-stream
+  toxic's pair, the hop among them, is at home on the stream of its first stage);
+* its wake-ups: the plane's CHUNKS and DRAINED, a thaw, a change of chain.
+
+The same code serves every plane: it asks nothing of a plane but the interface.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import trio
+
+from faultnet.planes import Link
+from faultnet.toxics.chain import ToxicChain, ToxicStage
+from faultnet.toxics.clock import monotonic_offset
+
+__all__ = ["ChainSource", "ToxicLink"]
+
+
+class ChainSource(Protocol):
+    """What a :class:`ToxicLink` asks of its connection: the chain as of now."""
+
+    def build_chain(self, stream: str) -> ToxicChain:
+        """The stages *stream*'s bytes go through, built from the connection's toxics."""
+        ...
+
+
+class ToxicLink:
+    """One stream of one connection on the toxic path: its chain, the task that runs it
+    (:meth:`run`), the tasks of its stages (:meth:`start_stage`), and the chain's sink."""
+
+    def __init__(self, stream: str, source: ChainSource) -> None:
+        self.stream = stream
+        self._source = source
+        #: The connection in the plane, once it is there.
+        self.plane: Link | None = None
+        #: The stream's chain; replaced whole by :meth:`rebuild`.
+        self.chain = ToxicChain([])
+        #: Set (and replaced) whenever the chain is rebuilt.
+        self.changed = trio.Event()
+        #: The chain's task is running (:meth:`start`).
+        self.running = False
+        self.eof_offered = False
+        self._woken = trio.Event()
+        self._scopes: dict[str, trio.CancelScope] = {}
+        #: The task has let others run since it took up its current chunk.
+        self._yielded = False
+
+    # -- the connection's side --
+
+    def rebuild(self) -> None:
+        """Take the chain as the connection's toxics now make it, and wake the task (an
+        EOF a removed toxic held goes through; see :meth:`_eof`)."""
+        self.chain = self._source.build_chain(self.stream)
+        self.changed.set()
+        self.changed = trio.Event()
+        self.wake()
+
+    def wake(self) -> None:
+        """The plane has chunks, its held bytes drained, or the gate opened: look again."""
+        self._woken.set()
+        self._woken = trio.Event()
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Put the stream on the toxic path and start the chain's task (once)."""
+        if self.running or self.eof_offered or self.plane is None:
+            return
+        self.plane.to_trio(self.stream)
+        self.running = True
+        nursery.start_soon(self.run)
+
+    def start_stage(self, nursery: trio.Nursery, stage: ToxicStage) -> None:
+        """Run *stage*'s toxic task (``Toxic.run``) until :meth:`stop_stage` or the end."""
+        name = stage.toxic.name
+        if name in self._scopes:
+            return
+        scope = trio.CancelScope()
+
+        async def run() -> None:
+            with scope:
+                await stage.toxic.run(stage)
+
+        try:
+            nursery.start_soon(run)
+        except RuntimeError:
+            # "Nursery is closed to new arrivals": the connection is being torn down
+            # (still listed for a moment). No byte will cross it again.
+            return
+        self._scopes[name] = scope
+
+    def stop_stage(self, name: str) -> None:
+        scope = self._scopes.pop(name, None)
+        if scope is not None:
+            scope.cancel()
+
+    def has_stage_task(self, name: str) -> bool:
+        return name in self._scopes
+
+    # -- the chain's task --
+
+    async def run(self) -> None:
+        """Until the EOF has been offered through the chain (or the link ends)."""
+        assert self.plane is not None
+        link = self.plane
+        try:
+            while True:
+                woken = self._woken  # taken before looking: no lost wake-up
+                chunks = link.take_timed(self.stream)
+                if not chunks:
+                    await woken.wait()
+                    continue
+                # Each chunk carries the time the plane read it (CLOCK_MONOTONIC, made
+                # trio time): one stamp for the batch, taken now, made a chunk read while
+                # the last one was delayed wait out that delay and then its own (issue 32:
+                # latency=5 ms on a steady stream gave 10-16 ms).
+                offset = monotonic_offset()
+                now = trio.current_time() if offset is None else 0.0
+                for data, t_plane in chunks:
+                    if not data:
+                        return await self._eof()
+                    t_read = now if offset is None else t_plane + offset
+                    self._yielded = False
+                    await self.chain.send(data, t_read, self)
+                    if not self._yielded:  # dropped or held by a toxic without a wait
+                        await trio.lowlevel.checkpoint()
+        except ConnectionError:
+            return  # the link ended: its RESET event (or the fault that ended it) acts
+        finally:
+            self.running = False
+
+    async def _eof(self) -> None:
+        assert self.plane is not None
+        while True:
+            changed = self.changed  # taken before offering: no lost wake-up
+            await self.chain.send_eof(self)
+            if self.eof_offered or self.plane.ended:
+                return
+            # A toxic held the EOF (timeout does): offer it again whenever the chain
+            # changes, so removing that toxic lets the FIN through.
+            await changed.wait()
+
+    # -- the chain's sink --
+
+    async def send_all(self, data: bytes | memoryview) -> None:
+        """Write *data* (gate first), then let the loop's other tasks run: a write that
+        the socket takes at once schedules nothing, and a chain whose stages do not wait
+        (a slicer with delay 0 writing 1-byte pieces, any pass-through while the plane
+        keeps the inbox full) would otherwise hold trio's one thread for as long as the
+        stream lasts (API calls and other proxies' accepts waited 19 s: issue 32). One
+        checkpoint per write (per piece), or per chunk where none reaches the sink."""
+        assert self.plane is not None
+        while True:
+            woken = self._woken
+            if self.plane.offer(self.stream, data):
+                break
+            await woken.wait()
+        self._yielded = True
+        await trio.lowlevel.checkpoint()
+
+    async def send_eof(self) -> None:
+        assert self.plane is not None
+        while True:
+            woken = self._woken
+            if self.plane.offer_eof(self.stream):
+                self.eof_offered = True
+                return
+            await woken.wait()
