@@ -24,7 +24,8 @@ The contract every plane keeps (and every plane runs the same tests):
   EOF, signalled by CHUNKS; :meth:`Link.take_timed` with each chunk's read time;
   the inbox is bounded in bytes) and trio writes what its toxic chain lets out with
   :meth:`Link.offer` / :meth:`Link.offer_eof` (gate first; DRAINED when held bytes went
-  out). The trio side of that path is the core's (:mod:`faultnet.proxy`), not a plane's.
+  out). :meth:`Link.to_plane` hands the lane back once trio has taken every chunk
+  (its toxics were removed). The trio side of that path is the core's (:mod:`faultnet.proxy`), not a plane's.
 
 Planes are registered in :data:`PLANES` (name -> module exposing ``Plane`` and
 ``AVAILABLE``), fastest first; :func:`default_plane` is the first available one unless
@@ -100,7 +101,12 @@ class Link(Protocol):
         """Whether *stream*'s EOF has been passed on (a half-close)."""
 
     def to_trio(self, stream: str) -> None:
-        """Put *stream* on the toxic path (for good)."""
+        """Put *stream* on the toxic path (until :meth:`to_plane`)."""
+
+    def to_plane(self, stream: str) -> bool:
+        """Take *stream* off the toxic path, back to the plane's own forwarding: False
+        (nothing changed) while chunks read for trio wait to be taken. Bytes trio's last
+        offer left held go out first, then the plane reads on by itself."""
 
     def on_toxic_path(self, stream: str) -> bool:
         """Whether *stream* is on the toxic path."""

@@ -1271,6 +1271,32 @@ static PyObject *link_to_trio(LinkObject *k, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+/* Back from trio to the plane: 0 (nothing changed) while chunks read for trio wait in
+ * the inbox (trio takes them first); else the lane forwards by itself again, at once:
+ * bytes trio's last offer left held go out first (they are the lane's held bytes), then
+ * what the socket has, read here as add() does (no edge may come for bytes already
+ * queued). */
+static PyObject *link_to_plane(LinkObject *k, PyObject *arg) {
+    NEED_CORE(k);
+    int li = lane_arg(arg);
+    if (li < 0)
+        return NULL;
+    CoreObject *c = k->core;
+    int done;
+    LOCKED(c, {
+        lane_t *l = &k->lanes[li];
+        if (l->inbox) {
+            done = 0;
+        } else {
+            done = 1;
+            l->to_trio = l->waiting = l->notified = 0;
+            if (!k->ended && !k->connecting)
+                handle(c, k, li);
+        }
+    });
+    return PyBool_FromLong(done);
+}
+
 /* _take(lane, timed): the chunks read for trio, as bytes, or with timed as
  * (bytes, CLOCK_MONOTONIC read time) pairs. */
 static PyObject *link_take(LinkObject *k, PyObject *args) {
@@ -1407,6 +1433,7 @@ static PyMethodDef link_methods[] = {
     {"_is_open", (PyCFunction)link_is_open, METH_O, ""},
     {"_on_toxic_path", (PyCFunction)link_on_toxic_path, METH_O, ""},
     {"_to_trio", (PyCFunction)link_to_trio, METH_O, ""},
+    {"_to_plane", (PyCFunction)link_to_plane, METH_O, ""},
     {"_take", (PyCFunction)link_take, METH_VARARGS, ""},
     {"_offer", (PyCFunction)link_offer, METH_VARARGS, ""},
     {"_offer_eof", (PyCFunction)link_offer_eof, METH_O, ""},

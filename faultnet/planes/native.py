@@ -174,6 +174,11 @@ class Link(_Base):  # type: ignore[misc, valid-type]
         """From now on bytes read on *stream* go to trio's chain (:meth:`take`)."""
         self._to_trio(_INDEX[stream])
 
+    def to_plane(self, stream: str) -> bool:
+        """Back to the fast path, unless chunks wait for trio (False: take them first)."""
+        done: bool = self._to_plane(_INDEX[stream])
+        return done
+
     def take(self, stream: str) -> list[bytes]:
         """The chunks read for trio so far (b"" is the EOF), and re-arm the reader."""
         chunks: list[bytes] = self._take(_INDEX[stream])

@@ -283,6 +283,20 @@ class Link:
         with self.plane.lock:
             self.lanes[stream].to_trio = True
 
+    def to_plane(self, stream: str) -> bool:
+        """Back from trio to the thread: False (nothing changed) while chunks read for
+        trio wait in the inbox (take them first); else the lane forwards by itself again
+        at once: what trio's last offer left held goes out first, then what the socket
+        has, moved here as :meth:`Plane.add` does (the thread may not be woken for it)."""
+        with self.plane.lock:
+            lane = self.lanes[stream]
+            if lane.inbox:
+                return False
+            lane.to_trio = lane.waiting = lane.notified = False
+            if not self.ended and not self.connecting:
+                self.plane._service([lane.src_fd])
+            return True
+
     def take(self, stream: str) -> list[bytes]:
         """The chunks read for trio so far (b"" is the EOF), and re-arm the reader."""
         return [data for data, _ in self.take_timed(stream)]

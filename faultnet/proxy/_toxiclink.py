@@ -116,7 +116,8 @@ class ToxicLink:
     # -- the chain's task --
 
     async def run(self) -> None:
-        """Until the EOF has been offered through the chain (or the link ends)."""
+        """Until the EOF has been offered through the chain, the link ends, or the chain
+        is empty and the stream back on the plane (:meth:`faultnet.planes.Link.to_plane`)."""
         assert self.plane is not None
         link = self.plane
         try:
@@ -124,6 +125,11 @@ class ToxicLink:
                 woken = self._woken  # taken before looking: no lost wake-up
                 chunks = link.take_timed(self.stream)
                 if not chunks:
+                    # Its toxics gone and every chunk handed on: back to the plane's fast
+                    # path (no checkpoint since the take: the chain cannot change between;
+                    # a chunk the plane read meanwhile makes it refuse, and is taken next).
+                    if not self.chain.stages and link.to_plane(self.stream):
+                        return
                     await woken.wait()
                     continue
                 # Each chunk carries the time the plane read it (CLOCK_MONOTONIC, made

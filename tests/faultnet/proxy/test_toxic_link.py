@@ -1,0 +1,112 @@
+"""A connection's toxic link: back to the plane's fast path when its toxics are gone.
+
+Once a stream's chain is empty and every chunk the plane read for trio has been handed
+on, the stream leaves the toxic path (:meth:`faultnet.planes.Link.to_plane`): bytes in
+flight at the switch arrive intact and in order, and a half-close is still forwarded.
+"""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from faultnet.proxy import Proxy
+from faultnet.testing import open_link, wait_until
+from faultnet.toxics import Latency
+
+#: Every test here runs on every data plane built here (tests/faultnet/conftest.py).
+pytestmark = pytest.mark.usefixtures("each_plane")
+
+PIECE, PIECES = 1024, 300
+
+
+def pattern(n: int) -> bytes:
+    return bytes((i * 7 + i // 251) % 256 for i in range(n))
+
+
+def only_connection(proxy: Proxy):  # type: ignore[no-untyped-def]
+    (conn,) = proxy._connections.values()
+    return conn
+
+
+async def read_exactly(stream: trio.SocketStream, n: int) -> bytes:
+    got = bytearray()
+    with trio.fail_after(10):
+        while len(got) < n:
+            data = await stream.receive_some(65536)
+            assert data, f"EOF after {len(got)} of {n} bytes"
+            got += data
+    return bytes(got)
+
+
+async def test_a_stream_whose_toxics_are_removed_goes_back_to_the_plane() -> None:
+    async with open_link() as (proxy, client, server):
+        conn = only_connection(proxy)
+        assert conn.link is not None
+        proxy.add_toxic(Latency("up", "upstream", latency=20))
+        proxy.add_toxic(Latency("down", "downstream", latency=20))
+        assert conn.link.on_toxic_path("upstream") and conn.link.on_toxic_path("downstream")
+        payload = pattern(PIECE * PIECES)
+        got: list[bytes] = []
+
+        async def receive() -> None:
+            got.append(await read_exactly(server, len(payload)))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(receive)
+            for i in range(PIECES):
+                await client.send_all(payload[i * PIECE : (i + 1) * PIECE])
+                if i == PIECES // 3:  # bytes before, in the chain, and after the switch
+                    proxy.remove_toxic("up")
+                await trio.sleep(0.0005)
+        assert got[0] == payload, "bytes lost or reordered across the switch"
+
+        def back_on_plane() -> bool:
+            assert conn.link is not None
+            return not conn.link.on_toxic_path("upstream")
+
+        await wait_until(back_on_plane, 5, what="the upstream lane back on the plane")
+        assert not conn.toxic_links["upstream"].running
+        # The other stream keeps its toxic: still on the toxic path, still delayed.
+        assert conn.link.on_toxic_path("downstream")
+        t0 = trio.current_time()
+        await server.send_all(b"back")
+        assert await read_exactly(client, 4) == b"back"
+        assert trio.current_time() - t0 >= 0.020
+        # On the plane again: more bytes, then the half-close, forwarded.
+        await client.send_all(b"after")
+        assert await read_exactly(server, 5) == b"after"
+        await client.send_eof()
+        with trio.fail_after(10):
+            assert await server.receive_some(10) == b""
+        # The other way still open, and its toxic can go too.
+        proxy.remove_toxic("down")
+
+        def down_on_plane() -> bool:
+            assert conn.link is not None
+            return not conn.link.on_toxic_path("downstream")
+
+        await wait_until(down_on_plane, 5, what="the downstream lane back on the plane")
+        await server.send_all(b"last")
+        assert await read_exactly(client, 4) == b"last"
+
+
+async def test_a_toxic_added_again_puts_the_stream_back_on_the_toxic_path() -> None:
+    async with open_link() as (proxy, client, server):
+        conn = only_connection(proxy)
+        assert conn.link is not None
+        for round_ in range(3):
+            proxy.add_toxic(Latency("lat", "upstream", latency=30))
+            t0 = trio.current_time()
+            await client.send_all(b"x%d" % round_)
+            assert await read_exactly(server, 2) == b"x%d" % round_
+            assert trio.current_time() - t0 >= 0.030
+            proxy.remove_toxic("lat")
+
+            def back_on_plane() -> bool:
+                assert conn.link is not None
+                return not conn.link.on_toxic_path("upstream")
+
+            await wait_until(back_on_plane, 5, what="the lane back on the plane")
+            await client.send_all(b"y%d" % round_)
+            assert await read_exactly(server, 2) == b"y%d" % round_
