@@ -5,11 +5,12 @@ stream's task slept for the one before must not wait out that sleep and then a f
 ``latency`` more (issue 32: a batch taken from the plane was stamped with one time, so a
 stream of one message per millisecond through latency=5 ms saw 10-16 ms).
 
-The bound is from a measured distribution (300 messages, 3 runs a plane, load ~2): the
-median delay was 5.3-5.7 ms with each chunk stamped at its read (trio's timer rounds a
-sleep up to its next millisecond) and 8.3-9.8 ms with the batch stamped when taken
-(p90 10.6-13.5 ms); asked + 2 ms separates the two with room for the suite's load. A
-delay is never below the asked latency (it is measured from the send, before the read).
+The bound is from a measured distribution (300 messages, 2-3 runs a plane, load 2-7):
+through latency=10 ms the median delay was 10.8-11.0 ms with each chunk stamped at its
+read (trio's timer rounds a sleep up to its next millisecond) and 16.8-19.8 ms with the
+batch stamped when taken (at 5 ms: 5.3-5.7 against 8.3-9.8, too close to hold a bound
+under the suite's load); asked + 3 ms lies between, with 2 ms for the load. A delay is
+never below the asked latency (it is measured from the send, before the read).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from faultnet.toxics import Latency
 #: Every test here runs on every data plane built here (tests/faultnet/conftest.py).
 pytestmark = pytest.mark.usefixtures("each_plane")
 
-LATENCY_MS = 5
+LATENCY_MS = 10
 #: Messages sent, one every PERIOD seconds (0.3 s of stream).
 COUNT, PERIOD = 300, 0.001
 MESSAGE = 64
@@ -69,7 +70,7 @@ async def test_a_steady_stream_is_delayed_by_the_latency_not_more() -> None:
     delays_ms = sorted(d * 1000 for d in delays)
     p50 = statistics.median(delays_ms)
     assert delays_ms[0] >= LATENCY_MS, f"a message was delayed {delays_ms[0]:.2f} ms only"
-    assert p50 < LATENCY_MS + 2, (
+    assert p50 < LATENCY_MS + 3, (
         f"median delay {p50:.2f} ms for latency={LATENCY_MS} ms "
         f"(p90 {delays_ms[int(len(delays_ms) * 0.9)]:.2f} ms)"
     )
