@@ -1234,25 +1234,11 @@ static PyObject *link_counts(LinkObject *k, PyObject *unused) {
     return Py_BuildValue("KK", (unsigned long long)up, (unsigned long long)down);
 }
 
-static PyObject *link_lane_bytes(LinkObject *k, PyObject *arg) {
-    int li = lane_arg(arg);
-    if (li < 0)
-        return NULL;
-    return PyLong_FromUnsignedLongLong(__atomic_load_n(&k->lanes[li].bytes, __ATOMIC_RELAXED));
-}
-
 static PyObject *link_eof_forwarded(LinkObject *k, PyObject *arg) {
     int li = lane_arg(arg);
     if (li < 0)
         return NULL;
     return PyBool_FromLong(__atomic_load_n(&k->lanes[li].eof_forwarded, __ATOMIC_ACQUIRE));
-}
-
-static PyObject *link_is_open(LinkObject *k, PyObject *arg) {
-    int li = lane_arg(arg);
-    if (li < 0)
-        return NULL;
-    return PyBool_FromLong(__atomic_load_n(&k->lanes[li].open, __ATOMIC_RELAXED));
 }
 
 static PyObject *link_on_toxic_path(LinkObject *k, PyObject *arg) {
@@ -1428,9 +1414,7 @@ static PyMethodDef link_methods[] = {
     {"_thaw", (PyCFunction)link_thaw, METH_O, "Open the gates of the lanes in mask."},
     {"end", (PyCFunction)link_end, METH_NOARGS, "Take the link out of the plane."},
     {"counts", (PyCFunction)link_counts, METH_NOARGS, "(upstream, downstream) bytes written."},
-    {"_lane_bytes", (PyCFunction)link_lane_bytes, METH_O, "One lane's count, unlocked."},
     {"_eof_forwarded", (PyCFunction)link_eof_forwarded, METH_O, ""},
-    {"_is_open", (PyCFunction)link_is_open, METH_O, ""},
     {"_on_toxic_path", (PyCFunction)link_on_toxic_path, METH_O, ""},
     {"_to_trio", (PyCFunction)link_to_trio, METH_O, ""},
     {"_to_plane", (PyCFunction)link_to_plane, METH_O, ""},

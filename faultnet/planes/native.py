@@ -95,29 +95,15 @@ def _mask(streams: Iterable[str]) -> int:
 
 
 class LaneView:
-    """One direction of a link as the proxy core reads it (``src``, ``dst``, ``bytes``,
-    ``eof_forwarded``, ``open``): a view on the C lane, read without the mutex."""
+    """One direction of a link: its ``src`` and ``dst`` sockets (what a debug hook
+    aims at: ``Core.hold_write(link.lanes["upstream"].dst.fileno())``)."""
 
-    __slots__ = ("_i", "_link", "dst", "src", "stream")
+    __slots__ = ("dst", "src", "stream")
 
-    def __init__(self, link: Link, stream: str, src: socket.socket, dst: socket.socket) -> None:
-        self._link = link
-        self._i = _INDEX[stream]
+    def __init__(self, stream: str, src: socket.socket, dst: socket.socket) -> None:
         self.stream = stream
         self.src = src
         self.dst = dst
-
-    @property
-    def bytes(self) -> int:
-        return self._link._lane_bytes(self._i)
-
-    @property
-    def eof_forwarded(self) -> bool:
-        return self._link._eof_forwarded(self._i)
-
-    @property
-    def open(self) -> bool:
-        return self._link._is_open(self._i)
 
 
 _Base: type = _native.Link if AVAILABLE else object
@@ -138,11 +124,11 @@ class Link(_Base):  # type: ignore[misc, valid-type]
         self.on_event = on_event
         #: The exception behind ERROR (set just before the event is delivered).
         self.error: Exception | None = None
+        #: The sockets of each lane, for the tests' debug hooks (the core has its own).
         self.lanes = {
-            "upstream": LaneView(self, "upstream", client, server),
-            "downstream": LaneView(self, "downstream", server, client),
+            "upstream": LaneView("upstream", client, server),
+            "downstream": LaneView("downstream", server, client),
         }
-        self.fds = (client.fileno(), server.fileno())
 
     def freeze(self, streams: Iterable[str]) -> None:
         """Close the gates: total on return (no syscall of these lanes is in progress and
@@ -160,9 +146,6 @@ class Link(_Base):  # type: ignore[misc, valid-type]
         if self.plane._stopped:
             self.plane._core.drain()  # nobody delivers any more: drop the core's reference
         return ended
-
-    def is_open(self, stream: str) -> bool:
-        return self._is_open(_INDEX[stream])
 
     def eof_forwarded(self, stream: str) -> bool:
         return self._eof_forwarded(_INDEX[stream])

@@ -266,9 +266,6 @@ class Link:
         with self.plane.lock:
             return self.lanes["upstream"].bytes, self.lanes["downstream"].bytes
 
-    def is_open(self, stream: str) -> bool:
-        return self.lanes[stream].open
-
     def eof_forwarded(self, stream: str) -> bool:
         return self.lanes[stream].eof_forwarded
 
