@@ -106,10 +106,13 @@ class LaneView:
         self.dst = dst
 
 
-_Base: type = _native.Link if AVAILABLE else object
+if TYPE_CHECKING:
+    from faultnet.planes._native import Link as _Base
+else:
+    _Base = _native.Link if AVAILABLE else object
 
 
-class Link(_Base):  # type: ignore[misc, valid-type]
+class Link(_Base):
     """One connection in the core: two lanes. Made by :meth:`Plane.add`; every method
     returns at once (the mutex is held for one socket's work at most)."""
 

@@ -97,10 +97,14 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, cast
 
 from faultnet.planes import CHUNKS, DONE, DRAINED, ERROR, RESET, UPSTREAM_FAILED
 from faultnet.planes._pipes import SPLICE_CHUNK, PipePool
 from faultnet.sockopts import tcp_state
+
+if TYPE_CHECKING:
+    import trio
 
 __all__ = ["AVAILABLE", "Lane", "Link", "Plane"]
 
@@ -379,14 +383,14 @@ class Plane:
         self._deadlines: list[tuple[float, int, Link]] = []
         self._ticket = itertools.count()
         self._scheduled = False
-        self._token: object | None = None
+        self._token: trio.lowlevel.TrioToken | None = None
         self._thread: threading.Thread | None = None
         self._stopping = False
 
     def start(self, token: object) -> None:
         """Start the thread; events reach trio through *token* (``trio.lowlevel.
         current_trio_token()``)."""
-        self._token = token
+        self._token = cast("trio.lowlevel.TrioToken", token)
         self._thread = threading.Thread(target=self._run, name="faultnet-dataplane", daemon=True)
         self._thread.start()
 
@@ -500,11 +504,12 @@ class Plane:
         if not self._scheduled:
             self._scheduled = True
             try:
-                self._token.run_sync_soon(self._deliver)  # type: ignore[attr-defined]
+                assert self._token is not None  # started: see start()
+                self._token.run_sync_soon(self._deliver)
             except Exception:  # trio.RunFinishedError: nobody is left to tell
                 self._outbox.clear()
 
-    def _fail(self, link: Link, lane: Lane, err: int) -> None:
+    def _fail(self, link: Link, lane: Lane, err: int | None) -> None:
         if self._end(link):
             link.errno = err or errno.ECONNRESET
             self._post(link, RESET, lane.stream)

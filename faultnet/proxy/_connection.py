@@ -330,8 +330,10 @@ class Connection:
         counts = []
         for side, sock in (("client", self.client), ("server", self.server)):
             try:
+                if sock is None:  # not connected yet
+                    raise OSError("no socket")
                 counts.append((self._filter_drops[side].count(sock), tcp_retransmits(sock)))
-            except (OSError, AttributeError):  # closed, or not connected yet (None)
+            except OSError:  # closed
                 counts.append((0, 0))
         return counts[0][0], counts[1][0], counts[0][1] + counts[1][1]
 

@@ -49,9 +49,11 @@ class Sink(Protocol):
 class StageHost(Protocol):
     """What a stage of a both-stream toxic asks of its connection (beyond close/reset)."""
 
-    #: The proxy's seed (logged at its start), for draws that must not depend on which
-    #: connection a request came on.
-    seed: int
+    @property
+    def seed(self) -> int:
+        """The proxy's seed (logged at its start), for draws that must not depend on
+        which connection a request came on."""
+        ...
 
     def chain(self, stream: str) -> ToxicChain:
         """The chain of *stream* as of now."""
