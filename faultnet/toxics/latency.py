@@ -35,6 +35,9 @@ class Latency(AttributeToxic):
         if self.jitter > 0:
             delay_ms += ctx.rng.uniform(-self.jitter, self.jitter)
         due = t_read + max(delay_ms, 0.0) / 1000
-        await trio.sleep_until(due)
+        if due > trio.current_time():
+            await trio.sleep_until(due)
+        # else due already (latency 0, or read long ago): on at once, no scheduling round
+        # of its own; the toxic link's write still yields to the loop (it checkpoints).
         # Pass the due time on, so a later latency toxic in the chain adds to this one.
         await ctx.forward(data, due)
