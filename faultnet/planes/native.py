@@ -39,7 +39,8 @@ is built, so no event ever points at a freed link.
 
 **The toxic path** stays in Python: :class:`faultnet.proxy._toxiclink.ToxicLink` drives it
 through :meth:`Link.take_timed` / :meth:`Link.offer` / :meth:`Link.offer_eof`, which are C
-calls.
+calls; each chunk carries its CLOCK_MONOTONIC read time, the inbox is bounded in bytes
+(INBOX_BYTES), and :meth:`Link.to_plane` hands an emptied lane back to the C path.
 
 **Debug switches** (tests only): ``Core.set_unlocked(True)`` makes freeze and counts skip
 the mutex (the freeze stress test goes red with it), and ``Core.hold_write(fd)`` stops the

@@ -55,7 +55,9 @@ test_fault_modes_through_the_api; trio's pumps, which run in trio's own loop, 0 
 thread still reads it (gate first, under the lock) into the lane's inbox, each chunk
 stamped with the time it was read, up to :data:`_INBOX_BYTES`, and trio's one task for that lane runs the chain and writes
 with :meth:`Link.offer` (gate, then send, under the lock; what the socket does not take
-is handed to the thread). No reader task and no channel per chunk.
+is handed to the thread). No reader task and no channel per chunk. When the lane's
+chain is empty again, trio hands it back (:meth:`Link.to_plane`) once it has taken
+every chunk: the thread forwards it by itself again, through the common case.
 
 **Setting up.** :meth:`Plane.add` may take the upstream socket while its
 non-blocking connect is under way (``connect_timeout=``). On loopback the handshake is
