@@ -6,6 +6,7 @@ import trio
 
 from faultnet.toxics._attributes import Attribute, AttributeToxic
 from faultnet.toxics.base import ToxicContext
+from faultnet.toxics.clock import sleep_until_precisely
 from faultnet.toxics.registry import register
 
 __all__ = ["Latency"]
@@ -36,7 +37,7 @@ class Latency(AttributeToxic):
             delay_ms += ctx.rng.uniform(-self.jitter, self.jitter)
         due = t_read + max(delay_ms, 0.0) / 1000
         if due > trio.current_time():
-            await trio.sleep_until(due)
+            await sleep_until_precisely(due)  # trio's own timer: up to +1 ms
         # else due already (latency 0, or read long ago): on at once, no scheduling round
         # of its own; the toxic link's write still yields to the loop (it checkpoints).
         # Pass the due time on, so a later latency toxic in the chain adds to this one.

@@ -9,7 +9,8 @@ The bound is from a measured distribution (300 messages, 2-3 runs a plane, load 
 through latency=10 ms the median delay was 10.8-11.0 ms with each chunk stamped at its
 read (trio's timer rounds a sleep up to its next millisecond) and 16.8-19.8 ms with the
 batch stamped when taken (at 5 ms: 5.3-5.7 against 8.3-9.8, too close to hold a bound
-under the suite's load); asked + 3 ms lies between, with 2 ms for the load. A delay is
+under the suite's load); asked + 3 ms lies between, with 2 ms for the load. (With the
+timerfd sleep, which trio's millisecond timer no longer rounds up: 10.15-10.25 ms.) A delay is
 never below the asked latency (it is measured from the send, before the read).
 """
 
