@@ -65,3 +65,7 @@ _.ca_cert
 # yet (drivers/irc/_observer.py, drivers/mcp/_process.py).
 _.unparsed
 _.stderr_dropped
+
+# argparse expands an action's own attributes in its help: "%(toxic_types)s"
+# (faultnet/server/cli.py, the toxic types listed when the help is shown).
+_.toxic_types

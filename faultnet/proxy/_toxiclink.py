@@ -110,9 +110,6 @@ class ToxicLink:
         if scope is not None:
             scope.cancel()
 
-    def has_stage_task(self, name: str) -> bool:
-        return name in self._scopes
-
     # -- the chain's task --
 
     async def run(self) -> None:
