@@ -13,23 +13,9 @@ from faultnet.toxics import TOXICS
 from harness.fidelity._toxics import TOXIC_CASES, ToxicCase, ks_uniform, run_toxic, toxic_servers
 from harness.fidelity._world import EchoServer
 
-#: Rows red on today's code, kept as the evidence for their fix (strict: the day the
-#: fix lands they pass, and the xfail must go). Issue 32: the latency toxic stamps a
-#: whole batch with one time, so a steady stream through latency 5 ms sees 7.8-23 ms added.
-RED_UNTIL_FIXED = {
-    "latency 5 ms; a 64-byte message every 1 ms: p50 delay added": (
-        "issue 32: a batch stamped at once (measured: 7.8-12.1 ms added, not 5)"
-    ),
-    "latency 5 ms; a 64-byte message every 100 us: p50 delay added": (
-        "issue 32: a batch stamped at once (measured: 13.8-23 ms added, not 5)"
-    ),
-}
-
 
 def _param(case: ToxicCase) -> object:
-    reason = RED_UNTIL_FIXED.get(case.name)
-    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-    return pytest.param(case, id=case.name.split(":")[0], marks=marks)
+    return pytest.param(case, id=case.name.split(":")[0])
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +32,6 @@ def test_each_toxic_keeps_its_promise_and_its_judge_tells_a_breakage(
     assert row.verdict.same, f"{case.name}: {row.verdict.text} ({row.seen})"
     for asked, broken in zip(case.breakages, row.broken, strict=True):
         assert not broken.same, f"{case.name}, judged as {asked}: {broken.text} ({row.seen})"
-
-
-def test_the_red_rows_name_rows_of_the_table() -> None:
-    assert set(RED_UNTIL_FIXED) <= {c.name for c in TOXIC_CASES}
 
 
 def test_every_byte_toxic_and_toxicity_has_a_row() -> None:
