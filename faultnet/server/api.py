@@ -503,9 +503,11 @@ async def fault_clear(call: Call) -> Response:
 
 
 async def connections(call: Call) -> Response:
+    after = _query_int(call.request, "after", 0, 0, 2**62)
+    limit = _query_int(call.request, "limit", 0, 1, 1_000_000) or None  # absent: all
+
     def op() -> Any:
-        mp = call.registry.get(call.proxy)
-        conns = mp.proxy.connections() if mp.proxy is not None else []
+        conns = call.registry.connections(call.proxy, after=after, limit=limit)
         return [c.to_json() for c in conns]
 
     return await call.answer(op)

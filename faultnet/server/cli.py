@@ -255,13 +255,32 @@ def _toxic_remove(args: argparse.Namespace, c: ApiClient) -> Any:
     return {"removed": args.name} if args.json else f"removed {args.name} from {args.proxy}"
 
 
+def _at_least(lo: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least *lo*."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = lo - 1
+        if n < lo:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer of at least {lo}")
+        return n
+
+    return parse
+
+
 def _listing(
-    what: str, line: Callable[[Any], str]
+    what: str, line: Callable[[Any], str], paged: bool = False
 ) -> Callable[[argparse.Namespace, ApiClient], Any]:
-    """A command printing one line per item of ``GET /proxies/{proxy}/{what}``."""
+    """A command printing one line per item of ``GET /proxies/{proxy}/{what}`` (with
+    *paged*, the page ``--limit`` and ``--after`` ask for)."""
 
     def run(args: argparse.Namespace, c: ApiClient) -> Any:
-        items = c.request("GET", f"/proxies/{c.quote(args.proxy)}/{what}")
+        page = {"limit": args.limit, "after": args.after} if paged else {}
+        query = "&".join(f"{k}={v}" for k, v in page.items() if v)
+        path = f"/proxies/{c.quote(args.proxy)}/{what}" + (f"?{query}" if query else "")
+        items = c.request("GET", path)
         return items if args.json else _lines(items, line, f"no {what}")
 
     return run
@@ -276,7 +295,8 @@ _toxic_list = _listing(
 )
 _connections = _listing(
     "connections",
-    lambda x: (
+    paged=True,
+    line=lambda x: (
         f"#{x['id']}  {x['peer']}  up={x['bytes_upstream']}  "
         f"down={x['bytes_downstream']}  {x['state']}"
         + (
@@ -768,12 +788,27 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="HOST[:PORT]",
         help=f"{_modes_that('takes_peer')}: only the client at this address",
     )
-    client(
+    p = client(
         "connections",
         _connections,
         "list a proxy's live connections",
         "faultnet connections redis --json",
-    ).add_argument("proxy")
+        "faultnet connections db --limit 100 --after 400",
+    )
+    p.add_argument("proxy")
+    p.add_argument(
+        "--limit",
+        type=_at_least(1),
+        metavar="N",
+        help="at most N connections (default: all); the next page: --after the last id",
+    )
+    p.add_argument(
+        "--after",
+        type=_at_least(0),
+        default=0,
+        metavar="ID",
+        help="only connections whose id comes after ID",
+    )
     p = client(
         "events",
         _events,

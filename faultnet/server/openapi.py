@@ -316,7 +316,10 @@ def _schemas() -> dict[str, Any]:
                 },
                 "connections": {
                     "type": "object",
-                    "description": "count of live connections per state",
+                    "description": "count of live connections per fault state (open: "
+                    "none on it), kept as connections change, not read from each: "
+                    "whether an open one is still connecting or half-closed is in the "
+                    "connection listing",
                     "additionalProperties": {"type": "integer"},
                 },
             },
@@ -418,6 +421,25 @@ def _schemas() -> dict[str, Any]:
         },
     }
 
+
+#: A page of the connection listing: ``?limit=&after=`` (issue 36).
+CONNECTION_QUERY = [
+    {
+        "name": "limit",
+        "in": "query",
+        "required": False,
+        "description": "at most this many connections (default: all); only they are read",
+        "schema": {"type": "integer", "minimum": 1, "maximum": 1000000},
+    },
+    {
+        "name": "after",
+        "in": "query",
+        "required": False,
+        "description": "only connections whose id comes after this one (ids increase in "
+        "accept order): the next page is after the last id of this one",
+        "schema": {"type": "integer", "minimum": 0},
+    },
+]
 
 EVENT_QUERY = [
     {
@@ -582,9 +604,13 @@ def openapi_document(version: str) -> dict[str, Any]:
         },
         "/proxies/{proxy}/connections": {
             "get": _op(
-                ext + "the proxy's live connections",
-                {"200": _json(_array(_ref("Connection")), "connections"), "404": NOT_FOUND},
-                [PROXY],
+                ext + "the proxy's live connections in accept order: all, or a page",
+                {
+                    "200": _json(_array(_ref("Connection")), "connections"),
+                    "400": _error("bad limit or after"),
+                    "404": NOT_FOUND,
+                },
+                [PROXY, *CONNECTION_QUERY],
             )
         },
         "/proxies/{proxy}/events": {

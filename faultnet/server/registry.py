@@ -32,13 +32,13 @@ from faultnet.addresses import AddressError, format_address, is_loopback
 from faultnet.eventlog import JsonlWriter
 from faultnet.events import EVENTS
 from faultnet.modes import TABLES, ModeArgumentError, ModeArgumentTypeError
-from faultnet.proxy import AddressInUse, Proxy, ProxyError
+from faultnet.proxy import AddressInUse, ConnectionInfo, Proxy, ProxyError
 from faultnet.seeds import derive_seed
 from faultnet.server.names import name_problem
 from faultnet.server.toxic_codec import ToxicError, check_update, toxic_from_json, toxic_to_json
 from faultnet.toxics import STREAMS, Toxic
 from faultnet.udp.modes import UDP  # noqa: F401 -- registers the UDP table in TABLES
-from faultnet.udp.proxy import UdpProxy
+from faultnet.udp.proxy import SessionInfo, UdpProxy
 
 __all__ = [
     "ApiError",
@@ -568,13 +568,29 @@ class ProxyRegistry:
     def fault_state(self, name: str) -> dict[str, Any]:
         mp = self.get(name)
         state: dict[str, Any] = {"proxy": name, "enabled": mp.enabled}
-        if mp.proxy is not None:
-            state.update(mp.proxy.state)
-            counts: dict[str, int] = {}
-            for c in mp.proxy.connections():
-                counts[c.state] = counts.get(c.state, 0) + 1
-            state["connections"] = counts
+        p = mp.proxy
+        if p is not None:
+            state.update(p.state)
+            if isinstance(p, Proxy):
+                # Kept counts: nothing is read per connection (issue 36).
+                state["connections"] = p.connection_counts()
+            else:
+                counts: dict[str, int] = {}
+                for c in p.connections():
+                    counts[c.state] = counts.get(c.state, 0) + 1
+                state["connections"] = counts
         return state
+
+    def connections(
+        self, name: str, *, after: int = 0, limit: int | None = None
+    ) -> list[ConnectionInfo] | list[SessionInfo]:
+        """The proxy's live connections (a UDP proxy's sessions), in the order they came:
+        all, or a page of at most *limit* whose ids come after *after*."""
+        p = self.get(name).proxy
+        if isinstance(p, Proxy):
+            return p.connections(after=after, limit=limit)  # only the page is read
+        sessions = [s for s in (p.connections() if p is not None else []) if s.id > after]
+        return sessions[:limit]
 
     async def apply_fault(self, name: str, body: Any) -> dict[str, Any]:
         """Apply one mode of the proxy's table (:data:`faultnet.modes.MODES`, or
@@ -601,8 +617,11 @@ class ProxyRegistry:
                 raise ApiError(409, "proxy is disabled")
             if req.only is not None:
                 # Acting on nothing is not a success: every id named must be live.
-                live = {c.id for c in p.connections() if c.state != "closing"}
-                missing = [i for i in req.only if i not in live]
+                if isinstance(p, Proxy):
+                    missing = p.missing_connections(req.only)
+                else:
+                    live = {c.id for c in p.connections() if c.state != "closing"}
+                    missing = [i for i in req.only if i not in live]
                 if missing:
                     raise ApiError(
                         404, f"connection not found: {', '.join(str(i) for i in missing)}"

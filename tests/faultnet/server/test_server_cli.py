@@ -96,6 +96,9 @@ async def test_client_commands(cli: Cli, upstream: str) -> None:
     conns = await cli.json("connections", "web")
     assert [(c["bytes_upstream"], c["state"]) for c in conns] == [(1, "open")]
     assert "up=1" in await cli.ok("connections", "web")
+    [only] = conns  # a page: --limit and --after reach the listing's query
+    assert [c["id"] for c in await cli.json("connections", "web", "--limit", "1")] == [only["id"]]
+    assert await cli.json("connections", "web", "--after", str(only["id"])) == []
     await cli.ok("fault", "web", "drop-syn")
     await assert_syn_dropped(where, timeout=0.3)
     await cli.ok("fault", "web", "restore")

@@ -1,0 +1,87 @@
+"""What a proxy answers without reading every connection (issue 36, item 2): the counts
+per fault state are kept on transitions and agree with a recount after any sequence of
+modes and endings; a listing is read a page at a time. Real sockets, a real echo
+server; structure is asserted, never timing."""
+
+from __future__ import annotations
+
+import collections
+import random
+
+import pytest
+import trio
+
+from faultnet.proxy import Proxy, open_proxy
+from faultnet.proxy._connection import Connection
+from faultnet.testing import echo_server, read_exactly, wait_until
+
+N = 12
+
+
+def recount(proxy: Proxy) -> dict[str, int]:
+    """The counts read the slow way: each listed connection's fault state label."""
+    return dict(collections.Counter(c.faults.label for c in proxy._connections.values()))
+
+
+async def open_echoed(proxy: Proxy, n: int) -> list[trio.SocketStream]:
+    assert proxy.address is not None
+    streams = []
+    for _ in range(n):
+        s = await trio.open_tcp_stream(*proxy.address)
+        await s.send_all(b"x")
+        with trio.fail_after(5):
+            assert await read_exactly(s, 1) == b"x"
+        streams.append(s)
+    return streams
+
+
+async def test_kept_counts_agree_with_a_recount_through_modes_and_endings() -> None:
+    rng = random.Random(36)
+    async with echo_server() as up, open_proxy(up) as proxy:
+        streams = await open_echoed(proxy, N)
+        assert proxy.connection_counts() == recount(proxy) == {"open": N}
+        ids = sorted(proxy._connections)
+        steps = [
+            ("freeze", {"stream": "upstream"}),
+            ("freeze", {}),
+            ("blackhole", {}),
+            ("loss", {"percent": 5}),
+            ("loss", {"percent": 5, "stream": "downstream"}),
+            ("thaw", {"stream": "downstream"}),
+            ("thaw", {}),
+            ("sever", {}),
+            ("reset", {}),
+        ]
+        for _ in range(60):
+            mode, args = rng.choice(steps)
+            live = [i for i in ids if i in proxy._connections]
+            if not live:
+                break
+            ending = mode in ("sever", "reset")  # one at a time: the others go on
+            only = rng.sample(live, 1 if ending else rng.randint(1, len(live)))
+            await proxy.apply(mode, only=only, **args)
+            assert proxy.connection_counts() == recount(proxy), (mode, args, only)
+        # Connections that end from the client's side leave the counts too.
+        for s in streams:
+            await s.aclose()
+        await wait_until(lambda: not proxy._connections, what="every connection gone")
+        assert proxy.connection_counts() == recount(proxy) == {}
+
+
+async def test_a_page_of_the_listing_reads_only_its_connections(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with echo_server() as up, open_proxy(up) as proxy:
+        streams = await open_echoed(proxy, 5)
+        ids = [c.id for c in proxy.connections()]
+        assert ids == sorted(ids) and len(ids) == 5
+        reads: list[int] = []
+        info = Connection.info
+        monkeypatch.setattr(Connection, "info", lambda c: (reads.append(c.id), info(c))[1])
+        assert [c.id for c in proxy.connections(limit=2)] == ids[:2]
+        assert [c.id for c in proxy.connections(after=ids[1], limit=2)] == ids[2:4]
+        assert [c.id for c in proxy.connections(after=ids[3], limit=2)] == ids[4:]
+        assert proxy.connections(after=ids[4]) == []
+        assert reads == ids  # each page read its own connections, nothing else
+        for s in streams:
+            await s.aclose()
