@@ -112,23 +112,30 @@ class JsonlWriter:
         record: dict[str, Any] = {"wall": time.time(), "mono": time.monotonic(), "event": event}
         record.update(self._static)
         record.update(fields)
-        if self._fd is not None:
-            data = (flatten(record) + "\n").encode()
-            if self._newline_first:
-                data = b"\n" + data
-            try:
-                n = os.write(self._fd, data)
-            except OSError as exc:
-                self._drop(exc)
-                return record
-            if n != len(data):
-                # A regular O_APPEND file writes whole or fails, except at a size limit or
-                # a full disk, where the kernel takes what fits: that is a torn line now.
-                self._newline_first = True
-                self._drop(OSError(f"short write: {n} of {len(data)} bytes"))
-            else:
-                self._newline_first = False
+        self.append(record)
         return record
+
+    def append(self, record: Mapping[str, Any]) -> bool:
+        """Append *record* as it is (one a writer sharing this file built); False if it
+        was dropped (counted as :meth:`write`'s are)."""
+        if self._fd is None:
+            return True
+        data = (flatten(record) + "\n").encode()
+        if self._newline_first:
+            data = b"\n" + data
+        try:
+            n = os.write(self._fd, data)
+        except OSError as exc:
+            self._drop(exc)
+            return False
+        if n != len(data):
+            # A regular O_APPEND file writes whole or fails, except at a size limit or
+            # a full disk, where the kernel takes what fits: that is a torn line now.
+            self._newline_first = True
+            self._drop(OSError(f"short write: {n} of {len(data)} bytes"))
+            return False
+        self._newline_first = False
+        return True
 
     def _drop(self, exc: OSError) -> None:
         self.dropped += 1

@@ -82,10 +82,12 @@ TOXIC_NOT_FOUND = (404, "toxic not found")
 class EventLog:
     """The server's event log: an optional JSONL file plus the last records in memory.
 
-    Every proxy writes through its own :class:`JsonlWriter` (tagged with its name) to
-    the same file (one ``write`` per record on O_APPEND: writers never interleave), and
-    every record is also kept, numbered, in a ring of :data:`EVENT_RING_SIZE` for reading
-    over HTTP.
+    Every component writes through its own writer (:meth:`writer`, tagged with its
+    name: a proxy passes ``proxy=<name>``) into one descriptor of the file, opened
+    once for the server however many proxies it has (a descriptor per proxy was 1,000
+    descriptors of a server with 1,000 proxies: issue 36); each record is one ``write``
+    on O_APPEND, whole. Every record is also kept, numbered, in a ring of
+    :data:`EVENT_RING_SIZE` for reading over HTTP.
 
     A record the file refuses (disk full, a file-size limit) is still kept in the ring;
     :attr:`dropped` counts those the file lost, over every writer of this log.
@@ -95,18 +97,19 @@ class EventLog:
         self.path = path
         self._ring: collections.deque[dict[str, Any]] = collections.deque(maxlen=ring_size)
         self._seq = 0
-        #: Records the file could not take (every writer's: proxies share the file).
+        #: Records the file could not take (every writer's: they share the file).
         self.dropped = 0
         #: Why the last of them failed, e.g. ``"[Errno 28] No space left on device"``;
         #: None while none has.
         self.last_error: str | None = None
         #: Called with each record as it is kept (the metrics' counters, in this loop).
         self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        self.file = _SharedFile(self, path)
         self.server = self.writer(component="server")
 
     def writer(self, **static: Any) -> JsonlWriter:
         """A writer for one component (a proxy passes ``proxy=<name>``)."""
-        return _TeeWriter(self, self.path, vocabulary=EVENTS, **static)
+        return _TeeWriter(self, **static)
 
     def _keep(self, record: dict[str, Any]) -> None:
         self._seq += 1
@@ -130,21 +133,39 @@ class EventLog:
     def last_seq(self) -> int:
         return self._seq
 
+    def close(self) -> None:
+        self.file.close()
 
-class _TeeWriter(JsonlWriter):
-    def __init__(self, log: EventLog, path: str | None, **static: Any) -> None:
-        super().__init__(path, **static)  # vocabulary among them
+
+class _SharedFile(JsonlWriter):
+    """The log's one descriptor of its file; what it drops is the log's count."""
+
+    def __init__(self, log: EventLog, path: str | None) -> None:
+        super().__init__(path)
         self._log = log
-
-    def write(self, event: str, **fields: Any) -> dict[str, Any]:
-        record = super().write(event, **fields)
-        self._log._keep(record)
-        return record
 
     def _drop(self, exc: OSError) -> None:
         super()._drop(exc)
         self._log.dropped += 1
         self._log.last_error = self.last_error
+
+
+class _TeeWriter(JsonlWriter):
+    """A component's writer: no descriptor of its own; each record goes to the log's
+    file and to its ring. Its own ``dropped`` counts its records the file lost."""
+
+    def __init__(self, log: EventLog, **static: Any) -> None:
+        super().__init__(None, vocabulary=EVENTS, **static)
+        self.path = log.file.path  # where its records go (a proxy shows it)
+        self._log = log
+
+    def write(self, event: str, **fields: Any) -> dict[str, Any]:
+        record = super().write(event, **fields)  # checked and built: no file here
+        if not self._log.file.append(record):
+            self.dropped += 1
+            self.last_error = self._log.file.last_error
+        self._log._keep(record)
+        return record
 
 
 # -- addresses ---------------------------------------------------------------------------
@@ -203,9 +224,20 @@ class ManagedProxy:
         return self.proxy is not None
 
     @property
+    def listen(self) -> Address:
+        return self._listen
+
+    @listen.setter
+    def listen(self, address: Address) -> None:
+        # Its text is kept: the listing shows every proxy's (issue 36).
+        self._listen, self._listen_text = address, format_address(address)
+
+    @property
     def toxics(self) -> list[Toxic]:
         """In Toxiproxy's order: the upstream chain, then the downstream chain."""
         source = self.proxy.toxics if isinstance(self.proxy, Proxy) else self._toxics
+        if not source:
+            return []
         return [t for s in STREAMS for t in source if t.stream == s]
 
     def find_toxic(self, name: str) -> Toxic | None:
@@ -214,9 +246,9 @@ class ManagedProxy:
     def to_json(self) -> dict[str, Any]:
         doc = {
             "name": self.name,
-            "listen": format_address(self.listen),
+            "listen": self._listen_text,
             "upstream": self.upstream,
-            "enabled": self.enabled,
+            "enabled": self.proxy is not None,
             "toxics": [toxic_to_json(t) for t in self.toxics],
         }
         if self.protocol != "tcp":
@@ -667,7 +699,7 @@ class ProxyRegistry:
             for mp in list(self.proxies.values()):
                 await mp.stop()
                 mp.close_log()
-            self.events.server.close()
+            self.events.close()
 
 
 #: A wildcard listen host, and the loopback address it is put on by default.

@@ -1,6 +1,6 @@
 """The server at scale, asserted by structure rather than by timing (issue 36): a fault
-answer reads nothing per connection, the connection listing pages, and a proxy's cost
-is not a thread of its own. The figures themselves are the bench's scale section
+answer reads nothing per connection, the connection listing pages, a proxy's cost is
+not a thread of its own, and the event log is one descriptor, not one per proxy. The figures themselves are the bench's scale section
 (``scripts/bench --scale 1000``).
 
 The server runs in the test (the plugin's ``faultnet_server``); connections are real
@@ -11,8 +11,10 @@ the real code, not a mock: both still run).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,7 +23,7 @@ import trio
 
 from faultnet.proxy import ConnectionInfo
 from faultnet.proxy._connection import Connection
-from faultnet.server import RunningServer
+from faultnet.server import RunningServer, open_server
 from faultnet.testing import echo_server, read_exactly
 
 N = 20
@@ -139,3 +141,26 @@ async def test_the_thread_count_does_not_grow_with_proxies(
     # Slack of 2: a worker thread trio's cache may start meanwhile; a thread per proxy
     # is 20.
     assert threads() - before <= 2, f"{threads() - before} threads more for 20 proxies"
+
+
+def descriptors_of(path: Path) -> int:
+    """This process's descriptors open on *path*."""
+    fds = Path("/proc/self/fd")
+    return sum(1 for fd in fds.iterdir() if os.path.realpath(fd) == str(path))
+
+
+async def test_the_event_log_is_one_descriptor_however_many_proxies(
+    tmp_path: Path, upstream: tuple[str, int]
+) -> None:
+    log = tmp_path / "events.jsonl"
+    async with open_server(event_log=str(log)) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=10) as api:
+            for i in range(10):
+                body = {"name": f"p{i}", "upstream": f"{upstream[0]}:{upstream[1]}"}
+                assert (await api.post("/proxies", json=body)).status_code == 201
+            assert descriptors_of(log) == 1
+            assert (await api.get("/events")).json()["dropped"] == 0
+    # Every proxy's records reached the one file, each tagged with its proxy.
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    listening = {r["proxy"] for r in records if r["event"] == "listening"}
+    assert listening == {f"p{i}" for i in range(10)}
