@@ -115,6 +115,23 @@ def build_parser() -> argparse.ArgumentParser:
         "baseline of this run; default 64M, --quick 16M; 0 skips the section)",
     )
     ap.add_argument(
+        "--scale",
+        type=int,
+        metavar="N",
+        default=0,
+        help="the scale lines (issue 36): a faultnet server with N proxies (RSS, create, "
+        "GET /proxies, toxic add/remove), then one proxy at each --scale-connections level "
+        "(freeze, GET /faults, latency toxic, RSS per connection); the targets are at "
+        "N = 1000 (default 0: not run; e.g. --scale 1000)",
+    )
+    ap.add_argument(
+        "--scale-connections",
+        metavar="N,N,...",
+        default="1000,5000,9000",
+        help="the scale lines' connection levels (default 1000,5000,9000; capped by the "
+        "descriptor limit, said in the output)",
+    )
+    ap.add_argument(
         "--dataplane",
         choices=tuple(PLANES),
         help="the faultnet proxy's data plane (default: the proxy's own default)",
@@ -209,6 +226,9 @@ def params_from_args(args: argparse.Namespace) -> BenchParams:
     _check_sizes(pings, rounds, window, conns)
     sabotage = _sabotage(args.sabotage)
     rtt_cpu = _rtt_cpu(args.rtt_cpu)
+    scale_connections = _levels(args.scale_connections)
+    if args.scale < 0:
+        raise UsageError("--scale must be 0 or more")
     socat, reason = _socat(args)
     return BenchParams(
         bytes=size,
@@ -227,8 +247,23 @@ def params_from_args(args: argparse.Namespace) -> BenchParams:
         dataplane=args.dataplane,
         loss_bytes=loss_bytes,
         toxic_bytes=toxic_bytes,
+        scale=args.scale,
+        scale_connections=scale_connections,
         **counts,
     )
+
+
+def _levels(text: str) -> tuple[int, ...]:
+    """``--scale-connections``: increasing positive counts, comma-separated."""
+    try:
+        levels = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        levels = ()
+    if not levels or any(n <= 0 for n in levels) or list(levels) != sorted(set(levels)):
+        raise UsageError(
+            f"--scale-connections: {text!r} is not increasing counts, e.g. 1000,5000,9000"
+        )
+    return levels
 
 
 def _role_main(args: argparse.Namespace) -> int:

@@ -33,6 +33,8 @@ class BenchParams:
     datagrams: int = 0  # UDP datagrams per arm and round (0: no UDP line)
     callgrind: int = 0  # round trips counted under callgrind (0: no instructions line)
     toxic_bytes: int = 0  # bytes per bulk transfer of the toxic lines (0: no toxic lines)
+    scale: int = 0  # proxies of the scale lines' server (0: no scale lines)
+    scale_connections: tuple[int, ...] = (1000, 5000, 9000)  # the scale lines' levels
 
 
 def _log(msg: str) -> None:

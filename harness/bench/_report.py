@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from harness.bench._scale_targets import report_lines as scale_report_lines
 from harness.bench._stream import human_size
 from harness.bench._toxic_targets import report_lines
 
@@ -149,6 +150,8 @@ def format_report(res: dict[str, Any]) -> str:
     lines = table(rows) + _context_lines(res)
     if "toxic" in res:
         lines += ["", *report_lines(res["toxic"])]
+    if "scale" in res:
+        lines += ["", *scale_report_lines(res["scale"])]
     lines += ["", "targets"]
     for t in res["targets"]:
         note = f"  ({t['note']})" if t["note"] else ""

@@ -7,6 +7,7 @@ callgrind), ``_hold`` (hold and freeze); the ratios and the target table in ``_t
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import platform
 import resource
@@ -31,6 +32,8 @@ from harness.bench._phases import (
     _rtt_phase,
     _udp_phase,
 )
+from harness.bench._scale import scale_phase
+from harness.bench._scale_targets import SCALE_TARGETS
 from harness.bench._stream import CHILD_START_S, HOST, SCHEMA, make_block, stream_sha256
 from harness.bench._targets import GIB, TARGETS, Facts, judge_all
 from harness.bench._targets import ratios as _ratios
@@ -46,7 +49,7 @@ _PARAM_KEYS = (
     ("seed", "seed"), ("preset", "preset"), ("sabotage", "sabotage"), ("rtt_cpu", "rtt_cpu"),
     ("requests", "requests"), ("churn", "churn"), ("dataplane", "dataplane"),
     ("loss_bytes", "loss_bytes"), ("datagrams", "datagrams"), ("callgrind", "callgrind"),
-    ("toxic_bytes", "toxic_bytes"),
+    ("toxic_bytes", "toxic_bytes"), ("scale", "scale"),
 )  # fmt: skip
 
 
@@ -86,6 +89,7 @@ def run_bench(p: BenchParams) -> dict[str, Any]:
     raise_fd_limit()
     params = {key: getattr(p, attr) for key, attr in _PARAM_KEYS}
     params["sabotage"] = list(p.sabotage)
+    params["scale_connections"] = list(p.scale_connections)
     result: dict[str, Any] = {
         "schema": SCHEMA,
         "started": started,
@@ -111,6 +115,10 @@ def run_bench(p: BenchParams) -> dict[str, Any]:
         result["toxic"] = toxic
     facts = Facts(arms, result["ratios"], p.connections, p.callgrind, toxic)
     result["targets"] = judge_all(TARGETS + (TOXIC_TARGETS if toxic else ()), facts)
+    scale = run.ctx.sections.get("scale")
+    if scale is not None:
+        result["scale"] = scale
+        result["targets"] += judge_all(SCALE_TARGETS, dataclasses.replace(facts, extra=scale))
     result["elapsed_s"] = round(time.time() - started, 2)
     result["loadavg_end"] = _loadavg()
     result["ok"] = all(c["ok"] for c in checks)
@@ -206,6 +214,7 @@ class _Arms:
             (p.datagrams, lambda: _udp_phase(ctx)),
             (p.callgrind, lambda: _callgrind_phase(ctx, self.up_port)),
             (p.toxic_bytes, lambda: toxic_phase(ctx, block)),
+            (p.scale, lambda: scale_phase(ctx)),
         )
         for wanted, phase in optional:
             if wanted:
