@@ -8,9 +8,11 @@ All functions take a plain or trio socket (anything with ``fileno()`` and
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import resource
 import socket
 import struct
+import termios
 from collections.abc import Callable
 from typing import Any, Protocol, overload
 
@@ -34,6 +36,7 @@ __all__ = [
     "tcp_segs_in",
     "tcp_state",
     "tcp_unacked",
+    "unread_bytes",
 ]
 
 SO_ATTACH_FILTER = 26
@@ -190,6 +193,16 @@ def tcp_unacked(sock: _Sock) -> int:
     what the kernel retransmits if the peer's ACKs stop coming."""
     info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCPI_UNACKED + 4)
     return int(struct.unpack_from("I", info, _TCPI_UNACKED)[0])
+
+
+def unread_bytes(sock: _Sock) -> int:
+    """Bytes the kernel has received on *sock* (and acknowledged) that nobody has read yet
+    (``SIOCINQ``, which is ``FIONREAD``); 0 for a socket that is gone."""
+    try:
+        got = fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0")
+    except (OSError, ValueError):  # closed (EBADF, or fileno -1)
+        return 0
+    return int(struct.unpack("i", got)[0])
 
 
 def flush_ack(sock: _Sock) -> None:

@@ -111,6 +111,11 @@ class Link(Protocol):
     def on_toxic_path(self, stream: str) -> bool:
         """Whether *stream* is on the toxic path."""
 
+    def holding(self, stream: str) -> bool:
+        """Whether *stream* holds bytes it read and has not written (held behind a full
+        ``dst`` or a closed gate, or read for trio and not yet taken): what ending the
+        link now would lose."""
+
     def take(self, stream: str) -> list[bytes]:
         """The chunks read for trio so far (b"" is the EOF)."""
 

@@ -1402,6 +1402,20 @@ static PyObject *link_get_ended(LinkObject *k, void *u) {
     return PyBool_FromLong(__atomic_load_n(&k->ended, __ATOMIC_ACQUIRE));
 }
 static PyObject *link_get_errno(LinkObject *k, void *u) { return PyLong_FromLong(k->err); }
+/* Whether the lane holds bytes it read and has not written (held, in its pipe, or in the
+ * toxic path's inbox): what a close now would lose. Under the mutex. */
+static PyObject *link_holding(LinkObject *k, PyObject *arg) {
+    int li = lane_arg(arg);
+    if (li < 0)
+        return NULL;
+    CoreObject *c = k->core;
+    lane_t *l = &k->lanes[li];
+    int holding = 0;
+    if (c)
+        LOCKED(c, holding = l->held != NULL || l->piped > 0 || l->inbox != NULL);
+    return PyBool_FromLong(holding);
+}
+
 static PyObject *link_get_errmsg(LinkObject *k, void *u) {
     if (!k->errmsg[0])
         Py_RETURN_NONE;
@@ -1416,6 +1430,7 @@ static PyMethodDef link_methods[] = {
     {"counts", (PyCFunction)link_counts, METH_NOARGS, "(upstream, downstream) bytes written."},
     {"_eof_forwarded", (PyCFunction)link_eof_forwarded, METH_O, ""},
     {"_on_toxic_path", (PyCFunction)link_on_toxic_path, METH_O, ""},
+    {"_holding", (PyCFunction)link_holding, METH_O, ""},
     {"_to_trio", (PyCFunction)link_to_trio, METH_O, ""},
     {"_to_plane", (PyCFunction)link_to_plane, METH_O, ""},
     {"_take", (PyCFunction)link_take, METH_VARARGS, ""},

@@ -157,6 +157,10 @@ class Link(_Base):
     def on_toxic_path(self, stream: str) -> bool:
         return self._on_toxic_path(_INDEX[stream])
 
+    def holding(self, stream: str) -> bool:
+        """Whether *stream* holds bytes read and not yet written (under the mutex)."""
+        return self._holding(_INDEX[stream])
+
     def to_trio(self, stream: str) -> None:
         """From now on bytes read on *stream* go to trio's chain (:meth:`take`)."""
         self._to_trio(_INDEX[stream])

@@ -278,6 +278,12 @@ class Link:
     def on_toxic_path(self, stream: str) -> bool:
         return self.lanes[stream].to_trio
 
+    def holding(self, stream: str) -> bool:
+        """Whether *stream* holds bytes read and not yet written (under the lock)."""
+        with self.plane.lock:
+            lane = self.lanes[stream]
+            return lane.held is not None or lane.piped > 0 or bool(lane.inbox)
+
     # -- the toxic path (trio thread) --
 
     def to_trio(self, stream: str) -> None:

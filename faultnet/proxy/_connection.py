@@ -44,6 +44,7 @@ from faultnet.sockopts import (
     tcp_retransmits,
     tcp_state,
     tcp_unacked,
+    unread_bytes,
 )
 from faultnet.toxics.base import STREAMS, Toxic
 from faultnet.toxics.chain import Sink, ToxicChain, ToxicStage, chain_of
@@ -93,6 +94,10 @@ class Host(Protocol):
     def _close_after_fin(self, sock: socket.socket) -> None:
         """Close *sock* with a clean FIN, in a task of the proxy's own."""
 
+
+#: The ways of ending a connection that send an RST each way (the others send a FIN):
+#: a reset (a fault, a peer's RST, a failure) and a proxy closed under bytes in flight.
+RESETS = frozenset({"reset", "closed_in_flight"})
 
 #: tcpi_state of a socket whose peer's FIN (CLOSE_WAIT) or RST (CLOSE) has arrived.
 _HELD_KINDS = {8: "fin", 7: "rst"}
@@ -354,9 +359,29 @@ class Connection:
         """RST both ways; ends the connection."""
         self.end("reset")
 
+    def in_flight(self) -> bool:
+        """Whether the proxy holds bytes of this connection it has not passed on: unread
+        in either of its sockets, held by the plane, or in a toxic chain."""
+        if any(unread_bytes(s) for s in (self.client, self.server) if s is not None):
+            return True
+        link = self.link
+        if link is None or link.ended:
+            return False
+        return any(link.holding(s) or self.toxic_links[s].holding for s in STREAMS)
+
+    def leave(self) -> None:
+        """The proxy is going away: end the connection with a clean FIN each way if it
+        is quiet, with an RST each way if anything is in flight (:meth:`in_flight`).
+
+        A FIN tells a peer the other side finished sending, so a FIN after a cut-short
+        stream hands the server a truncated upload as a whole one (256,000 of 2,097,152
+        bytes, then a clean EOF: issue 35 item 6). A middlebox that dies resets; what
+        it was carrying is lost either way."""
+        self.end("closed_in_flight" if self.in_flight() else "closed")
+
     def end(self, how: str) -> None:
         """End the connection: FIN both ways (after the peer reads what is queued), or
-        an RST for *how* ``"reset"``. Once; later calls do nothing."""
+        an RST for *how* in :data:`RESETS`. Once; later calls do nothing."""
         if self.closing is not None:
             return
         self.closing = how
@@ -370,7 +395,7 @@ class Connection:
             # Let the FIN or RST through, and the peer's answer: no blackhole or loss
             # filter outlives the connection it was for.
             detach_filter(sock)
-            if how == "reset":
+            if how in RESETS:
                 set_linger_reset(sock)
                 sock.close()
             else:
@@ -627,7 +652,7 @@ class Connection:
             self.link.end()
         for sock in (self.client, self.server):
             if sock is not None and sock.fileno() >= 0:
-                if how == "reset":
+                if how in RESETS:
                     set_linger_reset(sock)
                 sock.close()
         if self.hop is not None:

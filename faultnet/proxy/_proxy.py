@@ -230,7 +230,7 @@ class Proxy(ProxyBase):
             # proxy (a socket left open until the garbage collector found it, seen in
             # the suite).
             for conn in list(self._connections.values()):
-                conn.end("closed")
+                conn.leave()
             self._plane.stop()
             self._plane = None
             if self._listener is not None:
@@ -240,9 +240,11 @@ class Proxy(ProxyBase):
             self.log.write("stopped")
 
     async def aclose(self) -> None:
-        """Stop listening and close every connection (clean FIN, not a fault)."""
+        """Stop listening and end every connection: a clean FIN each way where all it
+        was given has been passed on, an RST each way where bytes were still in flight
+        (never a FIN after a cut-short stream: :meth:`Connection.leave`)."""
         for conn in list(self._connections.values()):
-            conn.end("closed")
+            conn.leave()
         self._closed.set()
 
     async def _bind(self) -> None:

@@ -62,6 +62,8 @@ class ToxicLink:
         self._scopes: dict[str, trio.CancelScope] = {}
         #: The task has let others run since it took up its current chunk.
         self._yielded = False
+        #: Chunks taken from the plane are still in the chain (not all written).
+        self.holding = False
 
     # -- the connection's side --
 
@@ -135,14 +137,17 @@ class ToxicLink:
                 # latency=5 ms on a steady stream gave 10-16 ms).
                 offset = monotonic_offset()
                 now = trio.current_time() if offset is None else 0.0
+                self.holding = True
                 for data, t_plane in chunks:
                     if not data:
+                        self.holding = False
                         return await self._eof()
                     t_read = now if offset is None else t_plane + offset
                     self._yielded = False
                     await self.chain.send(data, t_read, self)
                     if not self._yielded:  # dropped or held by a toxic without a wait
                         await trio.lowlevel.checkpoint()
+                self.holding = False
         except ConnectionError:
             return  # the link ended: its RESET event (or the fault that ended it) acts
         finally:

@@ -483,6 +483,27 @@ async def test_an_offer_goes_out_after_the_bytes_a_lane_holds_in_its_pipe(
         assert rig.link.counts()[0] == len(got)
 
 
+async def test_a_lane_says_it_holds_what_it_read_until_it_is_written(plane_name: str) -> None:
+    """What a proxy going away asks before it ends a connection with a FIN or an RST
+    (Connection.in_flight): bytes held behind a full dst, and chunks read for the toxic
+    path and not yet taken, are held; once written, or taken, they are not."""
+    async with (
+        open_plane(plane_name, splice=True) as plane,
+        open_rig(plane, narrow_upstream=True) as rig,
+    ):
+        sent = await _stuck_on_a_full_dst(rig)
+        assert rig.link.holding("upstream") and not rig.link.holding("downstream")
+        assert await _receive(rig.app_server, len(sent), timeout=20) == sent
+        await wait_until(lambda: rig.link.counts()[0] == len(sent))
+        assert not rig.link.holding("upstream")
+    async with open_plane(plane_name) as plane, open_rig(plane, to_trio=["upstream"]) as rig:
+        await rig.app_client.send_all(b"for the chain")
+        await rig.wait_event(planes.CHUNKS)
+        assert rig.link.holding("upstream")
+        assert b"".join(rig.link.take("upstream")) == b"for the chain"
+        assert not rig.link.holding("upstream")
+
+
 class _Events(list[tuple[str, "str | None"]]):
     def __init__(self, came: trio.Event) -> None:
         super().__init__()
