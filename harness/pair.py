@@ -114,6 +114,17 @@ class PairOutcome:
         }
 
 
+def _arm_line(label: str, r: Result) -> str:
+    """What one arm did, for the pair's summary."""
+    # The arms by their names (the report's words: "the no-confirm arm"), not a/b.
+    name = f"the {r.arm} arm" if r.arm else f"arm {label}"
+    if r.error:
+        return f"{name} did not complete: {r.error}"
+    if r.passed:
+        return f"{name} passed every check"
+    return f"{name} failed: " + "; ".join(c.name for c in r.failed_checks())
+
+
 def judge(a: Result, b: Result) -> PairOutcome:
     drifts = control_drift(a, b)
     moved = [d.name for d in drifts if not d.steady]
@@ -125,16 +136,7 @@ def judge(a: Result, b: Result) -> PairOutcome:
     ]
     incomplete = [(r.arm or label) for label, r in (("a", a), ("b", b)) if r.error]
     steady = not moved and not bad_controls and not incomplete
-    parts = []
-    for label, r in (("a", a), ("b", b)):
-        # The arms by their names (the report's words: "the no-confirm arm"), not a/b.
-        name = f"the {r.arm} arm" if r.arm else f"arm {label}"
-        if r.error:
-            parts.append(f"{name} did not complete: {r.error}")
-        elif r.passed:
-            parts.append(f"{name} passed every check")
-        else:
-            parts.append(f"{name} failed: " + "; ".join(c.name for c in r.failed_checks()))
+    parts = [_arm_line(label, r) for label, r in (("a", a), ("b", b))]
     if moved:
         parts.append(
             "internal control MOVED: " + ", ".join(moved) + " (the arms are not comparable)"
@@ -214,6 +216,27 @@ def _split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv, []
 
 
+def _arm_names(text: str) -> tuple[str, str]:
+    """The two arms' names of ``--names`` (UsageError unless two different ones)."""
+    names = tuple(n.strip() for n in text.split(","))
+    if len(names) != 2 or not all(names) or names[0] == names[1]:
+        raise UsageError("--names takes two different names, e.g. pre,post")
+    return names[0], names[1]
+
+
+def _check_pair_arguments(args: argparse.Namespace, rest: list[str]) -> None:
+    """UsageError for a ``--repeat`` below 1, or an experiment argument (in *rest*)
+    that the pair runner sets itself."""
+    if args.repeat < 1:
+        raise UsageError("--repeat must be at least 1")
+    for bad in ("--bot-bin", "--state", "--env"):
+        if any(a == bad or a.startswith(bad + "=") for a in rest):
+            raise UsageError(
+                f"{bad} cannot be passed to the experiment: the pair runner sets the bot "
+                "per arm and gives each arm a fresh environment"
+            )
+
+
 async def amain(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     own, rest = _split_passthrough(raw)
@@ -228,18 +251,9 @@ async def amain(argv: Sequence[str] | None = None) -> int:
         argv_a = resolve_bot_argv(args.a, environ={}, flag="--a")
         argv_b = resolve_bot_argv(args.b, environ={}, flag="--b")
         refuse_identical(argv_a, argv_b)
-        names = tuple(n.strip() for n in args.names.split(","))
-        if len(names) != 2 or not all(names) or names[0] == names[1]:
-            raise UsageError("--names takes two different names, e.g. pre,post")
+        names = _arm_names(args.names)
         scale = time_scale_from(args.time_scale)
-        if args.repeat < 1:
-            raise UsageError("--repeat must be at least 1")
-        for bad in ("--bot-bin", "--state", "--env"):
-            if any(a == bad or a.startswith(bad + "=") for a in rest):
-                raise UsageError(
-                    f"{bad} cannot be passed to the experiment: the pair runner sets the bot "
-                    "per arm and gives each arm a fresh environment"
-                )
+        _check_pair_arguments(args, rest)
         exp_parser = runner.build_parser(exp)
         try:
             exp_args = exp_parser.parse_args([*rest, "--env", "auto"])

@@ -196,6 +196,17 @@ def _plural(n: int) -> str:
     return f"{n} line" if n == 1 else f"{n} lines"
 
 
+def _answer_services(s: _Session, line: Line) -> None:
+    """Hand the NOTICE *line* to every service request of *s* whose matcher takes it
+    (each one answered leaves the list)."""
+    for entry in list(s.services):
+        matcher, waiter = entry
+        reply = matcher(line)
+        if reply is not None:
+            s.services.remove(entry)
+            waiter.resolve("reply", reply)
+
+
 class IrcLink:
     """The bot's link to the enclave. Start :meth:`run` in a nursery; call the rest from
     any task in the same trio run."""
@@ -565,24 +576,9 @@ class IrcLink:
             if waiter is not None:
                 waiter.resolve("pong")
         elif cmd == "PRIVMSG":
-            target = line.arg(0)
-            if target[:1] in ("#", "&"):
-                self.counters["channel_messages"] += 1
-                self._on_message(
-                    ChannelMessage(
-                        channel=target,
-                        sender=line.source_nick or "",
-                        text=line.arg(1) if len(line.params) > 1 else "",
-                        time=line.tags.get("time") or _now_iso(),
-                    )
-                )
+            self._on_privmsg(line)
         elif cmd == "NOTICE":
-            for entry in list(s.services):
-                matcher, waiter = entry
-                reply = matcher(line)
-                if reply is not None:
-                    s.services.remove(entry)
-                    waiter.resolve("reply", reply)
+            _answer_services(s, line)
         elif cmd == "JOIN" and self._is_me(s, line.source_nick):
             s.joined = True
         elif cmd in ("PART", "KICK"):
@@ -601,6 +597,20 @@ class IrcLink:
             self._drop(s, "server_error", line.arg(-1))
             return False
         return True
+
+    def _on_privmsg(self, line: Line) -> None:
+        """A PRIVMSG to a channel is counted and handed on; any other is passed over."""
+        target = line.arg(0)
+        if target[:1] in ("#", "&"):
+            self.counters["channel_messages"] += 1
+            self._on_message(
+                ChannelMessage(
+                    channel=target,
+                    sender=line.source_nick or "",
+                    text=line.arg(1) if len(line.params) > 1 else "",
+                    time=line.tags.get("time") or _now_iso(),
+                )
+            )
 
     async def _keepalive(self, s: _Session) -> None:
         cfg = self._cfg

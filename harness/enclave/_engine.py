@@ -400,38 +400,47 @@ class Engine:
         self.reply(c, "464", f"Password incorrect: {reason}")
         self.close(c, f"Bad credentials: {reason}")
 
+    def _authenticate(self, c: Session, nick: str) -> bool:
+        """May *c* register as *nick*? A registered bot's nick takes a live SASL
+        account of that name or its PASS; a guest's takes no PASS. False once the
+        failure is answered and *c* closed; else *c*'s bot and auth method are set."""
+        record = self.registry.lookup(nick)
+        if c.account is not None and casefold(c.account) != casefold(nick):
+            self._auth_fail(c, f"SASL account {c.account} cannot use nick {nick}", method="sasl")
+            return False
+        if record is None:
+            if c.password is not None:
+                self._auth_fail(c, f"PASS given for unregistered nick {nick}", method="pass")
+                return False
+            return True
+        if c.account is not None:
+            if not record.live(self.clock()):
+                reason = "revoked" if record.revoked_at is not None else "expired"
+                self._auth_fail(c, reason, method="sasl")
+                return False
+            c.bot, c.auth_method = record, "sasl"
+        elif c.password is not None:
+            checked, reason = self.registry.authenticate(nick, c.password)
+            if checked is None:
+                self._auth_fail(c, reason, method="pass")
+                return False
+            c.bot, c.auth_method = checked, "pass"
+        else:
+            self._auth_fail(
+                c,
+                f"{nick} is a registered bot: authenticate with SASL PLAIN or PASS",
+                method="none",
+            )
+            return False
+        return True
+
     def _try_register(self, c: Session) -> None:
         if c.registered or c.closing or c.cap_negotiating or c.sasl_mech is not None:
             return
         if c.nick is None or c.user is None:
             return
         nick = c.nick
-        record = self.registry.lookup(nick)
-        if c.account is not None and casefold(c.account) != casefold(nick):
-            self._auth_fail(c, f"SASL account {c.account} cannot use nick {nick}", method="sasl")
-            return
-        if record is not None:
-            if c.account is not None:
-                if not record.live(self.clock()):
-                    reason = "revoked" if record.revoked_at is not None else "expired"
-                    self._auth_fail(c, reason, method="sasl")
-                    return
-                c.bot, c.auth_method = record, "sasl"
-            elif c.password is not None:
-                checked, reason = self.registry.authenticate(nick, c.password)
-                if checked is None:
-                    self._auth_fail(c, reason, method="pass")
-                    return
-                c.bot, c.auth_method = checked, "pass"
-            else:
-                self._auth_fail(
-                    c,
-                    f"{nick} is a registered bot: authenticate with SASL PLAIN or PASS",
-                    method="none",
-                )
-                return
-        elif c.password is not None:
-            self._auth_fail(c, f"PASS given for unregistered nick {nick}", method="pass")
+        if not self._authenticate(c, nick):
             return
         key = casefold(nick)
         holder = self.by_nick.get(key)
@@ -750,15 +759,12 @@ class Engine:
     # ---------------------------------------------------------------- EnclaveServ
 
     def _service(self, c: Session, text: str) -> None:
-        """``SPAWN <nick> <expires-in>``, ``REVOKE <nick>``, ``HELP`` (see package docs)."""
+        """``SPAWN <nick> <expires-in>``, ``REVOKE <nick>``, ``HELP`` (see package docs).
+        A refusal (a RegistryError, the registry's or the request's own) is answered
+        ``ERROR <verb> <nick> <CODE> :<text>`` and emitted as ``service_error``."""
         words = text.split()
         verb = words[0].upper() if words else "*"
         target = words[1] if len(words) > 1 else "*"
-
-        def error(code: str, human: str) -> None:
-            self.emit("service_error", conn=c.id, nick=c.nick, verb=verb, target=target, code=code)
-            self.notice_from_service(c, f"ERROR {verb} {target} {code} :{human}")
-
         if verb == "HELP":
             for line in (
                 "SPAWN <nick> <expires-in-seconds> -> SPAWNED <nick> <token> <expires-unix>",
@@ -767,41 +773,43 @@ class Engine:
             ):
                 self.notice_from_service(c, line)
             return
-        if verb not in ("SPAWN", "REVOKE"):
-            error("BAD_REQUEST", "unknown command; use SPAWN, REVOKE or HELP")
-            return
-        if c.bot is None or c.bot.role != "leader":
-            error("NOT_ALLOWED", "only an authenticated leader may spawn or revoke")
-            return
-        if verb == "SPAWN":
-            if len(words) != 3:
-                error("BAD_REQUEST", "usage: SPAWN <nick> <expires-in-seconds>")
-                return
-            try:
-                expires_in = parse_duration(words[2])
-            except ValueError:
-                error("BAD_REQUEST", f"expires-in {words[2]!r} is not a number of seconds")
-                return
-            holder = self.by_nick.get(casefold(target))
-            if holder is not None and valid_nick(target):
-                error("NAME_TAKEN", f"{holder.nick} is in use on the server")
-                return
-            try:
-                token, expires_at = self.registry.spawn(c.bot.nick, target, expires_in)
-            except RegistryError as exc:
-                error(exc.code, exc.text)
-                return
-            self.emit("spawned", conn=c.id, leader=c.nick, nick=target, expires_at=expires_at)
-            self.notice_from_service(c, f"SPAWNED {target} {token} {expires_at}")
-            return
-        if len(words) != 2:
-            error("BAD_REQUEST", "usage: REVOKE <nick>")
-            return
         try:
-            record = self.registry.revoke(c.bot.nick, target)
+            if verb not in ("SPAWN", "REVOKE"):
+                raise RegistryError("BAD_REQUEST", "unknown command; use SPAWN, REVOKE or HELP")
+            if c.bot is None or c.bot.role != "leader":
+                raise RegistryError(
+                    "NOT_ALLOWED", "only an authenticated leader may spawn or revoke"
+                )
+            if verb == "SPAWN":
+                self._spawn(c, c.bot, words, target)
+            else:
+                self._revoke(c, c.bot, words, target)
         except RegistryError as exc:
-            error(exc.code, exc.text)
-            return
+            self.emit(
+                "service_error", conn=c.id, nick=c.nick, verb=verb, target=target, code=exc.code
+            )
+            self.notice_from_service(c, f"ERROR {verb} {target} {exc.code} :{exc.text}")
+
+    def _spawn(self, c: Session, leader: BotRecord, words: list[str], target: str) -> None:
+        if len(words) != 3:
+            raise RegistryError("BAD_REQUEST", "usage: SPAWN <nick> <expires-in-seconds>")
+        try:
+            expires_in = parse_duration(words[2])
+        except ValueError:
+            raise RegistryError(
+                "BAD_REQUEST", f"expires-in {words[2]!r} is not a number of seconds"
+            ) from None
+        holder = self.by_nick.get(casefold(target))
+        if holder is not None and valid_nick(target):
+            raise RegistryError("NAME_TAKEN", f"{holder.nick} is in use on the server")
+        token, expires_at = self.registry.spawn(leader.nick, target, expires_in)
+        self.emit("spawned", conn=c.id, leader=c.nick, nick=target, expires_at=expires_at)
+        self.notice_from_service(c, f"SPAWNED {target} {token} {expires_at}")
+
+    def _revoke(self, c: Session, leader: BotRecord, words: list[str], target: str) -> None:
+        if len(words) != 2:
+            raise RegistryError("BAD_REQUEST", "usage: REVOKE <nick>")
+        record = self.registry.revoke(leader.nick, target)
         live = self.by_nick.get(casefold(target))
         self.emit("revoked", conn=c.id, leader=c.nick, nick=record.nick, live=live is not None)
         self.notice_from_service(c, f"REVOKED {record.nick}")

@@ -155,6 +155,21 @@ def _connect(port: int, timeout: float = 5.0) -> socket.socket:
 FRAME = 64
 
 
+def _stamp_echoes(s: socket.socket, stamps: list[float]) -> None:
+    """Read *s*'s echoes of ``len(stamps)`` 64-byte messages; stamp each message's
+    return time in *stamps* (a message never back keeps its NaN)."""
+    got = 0
+    with contextlib.suppress(OSError):
+        while got < len(stamps) * FRAME:
+            data = s.recv(65536)
+            now = time.monotonic()
+            if not data:
+                return
+            for i in range(got // FRAME, (got + len(data)) // FRAME):
+                stamps[i] = now
+            got += len(data)
+
+
 def _paced(
     ports: Sequence[int], period_s: float, count: int, *, each: int = 1
 ) -> list[list[float]]:
@@ -166,37 +181,18 @@ def _paced(
     per port, in the order sent."""
     socks = [[_connect(port) for _ in range(each)] for port in ports]
     per = count // each
-    sent = [0.0] * count
+    sent = [0.0] * (per * each)
     back = [[[math.nan] * per for _ in range(each)] for _ in ports]
 
-    def read(s: socket.socket, stamps: list[float]) -> None:
-        got = 0
-        with contextlib.suppress(OSError):
-            while got < per * FRAME:
-                data = s.recv(65536)
-                now = time.monotonic()
-                if not data:
-                    return
-                for i in range(got // FRAME, (got + len(data)) // FRAME):
-                    stamps[i] = now
-                got += len(data)
-
     readers = [
-        threading.Thread(target=read, args=(s, stamps), daemon=True)
+        threading.Thread(target=_stamp_echoes, args=(s, stamps), daemon=True)
         for conns, port_back in zip(socks, back, strict=True)
         for s, stamps in zip(conns, port_back, strict=True)
     ]
     for r in readers:
         r.start()
     try:
-        t0 = time.monotonic()
-        for i in range(per * each):
-            wait = t0 + i * period_s - time.monotonic()
-            if wait > 0:
-                time.sleep(wait)  # the stream's own pace, not a synchronisation
-            sent[i] = time.monotonic()
-            for conns in socks:
-                conns[i % each].sendall(b"m" * FRAME)
+        _send_paced(socks, period_s, sent)
         for r in readers:
             r.join(count * period_s + 10)
     finally:
@@ -205,10 +201,30 @@ def _paced(
                 s.close()
         for r in readers:
             r.join(1)
+    return _round_trips(sent, back)
+
+
+def _send_paced(socks: list[list[socket.socket]], period_s: float, sent: list[float]) -> None:
+    """Send ``len(sent)`` messages on *socks* (tick *i* on connection *i* mod *each* of
+    every port, back to back) one every *period_s*, stamping each tick's time in *sent*."""
+    t0 = time.monotonic()
+    for i in range(len(sent)):
+        wait = t0 + i * period_s - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)  # the stream's own pace, not a synchronisation
+        sent[i] = time.monotonic()
+        for conns in socks:
+            conns[i % len(conns)].sendall(b"m" * FRAME)
+
+
+def _round_trips(sent: list[float], back: list[list[list[float]]]) -> list[list[float]]:
+    """Each port's round-trip times in the order sent, from the send times and the
+    return stamps per port and connection (RuntimeError if a message never came back)."""
+    each, per = len(back[0]), len(back[0][0])
     times = [[port_back[i % each][i // each] for i in range(per * each)] for port_back in back]
     lost = sum(math.isnan(b) for stamps in times for b in stamps)
     if lost:
-        raise RuntimeError(f"{lost} of {per * each * len(ports)} messages never came back")
+        raise RuntimeError(f"{lost} of {per * each * len(back)} messages never came back")
     return [[b - a for a, b in zip(sent, stamps, strict=False)] for stamps in times]
 
 

@@ -18,6 +18,7 @@ from faultnet.cliargs import examples, plain
 from faultnet.errors import CommandError, UsageError, fail
 
 if TYPE_CHECKING:
+    from harness.fidelity._cases import Case
     from harness.fidelity._run import Row
 
 __all__ = ["main", "register"]
@@ -114,13 +115,8 @@ def _record(rows: list[Row]) -> None:
     RECORDED.write_text(json.dumps(document, indent=1) + "\n")
 
 
-def _run(args: argparse.Namespace) -> int:
-    if args.toxics:
-        return _run_toxics(args)  # refuses --mode and --protocol itself
-    # Here, not at the top: registering the command must not import the proxy.
-    from harness.fidelity import CASES, UDP_CASES, enter_private_netns, run
-
-    cases = [*CASES, *UDP_CASES]
+def _chosen(args: argparse.Namespace, cases: list[Case]) -> list[Case]:
+    """The *cases* of ``--protocol`` and ``--mode`` (UsageError for a mode with none)."""
     if args.protocol:
         cases = [c for c in cases if c.protocol == args.protocol]
     if args.mode:  # checked first: --readme-table ignored a mode that has no rows
@@ -128,6 +124,16 @@ def _run(args: argparse.Namespace) -> int:
         if unknown:
             raise UsageError(f"no fidelity rows for mode {', '.join(unknown)}")
         cases = [c for c in cases if c.mode in args.mode]
+    return cases
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.toxics:
+        return _run_toxics(args)  # refuses --mode and --protocol itself
+    # Here, not at the top: registering the command must not import the proxy.
+    from harness.fidelity import CASES, UDP_CASES, enter_private_netns, run
+
+    cases = _chosen(args, [*CASES, *UDP_CASES])
     if args.readme_table:
         from harness.fidelity.readme import modes_table
 

@@ -129,20 +129,7 @@ def load_report(path: Path) -> Report:
     why = why_not_read(path, "pair.json")
     skipped = [] if why in (None, "absent") else [f"pair.json: {why}, not read"]
     if why is None:
-        try:
-            doc = json.loads(pair_doc.read_text())
-        except (OSError, ValueError) as exc:
-            raise NotARunDir(f"{pair_doc}: unreadable ({exc})") from None
-        doc = check_shape(doc, PAIR_SHAPE, str(pair_doc))
-        names = [str(n) for n in doc.get("names", [])]
-        for n in names:
-            why_arm = why_not_read(path, n, directory=True)
-            if why_arm is not None and why_arm != "absent":
-                raise NotARunDir(f"{path}: pair.json names arm {n}: {why_arm}, not read")
-        arms = [path / n for n in names if is_run_dir(path / n)]
-        if len(arms) != len(names) or not arms:
-            raise NotARunDir(f"{path}: pair.json names arms {names} but not all have evidence")
-        return _pair_report(path, [load_run(a, title=a.name) for a in arms], doc)
+        return _named_pair_report(path, pair_doc)
     if is_run_dir(path):
         run = load_run(path)
         run.title = _title(run) + (f" (seed {run.seed})" if run.seed is not None else "")
@@ -169,12 +156,38 @@ def load_report(path: Path) -> Report:
     )
 
 
-def _pair_report(path: Path, runs: list[Run], doc: dict[str, Any] | None) -> Report:
-    exp = runs[0].experiment or "pair"
+def _named_pair_report(path: Path, pair_doc: Path) -> Report:
+    """The report of the pair directory *path* whose *pair_doc* (its pair.json, read
+    here) names the arms; NotARunDir when it is unreadable or an arm has no evidence."""
+    try:
+        doc = json.loads(pair_doc.read_text())
+    except (OSError, ValueError) as exc:
+        raise NotARunDir(f"{pair_doc}: unreadable ({exc})") from None
+    doc = check_shape(doc, PAIR_SHAPE, str(pair_doc))
+    names = [str(n) for n in doc.get("names", [])]
+    for n in names:
+        why_arm = why_not_read(path, n, directory=True)
+        if why_arm is not None and why_arm != "absent":
+            raise NotARunDir(f"{path}: pair.json names arm {n}: {why_arm}, not read")
+    arms = [path / n for n in names if is_run_dir(path / n)]
+    if len(arms) != len(names) or not arms:
+        raise NotARunDir(f"{path}: pair.json names arms {names} but not all have evidence")
+    return _pair_report(path, [load_run(a, title=a.name) for a in arms], doc)
+
+
+def _pair_title(runs: list[Run], doc: dict[str, Any] | None) -> str:
+    """pair.json's title, else the experiment and its arms (and their seed, if one)."""
+    if doc and doc.get("title"):
+        return str(doc["title"])
     seeds = {r.seed for r in runs}
-    title = f"{exp}: " + " vs ".join(r.title for r in runs)
+    title = f"{runs[0].experiment or 'pair'}: " + " vs ".join(r.title for r in runs)
     if len(seeds) == 1 and None not in seeds:
         title += f" (seed {seeds.pop()})"
+    return title
+
+
+def _pair_report(path: Path, runs: list[Run], doc: dict[str, Any] | None) -> Report:
+    title = _pair_title(runs, doc)
     outcome = (doc or {}).get("outcome")
     if outcome is None and len(runs) == 2 and all(r.result for r in runs):
         outcome = _judge(runs)
@@ -185,8 +198,6 @@ def _pair_report(path: Path, runs: list[Run], doc: dict[str, Any] | None) -> Rep
         passed, summary = bool(doc["verdict"][0]), str(doc["verdict"][1])
     if outcome is None:
         summary = summary or "the pair was not judged (an arm wrote no result)"
-    if doc and doc.get("title"):
-        title = str(doc["title"])
     replay = str((doc or {}).get("command") or "")
     if not replay:
         replay = next((r.replay for r in runs if r.replay_recorded), "")

@@ -9,7 +9,8 @@ held (see :class:`~harness.report._model.FaultInterval`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from faultnet.modes import MODES
@@ -76,6 +77,34 @@ def mark_left(f: FaultInterval, lane_id: str, drops: Iterable[float]) -> None:
         f.left[lane_id] = min(inside)
 
 
+def _closed_with(conns: Any, held: FaultInterval) -> bool:
+    """Did an instant fault on *conns* close every connection *held* acts on?"""
+    return bool(conns and held.connections and set(held.connections) <= set(conns))
+
+
+def _removal_ends(r: dict[str, Any], iv: FaultInterval) -> bool:
+    """Does the fault_removed record *r* end the open interval *iv*? (its mode undoes
+    *iv*'s, on *iv*'s stream, and on some of *iv*'s connections: a thaw of other
+    connections only leaves *iv* in force)."""
+    mode = str(r.get("mode", ""))
+    stream, conns = str(r.get("stream", "both")), r.get("connections")
+    if iv.mode not in UNDOES.get(mode, (mode,)):
+        return False
+    if stream != "both" and iv.stream != stream:
+        return False
+    return not (conns and iv.connections and not set(conns) & set(iv.connections))
+
+
+def _end_where(
+    open_: list[FaultInterval], t: float, mode: str, ends: Callable[[FaultInterval], bool]
+) -> None:
+    """End, at *t* and by *mode*, every open interval *ends* picks; they leave *open_*."""
+    for iv in list(open_):
+        if ends(iv):
+            iv.end, iv.removed_by = t, mode
+            open_.remove(iv)
+
+
 def fault_intervals(
     records: Iterable[dict[str, Any]], proxy: str, t0: float
 ) -> list[FaultInterval]:
@@ -105,25 +134,12 @@ def fault_intervals(
             if mode in INSTANT_MODES:
                 iv.end = t
                 # The connections it closed take their freeze or blackhole with them.
-                for held in list(open_):
-                    if conns and held.connections and set(held.connections) <= set(conns):
-                        held.end, held.removed_by = t, mode
-                        open_.remove(held)
+                _end_where(open_, t, mode, functools.partial(_closed_with, conns))
             else:
                 open_.append(iv)
             out.append(iv)
         elif ev == "fault_removed":
-            ends = UNDOES.get(mode, (mode,))
-            stream, conns = str(r.get("stream", "both")), r.get("connections")
-            for iv in list(open_):
-                if iv.mode not in ends:
-                    continue
-                if stream != "both" and iv.stream != stream:
-                    continue
-                if conns and iv.connections and not set(conns) & set(iv.connections):
-                    continue  # a thaw of other connections only
-                iv.end, iv.removed_by = t, mode
-                open_.remove(iv)
+            _end_where(open_, t, mode, functools.partial(_removal_ends, r))
         elif ev == "toxic_added":
             name = str(r.get("toxic"))
             iv = FaultInterval(proxy, f"{r.get('type', 'toxic')} toxic", t, None)
