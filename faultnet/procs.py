@@ -34,6 +34,7 @@ __all__ = [
     "ProcessIdentity",
     "StopOutcome",
     "StopReport",
+    "children",
     "fd_count",
     "read_cmdline",
     "read_start_time",
@@ -51,6 +52,22 @@ def read_stat(pid: int) -> str | None:
         return Path(f"/proc/{pid}/stat").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is *pid* (``/proc/PID/stat`` field 4), running or not
+    yet reaped, whichever of its threads started them: every process's stat is read."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone since the listing
+        if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+            out.append(int(entry.name))
+    return out
 
 
 def read_start_time(pid: int) -> int | None:

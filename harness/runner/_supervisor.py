@@ -35,9 +35,8 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
-from faultnet.procs import ProcessIdentity, stop_exact
+from faultnet.procs import ProcessIdentity, children, stop_exact
 
 __all__ = ["PASSED_ON", "supervised"]
 
@@ -126,27 +125,11 @@ def _reap(runner: int) -> int | None:
             status = st
 
 
-def _children() -> list[int]:
-    """This process's children (``/proc/PID/stat`` field 4, the parent's PID)."""
-    me = os.getpid()
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if int(stat[stat.rindex(")") + 2 :].split()[1]) == me:
-            out.append(int(entry.name))
-    return out
-
-
 def _stop_left() -> list[str]:
     """Stop and reap every process the runner left (re-parented to us); say each."""
     said: list[str] = []
     for _ in range(MAX_ROUNDS):
-        pids = _children()
+        pids = children(os.getpid())
         if not pids:
             break
         for pid in pids:

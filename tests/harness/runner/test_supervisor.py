@@ -15,7 +15,13 @@ from pathlib import Path
 import pytest
 
 from faultnet.eventlog import read_jsonl
-from faultnet.procs import ProcessIdentity, read_start_time, signal_exact, stop_exact
+from faultnet.procs import (
+    ProcessIdentity,
+    children,
+    read_start_time,
+    signal_exact,
+    stop_exact,
+)
 from harness import env
 from tests import REPO
 
@@ -28,19 +34,6 @@ GONE_WITHIN_S = 30.0
 #: Seconds to wait for the server and a bot to be recorded (interpreter, server and a
 #: bot importing the MCP SDK start on two loaded cores).
 STARTED_WITHIN_S = 90.0
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
-                out.append(int(entry.name))
-    return out
 
 
 def _recorded(events: Path, env_dir: Path) -> list[ProcessIdentity]:
@@ -84,7 +77,7 @@ def test_a_killed_runner_leaves_nothing_it_started_running(
         if kill == "the command":
             victim = proc.pid
         else:
-            (victim,) = _children(proc.pid)  # the runner the supervisor forked
+            (victim,) = children(proc.pid)  # the runner the supervisor forked
         start = read_start_time(victim)
         assert start is not None
         assert signal_exact(ProcessIdentity(victim, start), signal.SIGKILL)
