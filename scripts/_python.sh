@@ -1,6 +1,7 @@
 # Sourced (not run) by the scripts in this directory: which Python runs faultnet.
 #
 #   . "$root/scripts/_python.sh"; py="$(faultnet_python "$root" SCRIPT)" || exit 2
+#   . "$root/scripts/_python.sh"; faultnet_exec "$root" SCRIPT -m MODULE ARGS...
 #
 # A plain script has no record of the interpreter faultnet was installed with (a console
 # script's shebang has one; these are not installed), and `python3` from PATH is often
@@ -33,4 +34,11 @@ faultnet_python() {  # faultnet_python ROOT SCRIPT_NAME
         "environment faultnet is installed in, make $1/.venv (see the README)," \
         "or set PYTHON=/path/to/python" >&2
     return 2
+}
+
+faultnet_exec() {  # faultnet_exec ROOT SCRIPT_NAME PYTHON_ARGS...: run them in its place
+    _fe_root="$1" _fe_script="$2"
+    shift 2
+    _fe_py="$(faultnet_python "$_fe_root" "$_fe_script")" || exit 2
+    PYTHONPATH="$_fe_root${PYTHONPATH:+:$PYTHONPATH}" exec "$_fe_py" "$@"
 }

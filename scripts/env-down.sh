@@ -5,6 +5,4 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$root/scripts/_python.sh"
-py="$(faultnet_python "$root" scripts/env-down.sh)" || exit 2
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-exec "$py" -m harness.env down "$@"
+faultnet_exec "$root" scripts/env-down.sh -m harness.env down "$@"

@@ -6,6 +6,4 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 . "$root/scripts/_python.sh"
-py="$(faultnet_python "$root" scripts/env-up.sh)" || exit 2
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-exec "$py" -m harness.env up "$@"
+faultnet_exec "$root" scripts/env-up.sh -m harness.env up "$@"
