@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -101,37 +101,58 @@ def pingpong_paced(
     return [int(x) for x in done.stdout.split()]
 
 
+@contextlib.contextmanager
+def _paused(argv: list[str], failed: Callable[[str], Exception]) -> Iterator[subprocess.Popen[str]]:
+    """The compiled client of *argv* in its ``pause`` mode, connected and warm (it said
+    ``ready``); :func:`_go` runs its round trips, ``bye`` on its stdin ends it. Killed on
+    the way out if it still runs. *failed* makes the error of a client that stopped
+    early from its stderr."""
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _expect(proc, "ready", failed)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _expect(proc: subprocess.Popen[str], word: str, failed: Callable[[str], Exception]) -> None:
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != word:
+        raise failed(proc.communicate()[1])
+
+
+def _go(proc: subprocess.Popen[str], failed: Callable[[str], Exception]) -> None:
+    """Let the paused client make its round trips; back once it said ``done``."""
+    assert proc.stdin is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    _expect(proc, "done", failed)
+
+
 def pingpong_around(
     path: str, addr: tuple[str, int], count: int, warmup: int, between: Callable[[], None]
 ) -> list[int]:
     """RTT samples in ns of *count* round trips on one connection, timed after its
     *warmup* ones and after ``between()`` ran (the connection open and warm meanwhile)."""
-    proc = subprocess.Popen(
-        [path, addr[0], str(addr[1]), str(count), str(warmup), "pause"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+
+    def failed(err: str) -> Exception:
+        return OSError(f"the compiled client failed: {err.strip()}")
+
+    argv = [path, addr[0], str(addr[1]), str(count), str(warmup), "pause"]
     try:
-        assert proc.stdin is not None and proc.stdout is not None
-        if proc.stdout.readline().strip() != "ready":
-            raise OSError(f"the compiled client failed: {proc.communicate()[1].strip()}")
-        between()
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        if proc.stdout.readline().strip() != "done":
-            raise OSError(f"the compiled client failed: {proc.communicate()[1].strip()}")
-        out, err = proc.communicate("bye\n", timeout=IO_TIMEOUT_S)
-        if proc.returncode != 0:
-            raise OSError(err.strip() or f"the compiled client exited {proc.returncode}")
-        return [int(x) for x in out.split()]
+        with _paused(argv, failed) as proc:
+            between()
+            _go(proc, failed)
+            out, err = proc.communicate("bye\n", timeout=IO_TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
         raise OSError(f"the compiled client timed out: {exc}") from None
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    if proc.returncode != 0:
+        raise OSError(err.strip() or f"the compiled client exited {proc.returncode}")
+    return [int(x) for x in out.split()]
 
 
 # -- the callgrind line -------------------------------------------------------------------
@@ -159,24 +180,15 @@ def _measure(
 ) -> int:
     """Instructions per round trip of the process ``pid_of_connection()`` names once the
     client is connected and warm."""
-    proc = subprocess.Popen(
-        [client, HOST, str(port), str(count), "200", "pause"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdin is not None and proc.stdout is not None
-        if proc.stdout.readline().strip() != "ready":
-            raise EnvironmentProblem(f"the compiled client failed: {proc.communicate()[1]}")
+
+    def failed(err: str) -> Exception:
+        return EnvironmentProblem(f"the compiled client failed: {err}")
+
+    with _paused([client, HOST, str(port), str(count), "200", "pause"], failed) as proc:
         pid = pid_of_connection()
         before = set(out_dir.iterdir())
         _control("-z", str(pid))
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        if proc.stdout.readline().strip() != "done":
-            raise EnvironmentProblem(f"the compiled client failed: {proc.communicate()[1]}")
+        _go(proc, failed)
         _control("-d", str(pid))
         # The dump is cg.PID.N; a file cg.PID written meanwhile (a forked child's
         # own, at its exit) is not it.
@@ -188,14 +200,8 @@ def _measure(
         if not dumps:
             raise EnvironmentProblem("callgrind wrote no dump")
         instructions = _totals(dumps[-1])
-        proc.stdin.write("bye\n")
-        proc.stdin.flush()
-        proc.wait(timeout=CALLGRIND_CLIENT_S)
+        proc.communicate("bye\n", timeout=CALLGRIND_CLIENT_S)
         return round(instructions / count)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def callgrind_line(
