@@ -233,18 +233,36 @@ def _tally(pn: Panel, name: str, oc: Outcome, pts: list[Post]) -> None:
     art.set_gid(f"tally-{pn.index}-{name}")
 
 
+def _marks(
+    pn: Panel,
+    drawn: list[Drawn],
+    legend: tuple[str, tuple[str, str, str]],
+    lift: float = 0.0,
+    **style: Any,
+) -> None:
+    """*drawn* (of one kind: one SVG group, their ``gid``) as marks on their lanes,
+    *lift* above the lane's line, in *style* and with no line between them; *legend*
+    (label, entry) is their entry in the panel's legend. None drawn: nothing to do."""
+    if not drawn:
+        return
+    (art,) = pn.ax.plot(
+        [d.t for d in drawn], [pn.ys[d.lane] + lift for d in drawn], linestyle="none", **style
+    )
+    art.set_gid(drawn[0].gid)
+    pn.legend.setdefault(*legend)
+    pn.drawn += drawn
+
+
 def _posts(pn: Panel) -> None:
     """The posts as marks by outcome (:data:`OUTCOMES`), one SVG group per outcome;
     a loud one larger and above the rest."""
     for name, oc in OUTCOMES.items():
         pts = [p for p in pn.run.posts if p.outcome == name and p.lane in pn.ys]
-        if not pts:
-            continue
         gid = f"posts-{pn.index}-{name}"
-        (art,) = pn.ax.plot(
-            [p.t for p in pts],
-            [pn.ys[p.lane] for p in pts],
-            linestyle="none",
+        _marks(
+            pn,
+            [Drawn("post", pn.index, p.lane, p.t, name, p.t_end, gid) for p in pts],
+            (oc.label, (oc.color, oc.marker, "post")),
             marker=oc.marker,
             markersize=13 if oc.loud else 7,
             markerfacecolor=oc.color,
@@ -252,10 +270,7 @@ def _posts(pn: Panel) -> None:
             markeredgewidth=0.8,
             zorder=6 if oc.loud else 4,
         )
-        art.set_gid(gid)
-        pn.legend.setdefault(oc.label, (oc.color, oc.marker, "post"))
-        pn.drawn += [Drawn("post", pn.index, p.lane, p.t, name, p.t_end, gid) for p in pts]
-        if oc.tally[0]:
+        if pts and oc.tally[0]:
             _tally(pn, name, oc, pts)
 
 
@@ -269,21 +284,17 @@ def _markers(pn: Panel) -> None:
     SVG group per kind (:data:`DETECTIONS`)."""
     for kind, (label, col, mk) in DETECTIONS.items():
         ms = [m for m in pn.run.markers if m.kind == kind and m.lane in pn.ys]
-        if not ms:
-            continue
         gid = f"markers-{pn.index}-{kind}"
-        (art,) = pn.ax.plot(
-            [m.t for m in ms],
-            [pn.ys[m.lane] + _LIFT.get(kind, 0.0) for m in ms],
-            linestyle="none",
+        _marks(
+            pn,
+            [Drawn("marker", pn.index, m.lane, m.t, kind, None, gid) for m in ms],
+            (label, (col, mk, "marker")),
+            _LIFT.get(kind, 0.0),
             marker=mk,
             markersize=9 if kind in _LIFT else 6,
             color=col,
             zorder=5,
         )
-        art.set_gid(gid)
-        pn.legend.setdefault(label, (col, mk, "marker"))
-        pn.drawn += [Drawn("marker", pn.index, m.lane, m.t, kind, None, gid) for m in ms]
 
 
 def _undeclared_markers(pn: Panel) -> None:
