@@ -30,6 +30,18 @@ duration = 1000
 """
 
 
+async def _undo_one_and_relink(log: Path, url: str, link: trio.SocketStream) -> None:
+    """``chaos undo`` on *log* undoes one fault, proxy db is as found, and *link* (a
+    connection through it that the fault held) carries bytes again."""
+    r = await _chaos("undo", "--log", str(log))
+    assert r.returncode == 0 and b"1 undone" in r.stderr, r.stderr
+    await _as_found(url, "db")
+    await link.send_all(b"back\n")
+    with trio.fail_after(10):
+        assert await read_exactly(link, 5) == b"back\n"
+    await link.aclose()
+
+
 async def test_undo_clears_what_a_killed_run_left(server_process: str, tmp_path: Path) -> None:
     url = server_process
     async with echo_server() as upstream:
@@ -122,13 +134,7 @@ async def test_undo_clears_a_fault_applied_but_not_yet_logged_when_chaos_was_kil
             proc.send_signal(signal.SIGKILL)  # the exact process started above
         assert (await _api(url, "GET", "/proxies/db/faults"))["connections"] == {"frozen": 1}
         assert [r["event"] for r in read_jsonl(log).records if r["event"] == "fault"] == []
-        r = await _chaos("undo", "--log", str(log))
-        assert r.returncode == 0 and b"1 undone" in r.stderr, r.stderr
-        await _as_found(url, "db")
-        await link.send_all(b"back\n")
-        with trio.fail_after(10):
-            assert await read_exactly(link, 5) == b"back\n"
-        await link.aclose()
+        await _undo_one_and_relink(log, url, link)
 
 
 async def test_undo_continues_a_process_stopped_but_not_yet_logged(
@@ -178,10 +184,4 @@ async def test_an_episode_killed_before_its_line_is_released_by_its_down_modes_u
         log.write("plan", action="plan")
         log.write("intent", action="episode:freeze-sever", target=f"db@{url}", counter=0)
         log.close()
-        r = await _chaos("undo", "--log", str(tmp_path / "log.jsonl"))
-        assert r.returncode == 0 and b"1 undone" in r.stderr, r.stderr
-        await _as_found(url, "db")
-        await link.send_all(b"back\n")
-        with trio.fail_after(10):
-            assert await read_exactly(link, 5) == b"back\n"
-        await link.aclose()
+        await _undo_one_and_relink(tmp_path / "log.jsonl", url, link)

@@ -28,7 +28,7 @@ from faultnet.controls import (
 )
 from faultnet.proxy import Proxy
 from faultnet.server import RunningServer, open_server
-from faultnet.testing import start_server, wait_until
+from faultnet.testing import echo_back, start_server, wait_until
 
 Address = tuple[str, int]
 
@@ -51,14 +51,8 @@ async def create(api: httpx.AsyncClient, name: str, up: Address, **extra: Any) -
 
 
 async def roundtrip(stream: trio.SocketStream, payload: bytes = b"ping") -> bytes:
-    await stream.send_all(payload)
-    got = b""
     with trio.fail_after(5):
-        while len(got) < len(payload):
-            chunk = await stream.receive_some(65536)
-            assert chunk, "EOF before the echo came back"
-            got += chunk
-    return got
+        return await echo_back(stream, payload)
 
 
 async def until_listed(

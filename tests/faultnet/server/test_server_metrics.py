@@ -17,7 +17,7 @@ from faultnet._version import __version__
 from faultnet.addresses import parse_address
 from faultnet.server import RunningServer, open_server
 from faultnet.server.metrics import MetricsOptions
-from faultnet.testing import read_line, start_server, wait_until
+from faultnet.testing import echo_back, read_line, start_server, wait_until
 
 UP = b"u" * 3000  # client to server; the echo sends it back
 LIVE = b"L" * 700
@@ -36,13 +36,8 @@ def _value(samples: dict[Any, float], name: str, **labels: str) -> float:
 
 
 async def _echo(stream: trio.SocketStream, payload: bytes) -> None:
-    await stream.send_all(payload)
-    got = b""
     with trio.fail_after(10):
-        while len(got) < len(payload):
-            chunk = await stream.receive_some(65536)
-            assert chunk, "EOF before the echo came back"
-            got += chunk
+        await echo_back(stream, payload)
 
 
 async def _scrape(api: httpx.AsyncClient) -> dict[Any, float]:

@@ -4,7 +4,6 @@ here: speed is what the benchmark measures, never what a test requires."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -22,6 +21,7 @@ from faultnet.procs import ProcessIdentity
 from harness.bench import human_size, make_block, matches_block, parse_size, watch_silence
 from tests import REPO
 from tests.conftest import run_module
+from tests.harness.bench.runs import bench_json
 
 # Tiny sizes: each run is a few seconds, mostly process start-up.
 TINY = [
@@ -40,10 +40,7 @@ def checks_by_name(doc: dict[str, Any]) -> dict[str, bool]:
 
 
 def test_tiny_run_end_to_end_writes_valid_json(tmp_path: Path) -> None:
-    out_path = tmp_path / "bench.json"
-    out = bench(*TINY, "--json", str(out_path))
-    assert out.returncode == 0, out.stderr
-    doc = json.loads(out_path.read_text())
+    out, doc = bench_json(tmp_path, *TINY)
     assert doc["schema"] == "faultnet.bench/1" and doc["ok"] is True
     assert doc["params"]["bytes"] == 3 << 20
     for arm in ("direct", "faultnet"):
@@ -88,14 +85,10 @@ def test_tiny_run_end_to_end_writes_valid_json(tmp_path: Path) -> None:
 def test_checks_go_red_when_the_proxy_leaks_or_corrupts(tmp_path: Path) -> None:
     # Sabotage: the proxy runner ignores freeze and loss, and the sender flips one byte
     # of the faultnet arm's stream. The socat arm is skipped on request.
-    out_path = tmp_path / "bench.json"
-    out = bench(
-        *TINY,
-        "--sabotage", "freeze,corrupt,loss", "--rtt-cpu", "none", "--no-socat",
-        "--json", str(out_path),
+    out, doc = bench_json(
+        tmp_path, *TINY, "--sabotage", "freeze,corrupt,loss", "--rtt-cpu", "none", "--no-socat",
+        code=1,
     )  # fmt: skip
-    assert out.returncode == 1, out.stderr
-    doc = json.loads(out_path.read_text())
     checks = checks_by_name(doc)
     assert checks["bulk direct: byte count and content"] is True  # the internal control
     assert checks["bulk faultnet: byte count and content"] is False

@@ -6,7 +6,6 @@ bench measures it, tests never require it."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from harness.bench._scale import connection_cap
 from harness.bench._scale_targets import SCALE_TARGETS
 from harness.bench._targets import TARGETS, Facts, Figure, Target, judge
 from tests.conftest import run_module
+from tests.harness.bench.runs import bench_json
 
 # Only the scale section beside the lines every run has, at tiny sizes.
 TINY_SCALE = [
@@ -27,10 +27,7 @@ TINY_SCALE = [
 
 
 def test_a_tiny_run_prints_every_scale_line_with_its_target(tmp_path: Path) -> None:
-    out_path = tmp_path / "bench.json"
-    out = run_module("harness.bench", *TINY_SCALE, "--json", str(out_path), timeout=100)
-    assert out.returncode == 0, out.stderr
-    doc = json.loads(out_path.read_text())
+    out, doc = bench_json(tmp_path, *TINY_SCALE)
     scale = doc["scale"]
     assert doc["params"]["scale"] == 3 and doc["params"]["scale_connections"] == [10, 20]
     px = scale["proxies"]

@@ -5,7 +5,6 @@ row's bound. No speed is asserted: the bench measures it, tests never require it
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ from harness.bench._targets import TARGETS, Facts, Figure, Target, judge
 from harness.bench._toxic import LATENCY_MS
 from harness.bench._toxic_targets import TOXIC_TARGETS
 from tests.conftest import run_module
+from tests.harness.bench.runs import bench_json
 
 # Only the toxic section beside the lines every run has, at tiny sizes (~4 s).
 TINY_TOXIC = [
@@ -26,10 +26,7 @@ LINES = ("latency0", "latency5", "slicer", "bandwidth", "after_removal", "hop")
 
 
 def test_a_tiny_run_prints_every_toxic_line_with_its_target(tmp_path: Path) -> None:
-    out_path = tmp_path / "bench.json"
-    out = run_module("harness.bench", *TINY_TOXIC, "--json", str(out_path), timeout=100)
-    assert out.returncode == 0, out.stderr
-    doc = json.loads(out_path.read_text())
+    out, doc = bench_json(tmp_path, *TINY_TOXIC)
     toxic = doc["toxic"]
     assert doc["params"]["toxic_bytes"] == 1 << 20 and tuple(toxic)[2:] == LINES
     assert toxic["latency0"]["rtt"]["toxic"]["samples"] == 100
@@ -60,13 +57,10 @@ def test_a_tiny_run_prints_every_toxic_line_with_its_target(tmp_path: Path) -> N
 def test_the_toxic_check_goes_red_when_a_transfer_through_a_toxic_is_corrupted(
     tmp_path: Path,
 ) -> None:
-    out_path = tmp_path / "bench.json"
-    out = run_module(
-        "harness.bench", *TINY_TOXIC, "--sabotage", "corrupt", "--rtt-cpu", "none",
-        "--no-socat", "--json", str(out_path), timeout=100,
+    out, doc = bench_json(
+        tmp_path, *TINY_TOXIC, "--sabotage", "corrupt", "--rtt-cpu", "none", "--no-socat",
+        code=1,
     )  # fmt: skip
-    assert out.returncode == 1, out.stderr
-    doc = json.loads(out_path.read_text())
     [check] = [c for c in doc["checks"] if c["name"].startswith("toxic lines:")]
     assert check["ok"] is False and "content differs" in check["detail"], check
     assert doc["toxic"]["latency5"]["bulk"]["toxic"]["mbps"] is None  # not counted
