@@ -13,6 +13,8 @@ from typing import Any
 __all__ = [
     "EXAMPLES",
     "command_parsers",
+    "doc_command",
+    "doc_parser",
     "examples",
     "keep_examples",
     "plain",
@@ -44,6 +46,27 @@ def plain(doc: str) -> str:
     """A docstring as help text: reST's marks (``code``, :role:`name`) taken off, which a
     terminal shows as they are."""
     return re.sub(r":[a-z]+:`~?([^`]+)`", r"\1", doc).replace("``", "")
+
+
+def _doc_help(doc: str, epilog: str) -> dict[str, Any]:
+    return {
+        "description": plain(doc),
+        "formatter_class": argparse.RawDescriptionHelpFormatter,
+        "epilog": epilog,
+    }
+
+
+def doc_parser(prog: str, doc: str, epilog: str) -> argparse.ArgumentParser:
+    """A command's parser whose --help is a module's docstring *doc* (:func:`plain`, its
+    lines kept as written), then *epilog* (:func:`examples`)."""
+    return argparse.ArgumentParser(prog=prog, **_doc_help(doc, epilog))
+
+
+def doc_command(sub: Any, name: str, doc: str, help: str, epilog: str) -> argparse.ArgumentParser:
+    """The subcommand *name* of *sub* (what ``add_subparsers()`` returned), its --help
+    as :func:`doc_parser` makes it; *help* is its line in the parent's list."""
+    parser: argparse.ArgumentParser = sub.add_parser(name, help=help, **_doc_help(doc, epilog))
+    return parser
 
 
 class _KeepsExamples(argparse.HelpFormatter):

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from faultnet.cliargs import examples, plain
+from faultnet.cliargs import doc_command, examples
 from faultnet.errors import UsageError
 from harness.experiment import TimeScale, attempt_seeds
 
@@ -31,19 +31,16 @@ __all__ = ["demo_verdict", "register"]
 
 DEFAULT_SCALE = 0.05
 TARGET = "no post claimed a delivery it did not achieve"
+EXAMPLE = examples(
+    "faultnet demo",
+    "faultnet demo --seed 7 --run-dir demo-run    # replay a seed, evidence kept there",
+)
+#: The command's line in `faultnet --help`.
+HELP = "run the silent-loss pair: the reference bot with and without its defect"
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "demo",
-        help="run the silent-loss pair: the reference bot with and without its defect",
-        description=plain(__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=examples(
-            "faultnet demo",
-            "faultnet demo --seed 7 --run-dir demo-run    # replay a seed, evidence kept there",
-        ),
-    )
+    p = doc_command(sub, "demo", __doc__, HELP, EXAMPLE)
     p.add_argument(
         "--time-scale",
         type=float,

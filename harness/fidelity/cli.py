@@ -14,7 +14,7 @@ import json
 import sys
 from typing import TYPE_CHECKING, Any
 
-from faultnet.cliargs import examples, plain
+from faultnet.cliargs import doc_command, doc_parser, examples
 from faultnet.errors import CommandError, UsageError, fail
 
 if TYPE_CHECKING:
@@ -27,6 +27,8 @@ EXAMPLE = examples(
     "sudo faultnet fidelity --mode freeze --mode reset",
     "faultnet fidelity --readme-table    # the README's table from the recorded run",
 )
+#: The command's line in `faultnet --help`.
+HELP = "hold every fault mode against the kernel's own version of it (root)"
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -71,13 +73,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "fidelity",
-        help="hold every fault mode against the kernel's own version of it (root)",
-        description=plain(__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=EXAMPLE,
-    )
+    p = doc_command(sub, "fidelity", __doc__, HELP, EXAMPLE)
     _add_arguments(p)
 
 
@@ -185,12 +181,7 @@ def _run_toxics(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m harness.fidelity",
-        description=plain(__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=EXAMPLE,
-    )
+    parser = doc_parser("python -m harness.fidelity", __doc__, EXAMPLE)
     _add_arguments(parser)
     args = parser.parse_args(argv)
     try:

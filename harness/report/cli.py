@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from faultnet.cliargs import examples, plain
+from faultnet.cliargs import doc_command, doc_parser, examples
 from harness.report._build import NotARunDir, attempt_dirs, build, skipped_lines
 from harness.report._files import MalformedEvidence
 
@@ -33,6 +33,8 @@ EXAMPLE = examples(
     "faultnet report /tmp/faultnet-demo-abc123          # a pair: both arms on one page",
     "faultnet report RUN_DIR --json | jq -r '.reports[].report'",
 )
+#: The command's line in `faultnet --help`.
+HELP = "draw a run directory: timeline (PNG, SVG) and a one-page report.html"
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,13 +47,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser(
-        "report",
-        help="draw a run directory: timeline (PNG, SVG) and a one-page report.html",
-        description=plain(__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=EXAMPLE,
-    )
+    p = doc_command(sub, "report", __doc__, HELP, EXAMPLE)
     _add_arguments(p)
     p.set_defaults(func=run)
 
@@ -113,12 +109,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m harness.report",
-        description=plain(__doc__),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=EXAMPLE,
-    )
+    p = doc_parser("python -m harness.report", __doc__, EXAMPLE)
     _add_arguments(p)
     try:
         args = p.parse_args(argv)
