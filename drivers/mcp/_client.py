@@ -35,7 +35,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import trio
@@ -170,7 +170,8 @@ class _Pending:
 @dataclass
 class _CallRecord:
     """What the call log says about one request (MCP's rules: a ``tools/call`` is logged
-    by its tool and arguments, its result text kept, ``isError`` its outcome)."""
+    by its tool and arguments, its result text kept, ``isError`` its outcome): its
+    fields, in their order, are the log line's."""
 
     method: str
     tool: str | None
@@ -207,17 +208,6 @@ class _CallRecord:
             self.outcome, self.error_code, self.error_message = "error", exc.code, exc.message
         elif isinstance(exc, ProtocolError):
             self.outcome, self.error_message = "error", str(exc)
-
-    def fields(self) -> dict[str, Any]:
-        return {
-            "method": self.method,
-            "tool": self.tool,
-            "arguments": self.arguments,
-            "outcome": self.outcome,
-            "error_code": self.error_code,
-            "error_message": self.error_message,
-            "result_text": self.result_text,
-        }
 
 
 class MCPDriver:
@@ -517,7 +507,7 @@ class MCPDriver:
             raise
         finally:
             self.record.request(
-                request_id=pending.request_id, seconds=time.monotonic() - t0, **call.fields()
+                request_id=pending.request_id, seconds=time.monotonic() - t0, **asdict(call)
             )
 
     def _with_progress_token(
