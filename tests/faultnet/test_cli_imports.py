@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests import REPO
 
 #: What no command's registration may import: the event loop, the HTTP server stack,
 #: the proxy, the plotting library and the harness's experiment machinery.
@@ -49,7 +48,7 @@ def _modules_after(*argv: str) -> set[str]:
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=ROOT,
+        cwd=REPO,
     )
     assert done.returncode == 0, done.stderr
     return set(json.loads(done.stdout.splitlines()[-1]))
@@ -79,7 +78,7 @@ def test_the_help_still_lists_every_command() -> None:
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=ROOT,
+        cwd=REPO,
     )
     assert done.returncode == 0, done.stderr
     for command in ("proxy", "probe", "server", "proxies", "toxic", "fault", "chaos"):

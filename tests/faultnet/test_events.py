@@ -10,8 +10,8 @@ import pytest
 
 from faultnet.eventlog import JsonlWriter, read_jsonl
 from faultnet.events import EVENTS, STRICT_ENV, UndeclaredEvent
+from tests import REPO
 
-ROOT = Path(__file__).resolve().parents[2]
 #: The modules that write the event log (a proxy's, the server's).
 WRITERS = (
     "faultnet/proxy",
@@ -30,7 +30,7 @@ def _written(paths: tuple[str, ...]) -> dict[str, set[str]]:
     found in the source."""
     found: dict[str, set[str]] = {}
     for top in paths:
-        for path in (ROOT / top).rglob("*.py"):
+        for path in (REPO / top).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
                 if not isinstance(node, ast.Call):
                     continue
@@ -55,7 +55,7 @@ def _written(paths: tuple[str, ...]) -> dict[str, set[str]]:
                 else:
                     continue
                 for name in names:
-                    found.setdefault(name, set()).add(str(path.relative_to(ROOT)))
+                    found.setdefault(name, set()).add(str(path.relative_to(REPO)))
     return found
 
 

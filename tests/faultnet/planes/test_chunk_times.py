@@ -18,6 +18,7 @@ import trio
 
 from faultnet import planes
 from faultnet.testing import wait_until
+from tests.faultnet.sockets import recv_exactly
 
 
 @pytest.fixture(params=planes.available_planes())
@@ -72,15 +73,6 @@ async def open_rig(name: str, to_trio: list[str]) -> AsyncIterator[Rig]:
         plane.stop()
         for s in (client, server, rig.app_client, rig.app_server):
             s.close()
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    got = b""
-    while len(got) < n:
-        data = sock.recv(n - len(got))
-        assert data, "EOF"
-        got += data
-    return got
 
 
 async def test_each_chunk_carries_the_monotonic_time_it_was_read(plane_name: str) -> None:
@@ -141,6 +133,6 @@ async def test_to_plane_waits_for_trio_to_take_every_chunk(plane_name: str) -> N
         assert rig.link.to_plane("upstream")
         assert not rig.link.on_toxic_path("upstream")
         rig.app_client.sendall(b"second")  # forwarded by the plane alone now
-        got = await trio.to_thread.run_sync(_recv_exactly, rig.app_server, 11)
+        got = await trio.to_thread.run_sync(recv_exactly, rig.app_server, 11)
         assert got == b"firstsecond"
         assert rig.link.take_timed("upstream") == []

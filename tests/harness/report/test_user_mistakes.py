@@ -65,16 +65,6 @@ BAD_RESULTS = [
 ]
 
 
-@pytest.mark.parametrize("doc,word", BAD_RESULTS)
-def test_report_on_a_result_json_of_the_wrong_shape(
-    pair_dir: Path, tmp_path: Path, doc: str, word: str
-) -> None:
-    arm = copy_arm(pair_dir, tmp_path)
-    (arm / "result.json").write_text(doc)
-    proc = run("-m", "harness.report", str(arm))
-    assert_one_line_exit_2(proc, "result.json", word)
-
-
 def test_report_on_a_verdict_json_of_the_wrong_shape(pair_dir: Path, tmp_path: Path) -> None:
     arm = copy_arm(pair_dir, tmp_path)
     (arm / "verdict.json").write_text('{"ok": true, "checks": "all"}')
@@ -111,10 +101,17 @@ BAD_PAIRS = [
 ]
 
 
-@pytest.mark.parametrize("doc,word", BAD_PAIRS)
-def test_report_on_a_pair_json_of_the_wrong_shape(
-    pair_dir: Path, tmp_path: Path, doc: str, word: str
+@pytest.mark.parametrize(
+    "name,doc,word",
+    [("result.json", *row) for row in BAD_RESULTS] + [("pair.json", *row) for row in BAD_PAIRS],
+)
+def test_report_on_an_evidence_file_of_the_wrong_shape(
+    pair_dir: Path, tmp_path: Path, name: str, doc: str, word: str
 ) -> None:
-    pair = pair_copy(pair_dir, tmp_path)
-    (pair / "pair.json").write_text(doc)
-    assert_one_line_exit_2(run("-m", "harness.report", str(pair)), "pair.json", word)
+    """An arm's result.json or a pair's pair.json of the wrong shape: one line naming
+    the file and the field, exit 2."""
+    run_dir = (
+        copy_arm(pair_dir, tmp_path) if name == "result.json" else pair_copy(pair_dir, tmp_path)
+    )
+    (run_dir / name).write_text(doc)
+    assert_one_line_exit_2(run("-m", "harness.report", str(run_dir)), name, word)
