@@ -150,6 +150,11 @@ EVENTS: dict[str, Event] = _table(
         ),
         "one request an HTTP toxic faulted: its method and path, what was done, the figures",
     ),
+    Event(
+        "dns_fault",
+        ("session", "action", "qname", "qtype", "id", "delay_ms"),
+        "one query a UDP proxy's dns rule faulted: its name, type and id, what was done",
+    ),
     Event("http_opaque", ("conn", "toxic", "stream"), "a stream h11 could not parse, passed as is"),
     Event("tls_handshake", ("conn", "toxic", "version"), "a TLS toxic's handshake completed"),
     Event("tls_failed", ("conn", "toxic", "reason"), "a TLS toxic's handshake failed: reset"),

@@ -83,8 +83,8 @@ def _type_name(value: object) -> str:
 
 
 #: What an argument's value is: one of ``choices``; true or false; a list of connection
-#: ids; a number; a whole number; a peer's ``HOST[:PORT]``.
-Kind = Literal["choice", "flag", "ids", "number", "whole", "peer"]
+#: ids; a number; a whole number; a peer's ``HOST[:PORT]``; a string (a name glob).
+Kind = Literal["choice", "flag", "ids", "number", "whole", "peer", "text"]
 
 
 @dataclass(frozen=True)
@@ -186,6 +186,7 @@ _IS_KIND: dict[str, Callable[[Argument, object], bool]] = {
     "number": lambda arg, v: isinstance(v, int | float) and not isinstance(v, bool),
     "whole": lambda arg, v: isinstance(v, int) and not isinstance(v, bool),
     "peer": lambda arg, v: isinstance(v, str),
+    "text": lambda arg, v: isinstance(v, str),
 }
 
 

@@ -22,7 +22,7 @@ rewrite     forwarded; an A (AAAA) answer's addresses become     the given addre
 ``rewrite`` answers as dnsmasq's ``address=/name/IP`` does: the query's family gets the
 address, the other family an answer with no address (NOERROR), whatever the server said.
 
-A rule matches a query by ``name`` (a glob, ``*`` crossing dots, compared without case
+A rule matches a query by ``qname`` (a glob, ``*`` crossing dots, compared without case
 and without a trailing dot) and ``qtype`` (``any``, or one type: ``A``, ``AAAA``...).
 ``percent`` of matching queries are faulted, each drawn from the seed, the query's name,
 type and id (what the client chose, never the arrival order: the same queries meet the
@@ -77,12 +77,12 @@ PENDING_LIMIT = 4096
 
 @dataclass
 class DnsRule:
-    """One rule: which queries (``name``, ``qtype``, ``percent``, ``count``) and what
+    """One rule: which queries (``qname``, ``qtype``, ``percent``, ``count``) and what
     is done to them (``action``, with ``delay_ms`` or ``address``). ValueError for a
     value out of its range."""
 
     action: str
-    name: str = "*"
+    qname: str = "*"
     qtype: str = "any"
     percent: float = 100.0
     count: int = 0
@@ -115,7 +115,7 @@ class DnsRule:
                 raise ValueError(
                     f"address must be an IPv4 or IPv6 address, not {self.address!r}"
                 ) from None
-        self._glob = _canonical(self.name) or "*"
+        self._glob = _canonical(self.qname) or "*"
 
     def matches(self, qname: str, qtype: str) -> bool:
         """Whether a query of *qname* (any case, trailing dot or not) and *qtype* is one
@@ -139,7 +139,7 @@ class DnsRule:
     def to_json(self) -> dict[str, Any]:
         return {
             "action": self.action,
-            "name": self.name,
+            "qname": self.qname,
             "qtype": self.qtype,
             "percent": self.percent,
             "count": self.count,
@@ -259,7 +259,8 @@ class DnsFaults:
             return data
         if rule.action == "truncate":
             response.flags |= dns.flags.TC
-            response.answer, response.authority, response.additional = [], [], []
+            for section in (response.answer, response.authority, response.additional):
+                section.clear()  # the OPT record is not in a section: EDNS stays
         else:
             _rewrite(response, question.name, question.rdtype, rule.address)
         return response.to_wire()
@@ -273,8 +274,8 @@ def _rewrite(response: dns.message.Message, qname: Any, rdtype: int, address: st
         return  # only an address answer is rewritten
     family = dns.rdatatype.A if ipaddress.ip_address(address).version == 4 else dns.rdatatype.AAAA
     response.set_rcode(dns.rcode.NOERROR)
-    response.authority = []
-    response.answer = []
+    response.authority.clear()
+    response.answer.clear()
     if rdtype == family:
         ttl = 0  # dnsmasq's local-ttl default: its own answers are not cached
-        response.answer = [dns.rrset.from_text(qname, ttl, dns.rdataclass.IN, family, address)]
+        response.answer.append(dns.rrset.from_text(qname, ttl, dns.rdataclass.IN, family, address))

@@ -43,7 +43,12 @@ TOKEN_ENV = "FAULTNET_TOKEN"
 
 #: The UDP proxy's modes that are not TCP modes too, and the argument kinds' types.
 _UDP_ONLY = [m for m in UDP_MODES if m not in MODES]
-_PYTHON_TYPE: dict[str, Callable[[str], object]] = {"choice": str, "whole": int, "number": float}
+_PYTHON_TYPE: dict[str, Callable[[str], object]] = {
+    "choice": str,
+    "text": str,
+    "whole": int,
+    "number": float,
+}
 
 
 def _mode_name(text: str) -> str:

@@ -234,7 +234,7 @@ def _schemas() -> dict[str, Any]:
                 },
                 **{
                     arg.key: {
-                        "type": "string" if arg.kind == "choice" else "number",
+                        "type": "string" if arg.kind in ("choice", "text") else "number",
                         "description": "UDP proxies: "
                         + ", ".join(m.name for m in UDP_MODES.values() if m.argument(arg.name)),
                     }

@@ -10,6 +10,7 @@ Every mode is a :class:`~faultnet.udp.UdpProxy` method of the same name, taking
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Literal
 
 from faultnet.modes import STREAM_CHOICES, TCP, Argument, Mode, ModeTable
@@ -85,9 +86,78 @@ ACTION = Argument(
     doc="what is done to a longer payload",
 )
 
+# The DNS row's arguments (faultnet.protocols.dns.DnsRule checks them again for a direct
+# UdpProxy.dns call; its ACTIONS and QTYPES are these choices, kept in sync by hand so that
+# the CLI's parser does not import dnspython: tests/faultnet/udp/test_udp_dns_faults.py
+# compares them).
+DNS_ACTIONS = ("servfail", "nxdomain", "refused", "drop", "delay", "truncate", "rewrite")
+DNS_QTYPES = ("any", "A", "AAAA", "CNAME", "MX", "TXT", "NS", "SOA", "PTR", "SRV", "SVCB", "HTTPS")
+DNS_ARGUMENTS = (
+    Argument(
+        "action",
+        "choice",
+        "udp",
+        required=True,
+        choices=DNS_ACTIONS,
+        wrong_type="action must be one of {choices}, not {value!r}",
+        doc="what is done to a matching query",
+    ),
+    Argument(
+        "qname",
+        "text",
+        "udp",
+        default="*",
+        wrong_type="qname must be a glob of query names, not {type}",
+        doc="a glob on the query name, any case, trailing dot or not (default *)",
+    ),
+    Argument(
+        "qtype",
+        "choice",
+        "udp",
+        default="any",
+        choices=DNS_QTYPES,
+        wrong_type="qtype must be one of {choices}, not {value!r}",
+        doc="the query type matched (default any)",
+    ),
+    Argument(
+        "percent",
+        "number",
+        "udp",
+        default=100.0,
+        minimum=0,
+        maximum=100,
+        wrong_type=_NUMBER,
+        out_of_range="{label} must be a percentage 0-100, not {value}",
+        doc="the share of matching queries faulted, drawn from the seed, name, type and id",
+    ),
+    Argument(
+        "count",
+        "whole",
+        "udp",
+        default=0,
+        minimum=0,
+        wrong_type="{label} must be a whole number, not {value!r}",
+        out_of_range=_NOT_NEGATIVE,
+        doc="fault only the first this many matching queries (0: no limit)",
+    ),
+    _ms("delay_ms", default=0.0, doc="action delay: forwarded this late, ms"),
+    Argument(
+        "address",
+        "text",
+        "udp",
+        default="",
+        wrong_type="address must be an IP address, not {type}",
+        doc="action rewrite: the address A (or AAAA) answers become",
+    ),
+)
+
 
 def _udp(
-    name: str, undone_by: str | None, arguments: tuple[Argument, ...] = (), **fields: Any
+    name: str,
+    undone_by: str | None,
+    arguments: tuple[Argument, ...] = (),
+    stream: Argument = STREAM,
+    **fields: Any,
 ) -> Mode:
     """A row of the one mode shape (faultnet.modes.Mode) for the UDP proxy: every one
     takes ``stream``; an undo has no ``undone_by``."""
@@ -95,7 +165,7 @@ def _udp(
     return Mode(
         name,
         acts_on,
-        arguments=(STREAM, *arguments),
+        arguments=(stream, *arguments),
         undone_by=undone_by,
         protocol="udp",
         **fields,
@@ -166,6 +236,23 @@ UDP_MODES: dict[str, Mode] = {
             control="assert_udp_truncated",
         ),
         _udp(
+            "dns",
+            "clear",
+            DNS_ARGUMENTS,
+            # A rule judges queries (upstream) and acts on their answers (downstream):
+            # one fault of both directions.
+            stream=replace(
+                STREAM,
+                choices=("both",),
+                wrong_type="dns acts on queries and their answers: stream must be both, "
+                "not {value!r}",
+            ),
+            effect="DNS queries matching name and qtype: answered SERVFAIL, NXDOMAIN or "
+            "REFUSED, dropped, delayed, or their answer truncated (TC) or rewritten",
+            summary="a resolver's failure (faultnet.protocols.dns); one dns_fault record "
+            "per faulted query",
+        ),
+        _udp(
             "thaw",
             None,
             undoes=("freeze", "blackhole"),
@@ -175,8 +262,9 @@ UDP_MODES: dict[str, Mode] = {
         _udp(
             "clear",
             None,
-            undoes=("loss", "latency", "duplicate", "reorder", "size_limit"),
-            summary="loss, latency, duplicate, reorder and size limit end",
+            undoes=("loss", "latency", "duplicate", "reorder", "size_limit", "dns"),
+            summary="loss, latency, duplicate, reorder and size limit end (DNS faults too, "
+            "with stream both or upstream)",
         ),
     )
 }

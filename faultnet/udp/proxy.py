@@ -54,7 +54,8 @@ import trio
 from faultnet.addresses import format_address
 from faultnet.eventlog import JsonlWriter
 from faultnet.modes import FaultRequest
-from faultnet.proxy import listen_error
+from faultnet.protocols.dns import DnsFaults, DnsRule
+from faultnet.proxy import ProxyError, listen_error
 from faultnet.proxybase import ProxyBase
 from faultnet.udp.impairments import Impairment, fate
 from faultnet.udp.lane import Lane
@@ -111,6 +112,11 @@ def _streams(stream: str) -> tuple[str, ...]:
 
 def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+class DnsRuleError(ProxyError, ValueError):
+    """A dns rule the table let through but the rule refuses (an action without its
+    figure, an address that is not one): the API answers 400 with its message."""
 
 
 @dataclass
@@ -288,7 +294,31 @@ class Session:
                 counts.held += 1
             else:
                 counts.hold_overflow += 1
+        elif self.proxy._dns:
+            self._dns(stream, seq, payload)
         else:
+            self._impair(stream, seq, payload)
+
+    def _dns(self, stream: str, seq: int, payload: bytes) -> None:
+        """A datagram past the gate while DNS rules are in force: a query judged by
+        them (answered, dropped or delayed here), an answer changed if its query's
+        rule says so; then the impairments, as any datagram's."""
+        faults = self.proxy._dns
+        if stream == "downstream":
+            self._impair(stream, seq, faults.answer(payload, self.peer))
+            return
+        decision = faults.query(payload, self.peer)
+        if decision.fault is None:
+            self._impair(stream, seq, payload)
+            return
+        self.proxy.log.write("dns_fault", session=self.id, **decision.to_event())
+        if decision.verdict == "answer":
+            # The client's answer, as if the server had sent it: the downstream
+            # impairments and the gate's freeze or blackhole apply to it alike.
+            self.ingress("downstream", decision.reply)
+        elif decision.delay_s:
+            self.lanes[stream].put(payload, delay_s=decision.delay_s)
+        elif decision.verdict == "forward":  # its answer is changed on its way back
             self._impair(stream, seq, payload)
 
     def _impair(self, stream: str, seq: int, payload: bytes) -> None:
@@ -437,6 +467,8 @@ class UdpProxy(ProxyBase):
         #: Datagrams read so far per direction, all sessions: the index fates are keyed by.
         self._seq = dict.fromkeys(STREAMS, 0)
         self._impairments = dict.fromkeys(STREAMS, Impairment())
+        #: The dns rules in force, and the faulted queries whose answers are awaited.
+        self._dns = DnsFaults(self.seed)
 
     # -- running --
 
@@ -714,10 +746,48 @@ class UdpProxy(ProxyBase):
         """Truncate (or drop) payloads longer than *limit* bytes."""
         return await self.impair(stream, size_limit=limit, size_action=action)
 
+    async def dns(
+        self,
+        action: str,
+        qname: str = "*",
+        qtype: str = "any",
+        percent: float = 100.0,
+        count: int = 0,
+        delay_ms: float = 0.0,
+        address: str = "",
+        stream: str = "both",
+    ) -> dict[str, Any]:
+        """Fault the DNS queries matching *qname* (a glob) and *qtype*: *action* (see
+        :mod:`faultnet.protocols.dns`) on *percent* of them, the first *count* (0: all).
+        Rules add up, the first that matches a query judges it; :meth:`clear` ends them.
+        Each faulted query is one ``dns_fault`` record. Returns the rule.
+        :class:`DnsRuleError` (a ValueError) for a bad value (nothing changed)."""
+        if stream != "both":
+            raise ValueError(
+                f"dns acts on queries and their answers: stream must be both, not {stream!r}"
+            )
+        try:
+            rule = DnsRule(action, qname, qtype, percent, count, delay_ms, address)
+        except ValueError as exc:
+            raise DnsRuleError(str(exc)) from None
+        self._dns.add(rule)
+        self.log.write(
+            "fault_applied",
+            protocol="udp",
+            mode="dns",
+            stream=stream,
+            attributes=rule.to_json(),
+            seed=self.seed,
+        )
+        return rule.to_json()
+
     async def clear(self, stream: str = "both") -> None:
-        """Remove every impairment on *stream* (freeze and blackhole stay: see thaw)."""
+        """Remove every impairment on *stream* (freeze and blackhole stay: see thaw), and
+        the DNS rules when *stream* is both or upstream (where queries travel)."""
         for s in _streams(stream):
             self._impairments[s] = Impairment()
+        if "upstream" in _streams(stream):
+            self._dns.clear()
         self.log.write("fault_removed", protocol="udp", mode="clear", stream=stream)
 
     # -- observation --
@@ -734,6 +804,7 @@ class UdpProxy(ProxyBase):
             "protocol": "udp",
             "gates": dict(self._gates),
             "impairments": {s: imp.to_json() for s, imp in self._impairments.items()},
+            "dns": [rule.to_json() for rule in self._dns.rules],
             "sessions": len(self._sessions),
             #: datagrams read per direction, every session's (closed ones too)
             "received": dict(self._seq),

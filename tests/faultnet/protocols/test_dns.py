@@ -122,12 +122,12 @@ def test_an_answer_is_paired_with_its_query_by_client_id_and_question() -> None:
 def test_a_rule_matches_by_name_glob_without_case_or_trailing_dot_and_type(
     name: str, qname: str, qtype: str, rule_type: str, hit: bool
 ) -> None:
-    d = faults(DnsRule("servfail", name=name, qtype=rule_type)).query(query(qname, qtype))
+    d = faults(DnsRule("servfail", qname=name, qtype=rule_type)).query(query(qname, qtype))
     assert (d.verdict == "answer") is hit
 
 
 def test_count_faults_the_first_n_matching_queries_then_lets_them_through() -> None:
-    f = faults(DnsRule("servfail", name="www.*", count=2))
+    f = faults(DnsRule("servfail", qname="www.*", count=2))
     verdicts = [f.query(query(qid=i)).verdict for i in range(4)]
     assert verdicts == ["answer", "answer", "forward", "forward"]
     assert f.query(query(name="mail.example.test")).verdict == "forward"  # not counted
@@ -148,7 +148,7 @@ def test_percent_is_drawn_from_seed_name_type_and_id_not_arrival_order() -> None
 
 
 def test_the_first_matching_rule_judges_a_query() -> None:
-    f = faults(DnsRule("nxdomain", name="a.*"), DnsRule("servfail"))
+    f = faults(DnsRule("nxdomain", qname="a.*"), DnsRule("servfail"))
     assert dns.message.from_wire(f.query(query("a.test")).reply).rcode() == dns.rcode.NXDOMAIN
     assert dns.message.from_wire(f.query(query("b.test")).reply).rcode() == dns.rcode.SERVFAIL
 
