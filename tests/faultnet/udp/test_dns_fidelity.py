@@ -1,0 +1,225 @@
+"""The dns fault held against dnsmasq producing the same answer (principle 13): each row
+runs two arms in a network namespace the test makes (``ip netns add``, its loopback
+alone) whose resolv.conf (``/etc/netns/NAME/resolv.conf``, which ``ip netns exec``
+mounts) names 127.0.0.1:
+
+* the real arm: dnsmasq itself fails (SERVFAIL: its upstream cannot prove the answer,
+  DNSSEC validation fails; REFUSED: its only upstream is unroutable; NXDOMAIN and the
+  rewrite: an ``address=`` line), behind a faultnet UDP proxy with no fault, there only
+  to count the client's queries;
+* faultnet's arm: dnsmasq answers normally (``host-record``), and the proxy's ``dns``
+  fault fails the query.
+
+Two real clients in the namespace, each a subprocess under ``ip netns exec``: dnspython's
+resolver (its own configuration read from resolv.conf, its own retries) and glibc's
+``getaddrinfo``. Both arms must give each the same outcome (exception class or error
+code, or the addresses) after the same number of queries. Root only (it skips saying so).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+import dns.exception
+import dns.message
+import dns.query
+import pytest
+import trio
+
+from faultnet.udp import open_udp_proxy
+from tests.conftest import require_program
+
+NAME = "www.example.test"
+UPSTREAM = 5300  # dnsmasq's port; the proxy listens on 53, where resolv.conf points
+INNER = 5301  # SERVFAIL's arm: the upstream whose answers cannot be validated
+_CLONE_NEWNET = 0x40000000
+# The root trust anchor (IANA's KSK-2017): dnsmasq then demands a chain of signatures
+# the inner server cannot give, and answers SERVFAIL (measured: "validation of test
+# failed", "ABANDONED").
+_ANCHOR = (
+    "trust-anchor=.,20326,8,2,E06D44B80B8F1D39A95C0B0D7C65D08458E880409BBC683457104237C7F8EC8D"
+)
+
+_DNSPYTHON = """
+import json, re, dns.resolver
+try:
+    answer = dns.resolver.resolve(%r, "A", lifetime=6)
+    print(json.dumps(sorted(rr.to_text() for rr in answer)))
+except Exception as exc:  # the class, and the RCODEs a NoNameservers says it met
+    print(json.dumps([type(exc).__name__, re.findall(r"answered ([A-Z]+)", str(exc))]))
+"""
+_GLIBC = """
+import json, socket
+try:
+    found = socket.getaddrinfo(%r, 80, proto=socket.IPPROTO_TCP)
+    print(json.dumps(sorted({info[4][0] for info in found})))
+except socket.gaierror as exc:
+    print(json.dumps(["gaierror", exc.errno]))
+"""
+CLIENTS = {"dnspython": _DNSPYTHON % NAME, "glibc": _GLIBC % NAME}
+
+#: row -> (the real dnsmasq's lines, the inner server's lines or None, the dns fault)
+ROWS = {
+    "servfail": (
+        ["dnssec", _ANCHOR, f"server=127.0.0.1#{INNER}"],
+        [f"host-record={NAME},10.0.0.1"],
+        {"action": "servfail"},
+    ),
+    "refused": (["server=192.0.2.1"], None, {"action": "refused"}),
+    "nxdomain": ([f"address=/{NAME}/"], None, {"action": "nxdomain"}),
+    "rewrite": (
+        [f"address=/{NAME}/10.9.9.9"],
+        None,
+        {"action": "rewrite", "address": "10.9.9.9"},
+    ),
+}
+NORMAL = [f"host-record={NAME},10.0.0.1"]
+
+
+@pytest.fixture
+def netns(tmp_path: Path) -> Iterator[str]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: it makes a network namespace (ip netns add)")
+    require_program(shutil.which("ip"), "ip (iproute2)")
+    require_program(shutil.which("dnsmasq"), "dnsmasq")
+    name = f"fn-dns-{os.getpid()}"
+    conf = Path("/etc/netns") / name
+    subprocess.run(["ip", "netns", "add", name], check=True, timeout=10)
+    try:
+        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True, timeout=10)
+        conf.mkdir(parents=True)
+        # One nameserver, a 1 s timeout, two attempts: what glibc and dnspython read.
+        (conf / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:2\n")
+        yield name
+    finally:
+        shutil.rmtree(conf, ignore_errors=True)
+        subprocess.run(["ip", "netns", "del", name], timeout=10)
+
+
+@contextmanager
+def inside(name: str) -> Iterator[None]:
+    """This thread in namespace *name* (trio's, where the proxy makes its sockets, and
+    the children it starts directly); back home on exit."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open("/proc/thread-self/ns/net") as home, open(f"/run/netns/{name}") as there:
+        if libc.setns(there.fileno(), _CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), "setns")
+        try:
+            yield
+        finally:
+            if libc.setns(home.fileno(), _CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns back")
+
+
+@contextmanager
+def dnsmasq(tmp_path: Path, tag: str, port: int, lines: list[str]) -> Iterator[None]:
+    """dnsmasq on 127.0.0.1:*port* of this thread's namespace, answering once up."""
+    conf = tmp_path / f"{tag}.conf"
+    conf.write_text(
+        "\n".join(
+            ["no-resolv", "no-hosts", "bind-interfaces", "listen-address=127.0.0.1"]
+            + [f"port={port}", *lines]
+            # No cache between the two clients' queries (DNSSEC needs dnsmasq's).
+            + ([] if "dnssec" in lines else ["cache-size=0"])
+        )
+        + "\n"
+    )
+    proc = subprocess.Popen(
+        ["dnsmasq", "-k", "-C", str(conf), f"--pid-file={tmp_path / tag}.pid"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        probe = dns.message.make_query("probe.invalid", "A")
+        for _ in range(100):  # up within 5 s, or it says why not
+            if proc.poll() is not None:
+                raise RuntimeError(f"dnsmasq exited: {proc.stderr.read()!r}")  # type: ignore[union-attr]
+            try:
+                dns.query.udp(probe, "127.0.0.1", port=port, timeout=0.05)
+                break
+            except dns.exception.Timeout:
+                continue
+        else:
+            raise RuntimeError("dnsmasq did not answer within 5 s")
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+async def run_client(ns: str, code: str) -> object:
+    done = await trio.run_process(
+        ["ip", "netns", "exec", ns, sys.executable, "-c", code],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+async def arm(ns: str, fault: dict[str, object] | None) -> dict[str, tuple[object, int]]:
+    """Each client's outcome and the queries it sent, through a proxy on :53 (with
+    *fault*, or none) to the dnsmasq on UPSTREAM."""
+    seen: dict[str, tuple[object, int]] = {}
+    async with open_udp_proxy(("127.0.0.1", UPSTREAM), ("127.0.0.1", 53)) as proxy:
+        if fault is not None:
+            await proxy.dns(**fault)  # type: ignore[arg-type]
+        for client, code in CLIENTS.items():
+            before = proxy.state["received"]["upstream"]
+            outcome = await run_client(ns, code)
+            seen[client] = (outcome, proxy.state["received"]["upstream"] - before)
+    return seen
+
+
+async def compare(
+    ns: str, tmp_path: Path, row: str, fault: dict[str, object]
+) -> tuple[dict[str, tuple[object, int]], ...]:
+    """The real arm of *row*, faultnet's arm with *fault*, and the healthy control."""
+    real_lines, inner_lines, _ = ROWS[row]
+    with inside(ns), trio.fail_after(60):
+        with ExitStack() as servers:
+            if inner_lines is not None:  # first: the real one's probe goes through it
+                servers.enter_context(dnsmasq(tmp_path, "inner", INNER, inner_lines))
+            servers.enter_context(dnsmasq(tmp_path, "real", UPSTREAM, real_lines))
+            real = await arm(ns, None)
+        with dnsmasq(tmp_path, "normal", UPSTREAM, NORMAL):
+            faulted = await arm(ns, fault)
+            healthy = await arm(ns, None)
+    return real, faulted, healthy
+
+
+@pytest.mark.parametrize("row", list(ROWS))
+async def test_a_dns_fault_is_what_dnsmasq_failing_is_to_dnspython_and_glibc(
+    row: str, netns: str, tmp_path: Path
+) -> None:
+    real, faulted, healthy = await compare(netns, tmp_path, row, ROWS[row][2])
+    print(row, "real:", real, "faultnet:", faulted)
+    assert faulted == real, (row, real, faulted)
+    # The internal control: without the fault the same dnsmasq answers normally.
+    assert healthy["glibc"][0] == healthy["dnspython"][0] == ["10.0.0.1"]
+    assert healthy != real
+
+
+@pytest.mark.parametrize(
+    ("row", "wrong"),
+    [
+        # glibc cannot tell these apart (EAI_AGAIN after 4 queries, both): dnspython can
+        ("refused", {"action": "servfail"}),
+        ("rewrite", {"action": "rewrite", "address": "10.9.9.8"}),
+    ],
+    ids=["servfail-for-refused", "wrong-address"],
+)
+async def test_a_wrong_fault_turns_its_row_red(
+    row: str, wrong: dict[str, object], netns: str, tmp_path: Path
+) -> None:
+    real, faulted, _ = await compare(netns, tmp_path, row, wrong)
+    assert faulted != real
