@@ -150,6 +150,14 @@ class DnsRule:
         }
 
 
+def _parse(data: bytes) -> dns.message.Message | None:
+    """dnspython's reading of *data*, or None if it cannot."""
+    try:
+        return dns.message.from_wire(data)
+    except (dns.exception.DNSException, ValueError):
+        return None
+
+
 def _canonical(name: str) -> str:
     return name.rstrip(".").lower()
 
@@ -209,9 +217,10 @@ class DnsFaults:
         """The decision for one datagram a client sent upstream."""
         if not self.rules:
             return FORWARD
-        try:
-            query = dns.message.from_wire(data)
-        except (dns.exception.DNSException, ValueError):
+        # One parse, the whole message (~27 us for a small query, measured; dnspython's
+        # question_only was no cheaper, ~30 us): a malformed one is never counted.
+        query = _parse(data)
+        if query is None:
             return FORWARD
         if query.flags & dns.flags.QR or query.opcode() != dns.opcode.QUERY or not query.question:
             return FORWARD
@@ -246,11 +255,8 @@ class DnsFaults:
         answer a truncate or rewrite rule made of it."""
         if not self._pending:
             return data
-        try:
-            response = dns.message.from_wire(data)
-        except (dns.exception.DNSException, ValueError):
-            return data
-        if not response.question:
+        response = _parse(data)
+        if response is None or not response.question:
             return data
         question = response.question[0]
         key = (peer, response.id, _canonical(question.name.to_text()), question.rdtype)

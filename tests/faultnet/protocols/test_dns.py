@@ -212,3 +212,22 @@ def test_pending_answers_are_bounded() -> None:
 def test_a_rule_refuses_what_it_cannot_do(fields: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         DnsRule(**fields)  # type: ignore[arg-type]
+
+
+def test_a_query_malformed_past_its_question_passes_and_is_not_counted() -> None:
+    good = query()
+    bad = good[:10] + b"\x00\x01" + good[12:]  # says one additional record; none follows
+    f = faults(DnsRule("servfail", count=1))
+    d = f.query(bad)
+    assert (d.verdict, d.fault) == ("forward", None)
+    assert f.query(good).verdict == "answer"  # the count was still whole
+
+
+def test_an_answer_malformed_past_its_question_passes_untouched_and_unpaired() -> None:
+    f = faults(DnsRule("rewrite", address="10.9.9.9"))
+    q = query()
+    f.query(q)
+    good = answer_to(q, "192.0.2.1")
+    bad = good[:6] + b"\x00\x02" + good[8:]  # two answers said, one there
+    assert f.answer(bad) == bad
+    assert f.answer(good) != good  # still paired: the well-formed answer is rewritten
