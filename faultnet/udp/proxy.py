@@ -763,7 +763,7 @@ class UdpProxy(ProxyBase):
         Each faulted query is one ``dns_fault`` record. Returns the rule.
         :class:`DnsRuleError` (a ValueError) for a bad value (nothing changed)."""
         if stream != "both":
-            raise ValueError(
+            raise DnsRuleError(
                 f"dns acts on queries and their answers: stream must be both, not {stream!r}"
             )
         try:
