@@ -8,6 +8,7 @@ import dns.asyncquery
 import dns.asyncresolver
 import dns.flags
 import dns.message
+import dns.rcode
 import dns.resolver
 import pytest
 
@@ -164,3 +165,35 @@ async def test_a_dns_fault_from_the_command_line(cli: Cli) -> None:  # noqa: F81
         assert addresses(await ask((host, int(port)))) == [ANSWER]
         code, _, err = await cli("fault", "dns", "dns", "--action", "rewrite", "--address", "x")
         assert code == 2 and "address must be an IPv4 or IPv6 address" in err
+
+
+async def test_which_queries_a_percent_faults_does_not_depend_on_their_order() -> None:
+    import trio
+
+    async def fates(order: list[int], concurrently: bool) -> set[int]:
+        failed: set[int] = set()
+        async with dns_responder() as (server, _), open_udp_proxy(server, seed=11) as proxy:
+            await proxy.dns("servfail", percent=50)
+
+            async def one(i: int) -> None:
+                query = dns.message.make_query(f"host{i}.faultnet.test", "A")
+                query.id = 1000 + i
+                reply = await dns.asyncquery.udp(
+                    query, *proxy.address[:1], port=proxy.address[1], timeout=2
+                )
+                if reply.rcode() == dns.rcode.SERVFAIL:
+                    failed.add(i)
+
+            if concurrently:
+                async with trio.open_nursery() as nursery:
+                    for i in order:
+                        nursery.start_soon(one, i)
+            else:
+                for i in order:
+                    await one(i)
+        return failed
+
+    ids = list(range(30))
+    in_order = await fates(ids, concurrently=False)
+    assert 5 <= len(in_order) <= 25  # half of 30, drawn
+    assert await fates(ids[::-1], concurrently=True) == in_order
