@@ -5,10 +5,14 @@ mounts) names 127.0.0.1:
 
 * the real arm: dnsmasq itself fails (SERVFAIL: its upstream cannot prove the answer,
   DNSSEC validation fails; REFUSED: its only upstream is unroutable; NXDOMAIN and the
-  rewrite: an ``address=`` line), behind a faultnet UDP proxy with no fault, there only
+  rewrite: an ``address=`` line; TC: forty addresses over its ``edns-packet-max=512``),
+  behind a faultnet UDP proxy with no fault, there only
   to count the client's queries;
 * faultnet's arm: dnsmasq answers normally (``host-record``), and the proxy's ``dns``
   fault fails the query.
+
+A faultnet TCP proxy with no fault on :53 in both arms carries (and counts) the clients'
+fall back to TCP after a TC.
 
 Two real clients in the namespace, each a subprocess under ``ip netns exec``: dnspython's
 resolver (its own configuration read from resolv.conf, its own retries) and glibc's
@@ -19,6 +23,7 @@ code, or the addresses) after the same number of queries. Root only (it skips sa
 from __future__ import annotations
 
 import ctypes
+import itertools
 import json
 import os
 import shutil
@@ -34,6 +39,8 @@ import dns.query
 import pytest
 import trio
 
+from faultnet.eventlog import read_jsonl
+from faultnet.proxy import open_proxy
 from faultnet.udp import open_udp_proxy
 from tests.conftest import require_program
 
@@ -66,6 +73,9 @@ except socket.gaierror as exc:
 """
 CLIENTS = {"dnspython": _DNSPYTHON % NAME, "glibc": _GLIBC % NAME}
 
+#: Forty addresses: ~700 bytes of answer, over the 512 a dnsmasq with edns-packet-max=512
+#: sends by UDP (it sets TC), under the 1,200 glibc's and dnspython's EDNS0 ask for.
+MANY = [f"host-record={NAME},10.0.1.{i}" for i in range(1, 41)]
 #: row -> (the real dnsmasq's lines, the inner server's lines or None, the dns fault)
 ROWS = {
     "servfail": (
@@ -80,8 +90,10 @@ ROWS = {
         None,
         {"action": "rewrite", "address": "10.9.9.9"},
     ),
+    "truncate": (["edns-packet-max=512", *MANY], None, {"action": "truncate", "qtype": "A"}),
 }
-NORMAL = [f"host-record={NAME},10.0.0.1"]
+#: What the dnsmasq behind faultnet's fault answers (and the healthy control sees).
+NORMAL = {row: [f"host-record={NAME},10.0.0.1"] for row in ROWS} | {"truncate": MANY}
 
 
 @pytest.fixture
@@ -96,8 +108,11 @@ def netns(tmp_path: Path) -> Iterator[str]:
     try:
         subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True, timeout=10)
         conf.mkdir(parents=True)
-        # One nameserver, a 1 s timeout, two attempts: what glibc and dnspython read.
-        (conf / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:2\n")
+        # One nameserver, a 1 s timeout, two attempts, EDNS0 (so that only a server's
+        # limit truncates): what glibc and dnspython read.
+        (conf / "resolv.conf").write_text(
+            "nameserver 127.0.0.1\noptions timeout:1 attempts:2 edns0\n"
+        )
         yield name
     finally:
         shutil.rmtree(conf, ignore_errors=True)
@@ -166,18 +181,36 @@ async def run_client(ns: str, code: str) -> object:
     return json.loads(done.stdout)
 
 
-async def arm(ns: str, fault: dict[str, object] | None) -> dict[str, tuple[object, int]]:
-    """Each client's outcome and the queries it sent, through a proxy on :53 (with
-    *fault*, or none) to the dnsmasq on UPSTREAM."""
-    seen: dict[str, tuple[object, int]] = {}
-    async with open_udp_proxy(("127.0.0.1", UPSTREAM), ("127.0.0.1", 53)) as proxy:
+_ARMS = itertools.count()
+
+
+async def arm(
+    ns: str, tmp_path: Path, fault: dict[str, object] | None
+) -> dict[str, tuple[object, int, int]]:
+    """Each client's outcome, the UDP queries it sent and the TCP connections it made
+    (a fall back after TC), through proxies on :53 (UDP with *fault*, or none; TCP
+    with none) to the dnsmasq on UPSTREAM."""
+    seen: dict[str, tuple[object, int, int]] = {}
+    log = tmp_path / f"tcp-{next(_ARMS)}.jsonl"
+    async with (
+        open_udp_proxy(("127.0.0.1", UPSTREAM), ("127.0.0.1", 53)) as proxy,
+        open_proxy(("127.0.0.1", UPSTREAM), ("127.0.0.1", 53), event_log=str(log)),
+    ):
         if fault is not None:
             await proxy.dns(**fault)  # type: ignore[arg-type]
         for client, code in CLIENTS.items():
-            before = proxy.state["received"]["upstream"]
+            before = proxy.state["received"]["upstream"], _connections(log)
             outcome = await run_client(ns, code)
-            seen[client] = (outcome, proxy.state["received"]["upstream"] - before)
+            seen[client] = (
+                outcome,
+                proxy.state["received"]["upstream"] - before[0],
+                _connections(log) - before[1],
+            )
     return seen
+
+
+def _connections(log: Path) -> int:
+    return sum(r["event"] == "conn_open" for r in read_jsonl(str(log)).records)
 
 
 async def compare(
@@ -190,10 +223,10 @@ async def compare(
             if inner_lines is not None:  # first: the real one's probe goes through it
                 servers.enter_context(dnsmasq(tmp_path, "inner", INNER, inner_lines))
             servers.enter_context(dnsmasq(tmp_path, "real", UPSTREAM, real_lines))
-            real = await arm(ns, None)
-        with dnsmasq(tmp_path, "normal", UPSTREAM, NORMAL):
-            faulted = await arm(ns, fault)
-            healthy = await arm(ns, None)
+            real = await arm(ns, tmp_path, None)
+        with dnsmasq(tmp_path, "normal", UPSTREAM, NORMAL[row]):
+            faulted = await arm(ns, tmp_path, fault)
+            healthy = await arm(ns, tmp_path, None)
     return real, faulted, healthy
 
 
@@ -204,8 +237,11 @@ async def test_a_dns_fault_is_what_dnsmasq_failing_is_to_dnspython_and_glibc(
     real, faulted, healthy = await compare(netns, tmp_path, row, ROWS[row][2])
     print(row, "real:", real, "faultnet:", faulted)
     assert faulted == real, (row, real, faulted)
-    # The internal control: without the fault the same dnsmasq answers normally.
-    assert healthy["glibc"][0] == healthy["dnspython"][0] == ["10.0.0.1"]
+    # The internal control (and the breakage "a fault that does nothing"): without the
+    # fault the same dnsmasq answers normally, by UDP alone.
+    addresses = sorted(line.rsplit(",", 1)[1] for line in NORMAL[row])
+    assert healthy["glibc"][0] == healthy["dnspython"][0] == addresses
+    assert healthy["glibc"][2] == healthy["dnspython"][2] == 0
     assert healthy != real
 
 
