@@ -760,7 +760,10 @@ class UdpProxy(ProxyBase):
         """Fault the DNS queries matching *qname* (a glob) and *qtype*: *action* (see
         :mod:`faultnet.protocols.dns`) on *percent* of them, the first *count* (0: all).
         Rules add up, the first that matches a query judges it; :meth:`clear` ends them.
-        Each faulted query is one ``dns_fault`` record. Returns the rule.
+        Each faulted query is one ``dns_fault`` record. A delayed query keeps its
+        session's order, as latency does: what the same client socket sends after it
+        waits behind it (a stub resolver's fresh socket per query is not held up).
+        Returns the rule.
         :class:`DnsRuleError` (a ValueError) for a bad value (nothing changed)."""
         if stream != "both":
             raise DnsRuleError(
