@@ -1,172 +1,258 @@
-"""HTTP/1.1 request-level faults: the session that reads one connection's requests and
-responses with h11 and applies a plan to each request.
+"""HTTP/1.1 request-level faults: a pure session (sans-I/O) that reads one connection's
+requests and responses with h11 and applies a plan to each request.
 
 Theory of operation
 -------------------
+
+:class:`Session` does no I/O and knows no clock: events go in (bytes read on a stream,
+the end of a stream, a timer that came due, each with the time), and commands come out
+(:class:`Forward` the original bytes, :class:`Inject` bytes the session made,
+:class:`Hold` a stream until a time or until resumed, :class:`Resume`, :class:`Eof`,
+:class:`Close`, :class:`Reset`). Whoever runs it (a both-stream toxic's stages,
+:mod:`faultnet.toxics.http`) carries the commands out in order, in the task of the
+stream the event came on; a :class:`Hold` of that stream means: read no more of it
+until the time comes (then :meth:`Session.timer`) or a :class:`Resume` says so. That
+is the backpressure: a held stream is not read, so nothing piles up here.
 
 h11 parses; this module never re-serialises. Each stream's bytes are fed to an h11
 connection (a fresh one per message, so pipelined requests need no answer from us to be
 parsed), and after every event the bytes h11 consumed for it (what was fed, less its
 ``trailing_data``) are that event's span of the original stream. Spans are forwarded as
-they came, so a request no plan touches crosses byte-identical, framing (Content-Length
-or chunked) included; only a plan's own rewrites (a header added or removed) change
-bytes.
+they came, so a request no plan touches crosses byte-identical, framing included.
 
-Responses come back in request order (HTTP/1.1 has no other way to pair them), so the
-session keeps one :class:`_Slot` per request not yet answered, in order. A slot is
-either answered by the server (its plan may delay, slow, cut or rewrite the response) or
-by the plan itself (an abort: the request never reaches the server, and its answer goes
-out when every earlier response has). A request that is held is not forwarded, and
-neither is anything after it on that connection: nothing is answered again there.
+Responses come back in request order, so the session keeps one :class:`_Slot` per
+request not yet answered, in order; a plan's own answer (an abort) goes out when every
+earlier response has. What goes to the client passes through one queue (``_out``),
+emptied by :meth:`Session._pump` as the plans' timers allow.
 
-Interim responses (``100 Continue``, ``103``) pass as they came. An upgrade (``101``)
-or a CONNECT's 2xx turns both streams into opaque bytes from there on; while such a
-request waits for its answer, the client's next bytes wait too (they may not be HTTP).
-Bytes either parser refuses (h11's ``ProtocolError``) turn that stream opaque: a
-fault proxy must not break what it cannot read.
-
-Writes: the session writes each stream through an :class:`Out` (a both-stream toxic's
-link on that stream) under a lock per stream; the upstream task takes the downstream
-lock only to send an abort's answer, and the downstream task never takes the upstream
-lock while holding its own, so the two cannot wait on each other.
+Every state of the two streams and every transition between them is in
+:data:`TRANSITIONS` (h11's ``_state.py`` rule: what changes a stream's state is there,
+nowhere else).
 """
 
 from __future__ import annotations
 
+import enum
 import http
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import h11
-import trio
 
 __all__ = [
+    "MAX_BUFFER",
     "MAX_HEAD",
     "Answer",
-    "Out",
+    "Close",
+    "Command",
+    "Eof",
+    "Forward",
+    "Hold",
+    "Inject",
     "Plan",
+    "Reset",
+    "Resume",
     "Session",
     "answer_bytes",
     "parse_header_lines",
     "rewrite_head",
 ]
 
-#: The largest request or response head parsed (h11's default is 16 KiB; a fault proxy
-#: should carry a server's "huge headers" test, so 1 MiB). A larger one turns the stream
-#: opaque (forwarded untouched).
-MAX_HEAD = 1024 * 1024
+UP, DOWN = "upstream", "downstream"
+
+#: The largest request or response head parsed. nginx's default ceiling is 4 x 8 KiB
+#: (large_client_header_buffers), Apache's 100 fields of 8 KiB; 64 KiB carries a
+#: server's "huge headers" test. A larger head turns the stream opaque (forwarded
+#: untouched). Issue 33: at 1 MiB an unfinished head cost 2.4 MB a connection.
+MAX_HEAD = 64 * 1024
+
+#: The most client bytes kept while they wait (behind an unanswered Upgrade or
+#: CONNECT): past it the upstream stream is held, unread (issue 33: +308 MB unbounded).
+MAX_BUFFER = 64 * 1024
 
 
-class Out(Protocol):
-    """Where one stream's bytes go on (a both-stream toxic's link on that stream)."""
+# -- commands --------------------------------------------------------------------------
 
-    async def inject(self, data: bytes, t_read: float | None = None) -> None: ...
 
-    async def inject_eof(self) -> None: ...
+@dataclass
+class Forward:
+    """Send the stream's own bytes on (a plan's rewrite of a head included)."""
 
-    async def close(self) -> None: ...
+    stream: str
+    data: bytes
+    t_read: float | None = None
 
-    async def reset(self) -> None: ...
+
+@dataclass
+class Inject:
+    """Send bytes the session made (an abort's answer) on *stream*."""
+
+    stream: str
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Read no more of *stream* until trio time *until* (then call
+    :meth:`Session.timer`), or, *until* None, until a :class:`Resume` of it."""
+
+    stream: str
+    until: float | None
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A :class:`Hold` with no time on *stream* is over: call :meth:`Session.timer`."""
+
+    stream: str
+
+
+@dataclass(frozen=True)
+class Eof:
+    """The end of *stream* (a FIN; the other direction stays open)."""
+
+    stream: str
+
+
+@dataclass(frozen=True)
+class Close:
+    """End the connection: FIN both ways, after what was sent."""
+
+
+@dataclass(frozen=True)
+class Reset:
+    """End the connection: RST both ways, after what was sent."""
+
+
+Command = Forward | Inject | Hold | Resume | Eof | Close | Reset
+
+
+# -- plans -----------------------------------------------------------------------------
 
 
 @dataclass
 class Answer:
-    """A response the plan makes itself; the request is not forwarded."""
+    """A response a plan makes itself; the request is not forwarded."""
 
-    data: bytes
-    #: Close the connection (FIN both ways) once it is sent.
-    close: bool = False
+    status: int
+    body: bytes = b""
+    headers: list[tuple[str, str]] = field(default_factory=list)
 
 
+@dataclass
 class Plan:
-    """What one toxic does to one request and its response. This base passes both.
-
-    The hooks get the response's bytes as spans of the original stream: its head (status
-    line and headers, CRLFs included), then its body as it arrives (wire bytes: chunked
-    framing counts), then the end (the last framing bytes, often empty). Each hook sends
-    what it wants on with ``await out(data)``; sending nothing drops the bytes.
-    """
+    """What one toxic does to one request and its response: data, no code that runs
+    I/O. The default passes both."""
 
     #: What was done, for the event log (``abort``, ``delay``, ...), and its figures.
-    action = "pass"
-    detail: dict[str, object] = {}  # noqa: RUF012 (read only; subclasses set their own)
+    action: str = "pass"
+    detail: dict[str, object] = field(default_factory=dict)
+    #: Answer the request with this instead of forwarding it.
+    answer: Answer | None = None
+    #: Never forward this request, nor anything after it; nothing answers it.
+    hold: bool = False
+    #: Rewrite the request's head (status line and headers, CRLFs included).
+    request_head: Callable[[bytes], bytes] | None = None
+    #: Rewrite the response's head.
+    response_head: Callable[[bytes], bytes] | None = None
+    #: Hold the response this long (seconds) before its head, or (*delay_body*)
+    #: before its first body byte, from when that reached the proxy.
+    delay: float = 0.0
+    delay_body: bool = False
+    #: Pace the body's wire bytes at this many bytes a second (0: no pacing).
+    rate: int = 0
+    #: After the head and this many body bytes, end the connection: ``cut`` is
+    #: :class:`Close` or :class:`Reset` (None: no cut).
+    cut: type[Close] | type[Reset] | None = None
+    cut_after: int = 0
 
-    def rewrite_request_head(self, head: bytes) -> bytes:
-        return head
-
-    def answer(self, request: h11.Request) -> Answer | None:
-        """A response to send instead of forwarding the request, or None to forward it."""
-        return None
-
-    #: True: this request and everything after it on the connection are not forwarded,
-    #: and nothing answers them.
-    hold = False
-
-    async def response_head(self, send: Send, head: bytes) -> None:
-        await send(head)
-
-    async def response_body(self, send: Send, data: bytes) -> None:
-        await send(data)
-
-    async def response_end(self, send: Send, data: bytes) -> None:
-        await self.response_body(send, data)
-
-
-class Send(Protocol):
-    """A plan's way to pass bytes on towards the client, to wait, and to end the
-    connection. What it is given leaves in one write per chunk the proxy read, so a plan
-    that waits must wait through :meth:`sleep`/:meth:`sleep_until` (which send what is
-    pending first)."""
-
-    async def __call__(self, data: bytes) -> None: ...
-
-    async def sleep(self, seconds: float) -> None: ...
-
-    async def sleep_until(self, deadline: float) -> None: ...
-
-    async def close(self) -> None: ...
-
-    async def reset(self) -> None: ...
-
-
-class _Coalescing:
-    """An :class:`Out` that gathers what it is given until :meth:`flush`: the spans of
-    one chunk (a head, its body, the end) leave in one write, not three. (Measured: three
-    small writes to a client socket without TCP_NODELAY met its delayed ACK, 45 ms per
-    keep-alive request instead of 0.5.)"""
-
-    def __init__(self, out: Out) -> None:
-        self.out = out
-        self._buf = bytearray()
-        self._t_read: float | None = None
-
-    async def inject(self, data: bytes, t_read: float | None = None) -> None:
-        if data:
-            if not self._buf:
-                self._t_read = t_read
-            self._buf += data
-
-    async def flush(self) -> None:
-        if self._buf:
-            data, self._buf = bytes(self._buf), bytearray()
-            await self.out.inject(data, self._t_read)
-
-    async def inject_eof(self) -> None:
-        await self.flush()
-        await self.out.inject_eof()
-
-    async def close(self) -> None:
-        await self.flush()
-        await self.out.close()
-
-    async def reset(self) -> None:
-        self._buf.clear()  # a reset discards what was not sent, as the kernel's does
-        await self.out.reset()
+    @property
+    def on_response(self) -> bool:
+        """True if the plan acts on the response (logged when it does, not before)."""
+        return bool(self.response_head or self.delay or self.rate or self.cut is not None) and not (
+            self.answer or self.hold
+        )
 
 
 Decide = Callable[[h11.Request], Plan | None]
+Log = Callable[..., None]
+
+
+# -- the states, all in one place ------------------------------------------------------
+
+
+class Up(enum.Enum):
+    """The client-to-server stream."""
+
+    IDLE = "idle"  # between requests
+    SENDING = "sending"  # a request is crossing
+    DROPPING = "dropping"  # an answered request's body: read, not forwarded
+    SWITCHING = "switching"  # an Upgrade or CONNECT crossing
+    WAITING = "waiting"  # its answer awaited: later bytes kept (bounded), not parsed
+    HELD = "held"  # a held request: nothing more is forwarded
+    OPAQUE = "opaque"  # upgraded, or bytes h11 refuses: forwarded as they come
+    DONE = "done"  # its end was passed on, or the connection ended
+
+
+class Down(enum.Enum):
+    """The server-to-client stream."""
+
+    UNSYNCED = "unsynced"  # the session began mid-stream: pass until a request is seen
+    IDLE = "idle"  # between responses
+    RESPONDING = "responding"  # a response is crossing
+    OPAQUE = "opaque"
+    DONE = "done"
+
+
+class Ev(enum.Enum):
+    """What moves a stream from one state to another."""
+
+    REQUEST = "request"
+    REQUEST_ANSWERED = "request answered"
+    REQUEST_HELD = "request held"
+    REQUEST_SWITCH = "request switch"
+    REQUEST_END = "request end"
+    SWITCH_REFUSED = "switch refused"
+    SWITCHED = "switched"
+    UNREADABLE = "unreadable"
+    RESPONSE = "response"
+    RESPONSE_END = "response end"
+    END = "end"  # the stream's end passed on
+    ENDED = "ended"  # the connection ended (a plan's close or reset)
+
+
+#: (state, event) -> next state, for each stream. A pair not here is a bug (KeyError).
+TRANSITIONS: dict[tuple[Up | Down, Ev], Up | Down] = {
+    # client to server
+    (Up.IDLE, Ev.REQUEST): Up.SENDING,
+    (Up.IDLE, Ev.REQUEST_ANSWERED): Up.DROPPING,
+    (Up.IDLE, Ev.REQUEST_HELD): Up.HELD,
+    (Up.IDLE, Ev.REQUEST_SWITCH): Up.SWITCHING,
+    (Up.SENDING, Ev.REQUEST_END): Up.IDLE,
+    (Up.DROPPING, Ev.REQUEST_END): Up.IDLE,
+    (Up.SWITCHING, Ev.REQUEST_END): Up.WAITING,
+    (Up.SWITCHING, Ev.SWITCH_REFUSED): Up.SENDING,  # refused before its body ended
+    (Up.SWITCHING, Ev.SWITCHED): Up.OPAQUE,
+    (Up.WAITING, Ev.SWITCH_REFUSED): Up.IDLE,
+    (Up.WAITING, Ev.SWITCHED): Up.OPAQUE,
+    **{(s, Ev.UNREADABLE): Up.OPAQUE for s in (Up.IDLE, Up.SENDING, Up.DROPPING, Up.SWITCHING)},
+    **{(s, Ev.END): Up.DONE for s in Up},
+    **{(s, Ev.ENDED): Up.DONE for s in Up},
+    # server to client
+    (Down.UNSYNCED, Ev.REQUEST): Down.IDLE,
+    (Down.IDLE, Ev.RESPONSE): Down.RESPONDING,
+    (Down.RESPONDING, Ev.RESPONSE_END): Down.IDLE,
+    (Down.IDLE, Ev.SWITCHED): Down.OPAQUE,  # a 101 (h11 pauses before its head)
+    (Down.RESPONDING, Ev.SWITCHED): Down.OPAQUE,  # a CONNECT's 2xx
+    (Down.IDLE, Ev.UNREADABLE): Down.OPAQUE,
+    (Down.RESPONDING, Ev.UNREADABLE): Down.OPAQUE,
+    **{(s, Ev.END): Down.DONE for s in Down},
+    **{(s, Ev.ENDED): Down.DONE for s in Down},
+}
+
+
+# -- parsing ---------------------------------------------------------------------------
 
 
 @dataclass
@@ -174,13 +260,17 @@ class _Slot:
     """One request waiting for its response, in order."""
 
     plan: Plan
-    method: bytes
-    headers: list[tuple[bytes, bytes]]
-    #: The plan's own answer; ``ready`` once the request's body was read (or not needed).
-    answer: Answer | None = None
+    request: h11.Request
+    #: The plan's own answer, made; ``ready`` once the request's body was read.
+    answer: bytes | None = None
+    close: bool = False
     ready: bool = True
-    #: An upgrade or CONNECT: a successful answer turns both streams opaque.
+    #: An Upgrade or CONNECT: a successful answer turns both streams opaque.
     switch: bool = False
+    logged: bool = False
+    # The response's progress through its plan.
+    body_at: float | None = None
+    sent: int = 0
 
 
 @dataclass
@@ -188,24 +278,17 @@ class _Parser:
     """An h11 connection and the bytes fed to it that no event has accounted for yet."""
 
     conn: h11.Connection
-    #: The request it reads the response to (client-side parsers only).
     slot: _Slot | None = None
     pending: bytearray = field(default_factory=bytearray)
 
     def feed(self, data: bytes) -> None:
-        """Give h11 *data* (b"" means nothing here: the end is :meth:`close`)."""
         if data:
             self.conn.receive_data(data)
             self.pending += data
 
-    def close(self) -> None:
-        """The stream ended (h11 ends a response framed by the close)."""
-        self.conn.receive_data(b"")
-
     def next(self) -> tuple[object, bytes]:
         """The next event and its span of the original bytes (none for NEED_DATA and
-        PAUSED: bytes h11 consumed without an event, a chunk's size line, belong to the
-        next event's span)."""
+        PAUSED: bytes consumed without an event belong to the next event's span)."""
         event = self.conn.next_event()
         if event is h11.NEED_DATA or event is h11.PAUSED:
             return event, b""
@@ -215,282 +298,361 @@ class _Parser:
         return event, span
 
 
-def _server_parser(data: bytes = b"") -> _Parser:
-    p = _Parser(h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD))
-    p.feed(data)
-    return p
+def _server_parser() -> _Parser:
+    return _Parser(h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD))
 
 
-def _client_parser(slot: _Slot, data: bytes = b"") -> _Parser:
+def _client_parser(slot: _Slot) -> _Parser:
     conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
     # h11 frames a response by the request it answers (HEAD has no body, an Upgrade may
     # be answered with 101): tell it the request, without its body.
     headers = [
-        (k, v) for k, v in slot.headers if k not in (b"content-length", b"transfer-encoding")
+        (k, v)
+        for k, v in slot.request.headers
+        if k not in (b"content-length", b"transfer-encoding")
     ]
     if not any(k == b"host" for k, _ in headers):
         headers.append((b"host", b"faultnet"))
     try:
-        conn.send(h11.Request(method=slot.method, target=b"/", headers=headers))
+        conn.send(h11.Request(method=slot.request.method, target=b"/", headers=headers))
         conn.send(h11.EndOfMessage())
     except h11.LocalProtocolError:
-        # Headers h11 read but will not write (none known): frame the answer as a GET's.
+        # Headers h11 read but will not write: frame the answer as a GET's.
         conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
         conn.send(h11.Request(method=b"GET", target=b"/", headers=[(b"host", b"faultnet")]))
         conn.send(h11.EndOfMessage())
-    p = _Parser(conn, slot)
-    p.feed(data)
-    return p
+    return _Parser(conn, slot)
+
+
+def _header(request: h11.Request, name: bytes) -> list[bytes]:
+    return [v.lower() for k, v in request.headers if k == name]
 
 
 def _wants_switch(request: h11.Request) -> bool:
-    if request.method == b"CONNECT":
-        return True
-    return any(k == b"upgrade" for k, _ in request.headers)
+    return request.method == b"CONNECT" or bool(_header(request, b"upgrade"))
 
 
-class _Send:
-    """:class:`Send` for a plan: the downstream :class:`Out`, after the session's lock."""
+def _keeps_alive(request: h11.Request) -> bool:
+    """Whether the client may send another request after this one's answer."""
+    tokens = {t.strip() for v in _header(request, b"connection") for t in v.split(b",")}
+    if request.http_version == b"1.0":
+        return b"keep-alive" in tokens
+    return b"close" not in tokens
 
-    def __init__(self, session: Session, t_read: float | None) -> None:
-        self.session = session
-        self.t_read = t_read
 
-    async def __call__(self, data: bytes) -> None:
-        if data and not self.session.ended:
-            await self.session.down.inject(data, self.t_read)
+def _expects_continue(request: h11.Request) -> bool:
+    return b"100-continue" in _header(request, b"expect")
 
-    async def sleep(self, seconds: float) -> None:
-        await self.session.down.flush()
-        await trio.sleep(seconds)
 
-    async def sleep_until(self, deadline: float) -> None:
-        await self.session.down.flush()
-        await trio.sleep_until(deadline)
+# -- the session -----------------------------------------------------------------------
 
-    async def close(self) -> None:
-        self.session.ended = True
-        await self.session.down.close()
 
-    async def reset(self) -> None:
-        self.session.ended = True
-        await self.session.down.reset()
+class _Part(enum.Enum):
+    HEAD, BODY, END, RAW, ANSWER, EOF = range(6)
+
+
+@dataclass
+class _Out:
+    """Something waiting to go to the client, in order."""
+
+    part: _Part
+    data: bytes
+    slot: _Slot | None
+    t: float
 
 
 class Session:
     """One connection's HTTP/1.1 traffic through one toxic (see the module docstring).
 
-    *up* and *down* are where client->server and server->client bytes go on; *decide*
-    says what to do with each request (None: pass it); *log* is told each decision that
-    is not a pass, and each stream that turned opaque.
+    *decide* says what to do with each request (None: pass it); *log* is told each fault
+    when it takes effect, and each stream that turned opaque.
     """
 
-    def __init__(
-        self,
-        up: Out,
-        down: Out,
-        decide: Decide,
-        log: Callable[..., None] = lambda event, **fields: None,
-    ) -> None:
-        self.up = _Coalescing(up)
-        self.down = _Coalescing(down)
+    def __init__(self, decide: Decide, log: Log = lambda event, **fields: None) -> None:
         self.decide = decide
         self.log_event = log
+        self.up = Up.IDLE
+        self.down = Down.UNSYNCED
         self.slots: deque[_Slot] = deque()
-        self._up_lock = trio.Lock()
-        self._down_lock = trio.Lock()
-        self._request: _Parser = _server_parser()
+        self._request = _server_parser()
         self._response: _Parser | None = None
-        self._current: _Slot | None = None  # the request being read
-        self._dropping = False  # the current request's bytes are not forwarded
-        self._held = False
-        self._waiting: bytearray | None = None  # client bytes behind an upgrade's answer
-        self._waiting_eof = False
-        self._opaque_up = False
-        self._opaque_down = False
-        #: True once a plan ended the connection: nothing more is sent.
-        self.ended = False
+        self._waiting = bytearray()  # client bytes behind an Upgrade's answer
+        self._up_eof = False  # the client's end came (while WAITING or HELD)
+        self._down_eof = False
+        self._out: deque[_Out] = deque()
+        self._holding = False  # the downstream is held for a plan's time
+        self._cmds: list[Command] = []
+
+    # -- events in, commands out --
+
+    def receive(self, stream: str, data: bytes, now: float) -> list[Command]:
+        """Bytes read on *stream* at trio time *now*."""
+        if stream == UP:
+            self._upstream(data, now)
+        else:
+            self._downstream(data, now)
+        return self._take()
+
+    def receive_eof(self, stream: str, now: float) -> list[Command]:
+        """The end of *stream*."""
+        if stream == UP:
+            self._upstream_eof(now)
+        else:
+            self._downstream_eof(now)
+        return self._take()
+
+    def timer(self, stream: str, now: float) -> list[Command]:
+        """A :class:`Hold` of *stream* came due (or was resumed)."""
+        if stream == DOWN:
+            self._holding = False
+            self._pump(now)
+        elif self.up is Up.WAITING and len(self._waiting) > MAX_BUFFER:
+            self._emit(Hold(UP, None))  # still behind its answer
+        return self._take()
+
+    @property
+    def buffered(self) -> int:
+        """Bytes the session holds now (bounded: :data:`MAX_HEAD` per stream's parser,
+        :data:`MAX_BUFFER` behind an Upgrade, one read chunk in the queue to the client)."""
+        held = len(self._request.pending) + len(self._waiting)
+        if self._response is not None:
+            held += len(self._response.pending)
+        return held + sum(len(o.data) for o in self._out)
+
+    # -- internals --
+
+    def _take(self) -> list[Command]:
+        cmds, self._cmds = self._cmds, []
+        return cmds
+
+    def _emit(self, cmd: Command) -> None:
+        last = self._cmds[-1] if self._cmds else None
+        # The spans of one chunk (a head, its body, the end) leave in one write, not
+        # three. (Measured: three small writes to a client socket without TCP_NODELAY
+        # met its delayed ACK, 45 ms per keep-alive request instead of 0.5.)
+        if isinstance(cmd, Forward) and isinstance(last, Forward) and last.stream == cmd.stream:
+            last.data += cmd.data
+        else:
+            self._cmds.append(cmd)
+
+    # (Methods, not ``is`` in place: mypy narrows a state across the calls that change it.)
+    def _up_is(self, state: Up) -> bool:
+        return self.up is state
+
+    def _down_is(self, state: Down) -> bool:
+        return self.down is state
+
+    def _go_up(self, event: Ev) -> None:
+        state = TRANSITIONS[(self.up, event)]
+        assert isinstance(state, Up)
+        self.up = state
+
+    def _go_down(self, event: Ev) -> None:
+        state = TRANSITIONS[(self.down, event)]
+        assert isinstance(state, Down)
+        self.down = state
+
+    def _end(self, cmd: Close | Reset) -> None:
+        self._emit(cmd)
+        self._go_up(Ev.ENDED)
+        self._go_down(Ev.ENDED)
+        self._drop_buffers()
+
+    def _drop_buffers(self) -> None:
+        self._out.clear()
+        self._waiting = bytearray()
+        self._request = _server_parser()
+        self._response = None
+        self.slots.clear()
+
+    def _log(self, slot: _Slot) -> None:
+        if slot.logged or slot.plan.action == "pass":
+            return
+        slot.logged = True
+        self.log_event(
+            "http_fault",
+            method=slot.request.method.decode("latin-1"),
+            path=slot.request.target.decode("latin-1"),
+            action=slot.plan.action,
+            **slot.plan.detail,
+        )
 
     # -- client to server --
 
-    async def upstream(self, data: bytes, t_read: float | None = None) -> None:
-        async with self._up_lock:
-            await self._upstream(data, t_read)
-            await self.up.flush()
-
-    async def _upstream(self, data: bytes, t_read: float | None) -> None:
-        if self._held or self.ended:
+    def _upstream(self, data: bytes, now: float) -> None:
+        if self.up in (Up.HELD, Up.DONE):
             return
-        if self._opaque_up:
-            return await self.up.inject(data, t_read)
-        if self._waiting is not None:
+        if self.up is Up.OPAQUE:
+            return self._emit(Forward(UP, data, now))
+        if self.up is Up.WAITING:
             self._waiting += data
+            if len(self._waiting) > MAX_BUFFER:
+                self._emit(Hold(UP, None))
             return
         try:
             self._request.feed(data)
         except h11.RemoteProtocolError:
-            return await self._go_opaque_up(t_read)
-        while True:
+            return self._up_unreadable(now)
+        self._parse_requests(now)
+
+    def _parse_requests(self, now: float) -> None:
+        while self.up not in (Up.HELD, Up.DONE, Up.WAITING, Up.OPAQUE):
             try:
                 event, span = self._request.next()
             except h11.RemoteProtocolError:
-                return await self._go_opaque_up(t_read)
+                return self._up_unreadable(now)
             if event is h11.NEED_DATA or event is h11.PAUSED:
                 return
             if isinstance(event, h11.Request):
-                span = await self._on_request(event, span)
-                if self._held:
-                    return
-            if not self._dropping:
-                await self.up.inject(span, t_read)
-            if isinstance(event, h11.EndOfMessage):
-                slot, self._current = self._current, None
-                dropped, self._dropping = self._dropping, False
-                rest = bytes(self._request.pending)
-                self._request = _server_parser()
-                if slot is not None and slot.answer is not None and not slot.ready:
-                    slot.ready = True
-                    await self._drain_from_upstream()
-                if slot is not None and slot.switch and not dropped:
-                    self._waiting = bytearray(rest)
-                    return
-                try:
-                    self._request.feed(rest)
-                except h11.RemoteProtocolError:
-                    return await self._go_opaque_up(t_read)
+                span = self._on_request(event, span, now)
+            if self.up in (Up.SENDING, Up.SWITCHING):
+                self._emit(Forward(UP, span, now))
+            if isinstance(event, h11.EndOfMessage) and not self._up_is(Up.HELD):
+                self._on_request_end(now)
 
-    async def _on_request(self, request: h11.Request, head: bytes) -> bytes:
-        plan = self.decide(request)
-        if plan is not None:
-            self.log_event(
-                "http_fault",
-                method=request.method.decode("latin-1"),
-                path=request.target.decode("latin-1"),
-                action=plan.action,
-                **plan.detail,
-            )
-        plan = plan or Plan()
+    def _on_request(self, request: h11.Request, head: bytes, now: float) -> bytes:
+        if self.down is Down.UNSYNCED:
+            # A session that began mid-stream (a toxic added to an open connection)
+            # passed the server's bytes untouched; a request means the next response
+            # starts afresh (a client that pipelined across the change is the risk).
+            self._go_down(Ev.REQUEST)
+        plan = self.decide(request) or Plan()
+        slot = _Slot(plan, request)
         if plan.hold:
-            self._held = True
-            return head
-        slot = _Slot(plan, request.method, list(request.headers), switch=_wants_switch(request))
-        answer = plan.answer(request)
-        self._current = slot
-        if answer is not None:
-            self._dropping = True
-            slot.answer, slot.switch = answer, False
-            expects = any(k == b"expect" and v.lower() == b"100-continue" for k, v in slot.headers)
-            # A client waiting for 100 Continue sends no body until answered: answer now,
-            # and close after (the body it may still send would be read as a request).
-            slot.ready = expects
-            if expects:
-                answer.close = True
+            self._log(slot)
+            self._go_up(Ev.REQUEST_HELD)
+            self._request = _server_parser()
+            if self._down_eof:
+                self._end(Close())  # both ends gone: nothing is left to wait for
+            return b""
+        if plan.answer is not None:
+            slot.answer, slot.close = _answer(plan.answer, request)
+            # A client waiting for 100 Continue sends no body until answered: answer
+            # now, and close after (the body it may still send would read as a request).
+            slot.ready = _expects_continue(request)
+            self._log(slot)
+            self._go_up(Ev.REQUEST_ANSWERED)
+        elif _wants_switch(request):
+            slot.switch = True
+            self._go_up(Ev.REQUEST_SWITCH)
+        else:
+            self._go_up(Ev.REQUEST)
+        if not plan.on_response:
+            self._log(slot)
         self.slots.append(slot)
-        if answer is not None and slot.ready:
-            await self._drain_from_upstream()
-        return plan.rewrite_request_head(head)
+        if slot.answer is not None and slot.ready:
+            self._drain(now)
+            self._pump(now)
+        return plan.request_head(head) if plan.request_head else head
 
-    async def _drain_from_upstream(self) -> None:
-        async with self._down_lock:
-            await self._drain()
-            await self.down.flush()
+    def _on_request_end(self, now: float) -> None:
+        rest = bytes(self._request.pending)
+        self._request = _server_parser()
+        slot = self.slots[-1] if self.slots else None
+        self._go_up(Ev.REQUEST_END)
+        if slot is not None and slot.answer is not None and not slot.ready:
+            slot.ready = True
+            self._drain(now)
+            self._pump(now)
+        if self.up is Up.DONE:
+            return
+        if self.up is Up.WAITING:
+            self._waiting += rest
+            if len(self._waiting) > MAX_BUFFER:
+                self._emit(Hold(UP, None))
+            return
+        try:
+            self._request.feed(rest)
+        except h11.RemoteProtocolError:
+            self._up_unreadable(now)
 
-    async def upstream_eof(self) -> None:
-        async with self._up_lock:
-            if self._held or self.ended:
-                return  # held: the server never hears of it
-            if self._waiting is not None:
-                self._waiting_eof = True
-                return
-            if not self._opaque_up and self._request.pending:
-                # A request the client never finished: pass what came, as it came.
-                await self.up.inject(bytes(self._request.pending))
-                self._request.pending.clear()
-            await self.up.inject_eof()
+    def _up_unreadable(self, now: float) -> None:
+        dropping = self.up is Up.DROPPING
+        self._go_up(Ev.UNREADABLE)
+        self.log_event("http_opaque", stream=UP)
+        if not dropping and self._request.pending:
+            self._emit(Forward(UP, bytes(self._request.pending), now))
+        self._request = _server_parser()
 
-    async def _go_opaque_up(self, t_read: float | None) -> None:
-        self._opaque_up = True
-        self.log_event("http_opaque", stream="upstream")
-        if not self._dropping and self._request.pending:
-            await self.up.inject(bytes(self._request.pending), t_read)
-        self._request.pending.clear()
+    def _upstream_eof(self, now: float) -> None:
+        self._up_eof = True
+        if self.up is Up.DONE:
+            return
+        if self.up is Up.HELD:
+            if self._down_eof:
+                self._end(Close())  # issue 33, 3: else its sockets stayed in CLOSE-WAIT
+            return  # held: the server never hears of it
+        if self.up is Up.WAITING:
+            return  # passed on after the answer
+        if self.up is not Up.OPAQUE and self._request.pending:
+            # A request the client never finished: pass what came, as it came.
+            self._emit(Forward(UP, bytes(self._request.pending), now))
+        self._request = _server_parser()
+        self._emit(Eof(UP))
+        self._go_up(Ev.END)
 
     # -- server to client --
 
-    async def downstream(self, data: bytes, t_read: float | None = None) -> None:
-        async with self._down_lock:
-            if self.ended:
-                return
-            await self._drain()
-            if self._opaque_down:
-                await self.down.inject(data, t_read)
-                then = None
-            else:
-                then = await self._downstream(data, t_read)
-            await self.down.flush()
-        await self._after_answer(then, t_read)
-
-    async def _downstream(self, data: bytes, t_read: float | None) -> str | None:
-        """Handle server bytes (down lock held). Returns what the upstream must do next,
-        outside that lock: ``"switch"`` (opaque from now on), ``"resume"`` (parse the
-        client's bytes held behind an upgrade's refusal), or None."""
-        send = _Send(self, t_read)
-        then = None
+    def _downstream(self, data: bytes, now: float) -> None:
+        if self.down is Down.DONE:
+            return
+        if self.down in (Down.OPAQUE, Down.UNSYNCED):
+            self._out.append(_Out(_Part.RAW, data, None, now))
+            return self._pump(now)
         parser = self._response
         if parser is None:
-            if not data:
-                return None
             # Bound to its request when its first byte arrives: by then the request has
             # crossed, so its slot is queued.
             parser = self._response = _client_parser(self._head_slot())
         try:
             parser.feed(data)
         except h11.RemoteProtocolError:
-            await self._go_opaque_down(t_read)
-            return then
-        while not self.ended:
+            return self._down_unreadable(now)
+        self._parse_responses(now)
+        self._pump(now)
+
+    def _parse_responses(self, now: float) -> None:
+        while self.down in (Down.IDLE, Down.RESPONDING) and self._response is not None:
+            parser = self._response
             slot = parser.slot
             assert slot is not None
             try:
                 event, span = parser.next()
             except h11.RemoteProtocolError:
-                await self._go_opaque_down(t_read)
-                return then
+                return self._down_unreadable(now)
             if event is h11.NEED_DATA:
-                return then
+                return
             if event is h11.PAUSED:  # a 101: opaque from here on, both ways
-                await self._opaque_from_here(parser, t_read)
-                return "switch"
+                return self._switched(parser, now)
             if isinstance(event, h11.InformationalResponse):
-                await send(span)
+                self._out.append(_Out(_Part.RAW, span, None, now))
             elif isinstance(event, h11.Response):
-                await slot.plan.response_head(send, span)
-                if slot.switch and slot.method == b"CONNECT" and 200 <= event.status_code < 300:
-                    await self._opaque_from_here(parser, t_read)
-                    return "switch"
+                self._go_down(Ev.RESPONSE)
+                self._out.append(_Out(_Part.HEAD, span, slot, now))
                 if slot.switch:
-                    then = "resume"  # refused: the client's next bytes are HTTP
+                    if slot.request.method == b"CONNECT" and 200 <= event.status_code < 300:
+                        return self._switched(parser, now)
+                    self._switch_refused(now)
             elif isinstance(event, h11.Data):
-                await slot.plan.response_body(send, span)
+                self._out.append(_Out(_Part.BODY, span, slot, now))
             elif isinstance(event, h11.EndOfMessage):
-                await slot.plan.response_end(send, span)
+                self._out.append(_Out(_Part.END, span, slot, now))
+                self._go_down(Ev.RESPONSE_END)
                 if self.slots and self.slots[0] is slot:
                     self.slots.popleft()
                 rest = bytes(parser.pending)
                 self._response = None
-                await self._drain()
+                self._drain(now)
                 if not rest:
-                    return then
-                parser = self._response = _client_parser(self._head_slot())
+                    return
+                self._response = _client_parser(self._head_slot())
                 try:
-                    parser.feed(rest)
+                    self._response.feed(rest)
                 except h11.RemoteProtocolError:
-                    await self._go_opaque_down(t_read)
-                    return then
+                    return self._down_unreadable(now)
             else:  # ConnectionClosed: nothing more will come
-                await send(span)
-                return then
-        return then
+                self._out.append(_Out(_Part.RAW, span, None, now))
+                return
 
     def _head_slot(self) -> _Slot:
         # The request the next response answers; a response nobody asked for (a 408
@@ -498,65 +660,163 @@ class Session:
         for slot in self.slots:
             if slot.answer is None:
                 return slot
-        return _Slot(Plan(), b"GET", [])
+        return _Slot(Plan(), h11.Request(method="GET", target="/", headers=[("host", "x")]))
 
-    async def _drain(self) -> None:
-        """Send the plans' own answers now at the head of the queue (down lock held)."""
-        while self.slots and self.slots[0].answer is not None and not self.ended:
-            slot = self.slots[0]
-            if not slot.ready:
-                return
-            assert slot.answer is not None
-            self.slots.popleft()
-            await self.down.inject(slot.answer.data)
-            if slot.answer.close:
-                self.ended = True
-                await self.down.close()
-
-    async def _opaque_from_here(self, parser: _Parser, t_read: float | None) -> None:
-        self._opaque_down = True
+    def _switched(self, parser: _Parser, now: float) -> None:
+        self._go_down(Ev.SWITCHED)
         rest = bytes(parser.pending)
-        parser.pending.clear()
+        self._response = None
         if rest:
-            await self.down.inject(rest, t_read)
+            self._out.append(_Out(_Part.RAW, rest, None, now))
+        if self.up in (Up.SWITCHING, Up.WAITING):
+            waiting, self._waiting = bytes(self._waiting), bytearray()
+            if self.up is Up.SWITCHING:  # a 101 before the request's body ended
+                waiting = bytes(self._request.pending) + waiting
+                self._request = _server_parser()
+            was_waiting = self.up is Up.WAITING
+            self._go_up(Ev.SWITCHED)
+            if waiting:
+                self._emit(Forward(UP, waiting, now))
+            self._after_waiting(was_waiting, now)
 
-    async def _after_answer(self, then: str | None, t_read: float | None) -> None:
-        if then is None:
+    def _switch_refused(self, now: float) -> None:
+        if self.up is Up.SWITCHING:
+            return self._go_up(Ev.SWITCH_REFUSED)
+        if self.up is not Up.WAITING:
             return
-        async with self._up_lock:
-            waiting, self._waiting = self._waiting, None
-            eof, self._waiting_eof = self._waiting_eof, False
-            if then == "switch":
-                self._opaque_up = True
-                if waiting:
-                    await self.up.inject(bytes(waiting), t_read)
-            elif waiting is not None:
-                await self._upstream(bytes(waiting), t_read)
-            if eof:
-                await self.up.inject_eof()
-            await self.up.flush()
+        waiting, self._waiting = bytes(self._waiting), bytearray()
+        self._go_up(Ev.SWITCH_REFUSED)
+        if waiting:
+            try:
+                self._request.feed(waiting)
+            except h11.RemoteProtocolError:
+                self._up_unreadable(now)
+            else:
+                self._parse_requests(now)
+        self._after_waiting(True, now)
 
-    async def downstream_eof(self) -> None:
-        async with self._down_lock:
-            if self.ended:
-                return
-            if not self._opaque_down and self._response is not None:
-                self._response.close()
-                await self._downstream(b"", None)  # a response framed by the close ends
-            await self._drain()
-            if self._response is not None and self._response.pending:
-                await self.down.inject(bytes(self._response.pending))
-                self._response.pending.clear()
-            if not self.ended:
-                await self.down.inject_eof()
+    def _after_waiting(self, was_waiting: bool, now: float) -> None:
+        # The upstream's task may be held (its bytes over the bound): let it read again;
+        # an end that came meanwhile is passed on now.
+        if was_waiting:
+            self._emit(Resume(UP))
+        if self._up_eof and self.up not in (Up.DONE, Up.HELD):
+            self._upstream_eof(now)
 
-    async def _go_opaque_down(self, t_read: float | None) -> None:
-        self._opaque_down = True
-        self.log_event("http_opaque", stream="downstream")
-        assert self._response is not None
-        if self._response.pending:
-            await self.down.inject(bytes(self._response.pending), t_read)
-        self._response.pending.clear()
+    def _drain(self, now: float) -> None:
+        """Queue the plans' own answers now at the head of the slots."""
+        while self.slots and self.slots[0].answer is not None and self.slots[0].ready:
+            slot = self.slots.popleft()
+            assert slot.answer is not None
+            self._out.append(_Out(_Part.ANSWER, slot.answer, slot, now))
+
+    def _down_unreadable(self, now: float) -> None:
+        self._go_down(Ev.UNREADABLE)
+        self.log_event("http_opaque", stream=DOWN)
+        if self._response is not None and self._response.pending:
+            self._out.append(_Out(_Part.RAW, bytes(self._response.pending), None, now))
+        self._response = None
+        self._pump(now)
+
+    def _downstream_eof(self, now: float) -> None:
+        self._down_eof = True
+        if self.down is Down.DONE:
+            return
+        if self.up is Up.HELD and self._up_eof:
+            return self._end(Close())
+        if self.down in (Down.IDLE, Down.RESPONDING) and self._response is not None:
+            self._response.conn.receive_data(b"")  # a response framed by the close ends
+            self._parse_responses(now)
+        self._drain(now)
+        if self._response is not None and self._response.pending:
+            self._out.append(_Out(_Part.RAW, bytes(self._response.pending), None, now))
+        self._response = None
+        self._out.append(_Out(_Part.EOF, b"", None, now))
+        self._pump(now)
+
+    # -- the queue to the client --
+
+    def _pump(self, now: float) -> None:
+        """Send what the plans' times allow, in order; a plan that must wait holds the
+        downstream (the driver calls :meth:`timer` then)."""
+        while self._out and not self._holding and self.down is not Down.DONE:
+            item = self._out[0]
+            slot = item.slot
+            if item.part is _Part.RAW:
+                self._emit(Forward(DOWN, item.data, item.t))
+            elif item.part is _Part.EOF:
+                self._emit(Eof(DOWN))
+                self._go_down(Ev.END)
+            elif item.part is _Part.ANSWER:
+                assert slot is not None
+                self._emit(Inject(DOWN, item.data))
+                if slot.close:
+                    self._out.popleft()
+                    return self._end(Close())
+            else:
+                assert slot is not None
+                if not self._respond(item, slot, now):
+                    self._holding = True
+                    return
+                if self._down_is(Down.DONE):
+                    return
+                if item.data:
+                    continue  # a paced body, part sent
+            self._out.popleft()
+
+    def _respond(self, item: _Out, slot: _Slot, now: float) -> bool:
+        """Send what *slot*'s plan lets go of *item* now; False (a Hold emitted) if it
+        must wait. A paced body's item keeps what is not sent yet."""
+        plan = slot.plan
+        if item.part is _Part.HEAD:
+            if plan.delay and not plan.delay_body and now < item.t + plan.delay:
+                self._emit(Hold(DOWN, item.t + plan.delay))
+                return False
+            self._log(slot)
+            head = plan.response_head(item.data) if plan.response_head else item.data
+            self._emit(Forward(DOWN, head, item.t))
+            item.data = b""
+            if plan.cut is not None and plan.cut_after <= 0:
+                self._end(plan.cut())
+            return True
+        if slot.body_at is None:
+            slot.body_at = item.t if plan.delay_body else now
+        if plan.delay and plan.delay_body and now < slot.body_at + plan.delay:
+            self._emit(Hold(DOWN, slot.body_at + plan.delay))
+            return False
+        data = item.data
+        if plan.rate:
+            # About 20 writes a second: smooth enough for a client's progress, few
+            # enough not to cost the proxy.
+            due = slot.body_at + slot.sent / plan.rate
+            if data and now < due:
+                self._emit(Hold(DOWN, due))
+                return False
+            data = data[: max(1, plan.rate // 20)]
+        item.data = item.data[len(data) :]
+        if plan.cut is not None:
+            left = plan.cut_after - slot.sent
+            self._emit(Forward(DOWN, data[: max(0, left)], item.t))
+            slot.sent += len(data)
+            if slot.sent >= plan.cut_after and data:
+                self._end(plan.cut())
+            return True
+        slot.sent += len(data)
+        self._emit(Forward(DOWN, data, item.t))
+        return True
+
+
+def _answer(answer: Answer, request: h11.Request) -> tuple[bytes, bool]:
+    """An abort's bytes for *request*, and whether the connection closes after them:
+    when the client said it would not send another request (HTTP/1.0 without keep-alive,
+    ``Connection: close``) or waits for ``100 Continue`` (its body may follow, and would
+    read as a request); such an answer says ``Connection: close``."""
+    close = not _keeps_alive(request) or _expects_continue(request)
+    headers = list(answer.headers)
+    if close and not any(n.lower() == "connection" for n, _ in headers):
+        headers.append(("Connection", "close"))
+    data = answer_bytes(answer.status, answer.body, headers, request.method == b"HEAD")
+    return data, close
 
 
 # -- heads ---------------------------------------------------------------------------
@@ -583,7 +843,6 @@ def rewrite_head(head: bytes, add: list[tuple[str, str]], remove: set[str]) -> b
     """*head* (a start line, header lines, the blank line) without the header lines whose
     names are in *remove* (lower case) and with *add* appended; every other byte kept."""
     lines = head.split(b"\r\n")
-    # lines: start line, headers..., "", "" (the head ends with CRLF CRLF)
     kept = [lines[0]]
     for line in lines[1:]:
         if not line:
@@ -600,14 +859,17 @@ def answer_bytes(
 ) -> bytes:
     """A whole HTTP/1.1 response: *status* with its standard reason, *headers*, a
     Content-Length for *body* (unless *headers* give one), and *body* unless
-    *head_only* (the answer to a HEAD)."""
+    *head_only* (the answer to a HEAD). A 1xx, 204 or 304 has no body whatever *body*
+    says (RFC 9110 6.4.1; issue 33: the body was read as the next response), and a 1xx
+    or 204 no Content-Length."""
     try:
         reason = http.HTTPStatus(status).phrase
     except ValueError:
         reason = "Fault"
+    bodiless = status < 200 or status in (204, 304)
     lines = [f"HTTP/1.1 {status} {reason}"]
     lines += [f"{n}: {v}" for n, v in headers]
-    if not any(n.lower() == "content-length" for n, _ in headers):
+    if not bodiless and not any(n.lower() == "content-length" for n, _ in headers):
         lines.append(f"Content-Length: {len(body)}")
     head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-    return head if head_only else head + body
+    return head if head_only or bodiless else head + body

@@ -23,6 +23,7 @@ both streams of a connection (``both_streams``), whatever its ``stream`` says.
 from __future__ import annotations
 
 import fnmatch
+import math
 import random
 from typing import Any, ClassVar, cast
 
@@ -31,10 +32,16 @@ import trio
 
 from faultnet.protocols.http import (
     Answer,
+    Close,
+    Command,
+    Eof,
+    Forward,
+    Hold,
+    Inject,
     Plan,
-    Send,
+    Reset,
+    Resume,
     Session,
-    answer_bytes,
     parse_header_lines,
     rewrite_head,
 )
@@ -137,42 +144,61 @@ class HttpToxic(AttributeToxic):
     def _session(self, ctx: ToxicContext) -> Session:
         session: Session | None = ctx.state.get("http")
         if session is None:
-            link = cast(ToxicStage, ctx)
-            up, down = link.on("upstream"), link.on("downstream")
-            assert up is not None and down is not None, "an HTTP toxic sees both streams"
-            seed = link.seed
-            session = Session(up, down, lambda r: self.decide(r, seed), link.log_event)
+            stage = cast(ToxicStage, ctx)
+            seed = stage.seed
+            session = Session(lambda r: self.decide(r, seed), stage.log_event)
             ctx.state["http"] = session
+            ctx.state["http_wake"] = {}
         return session
 
     async def on_chunk(self, ctx: ToxicContext, data: bytes, t_read: float) -> None:
         session = self._session(ctx)
-        if ctx.stream == "upstream":
-            await session.upstream(data, t_read)
-        else:
-            await session.downstream(data, t_read)
+        await _carry_out(cast(ToxicStage, ctx), session, session.receive(ctx.stream, data, t_read))
 
     async def on_eof(self, ctx: ToxicContext) -> None:
         session = self._session(ctx)
-        if ctx.stream == "upstream":
-            await session.upstream_eof()
-        else:
-            await session.downstream_eof()
+        now = trio.current_time()
+        await _carry_out(cast(ToxicStage, ctx), session, session.receive_eof(ctx.stream, now))
+
+
+async def _carry_out(stage: ToxicStage, session: Session, commands: list[Command]) -> None:
+    """Do what *session* said, in order, in the task of *stage*'s stream; a
+    :class:`Hold` waits here (so the stream is not read meanwhile) until its time or a
+    :class:`Resume`, then asks the session again."""
+    wake: dict[str, trio.Event] = stage.state["http_wake"]
+    while True:
+        hold: Hold | None = None
+        for cmd in commands:
+            if isinstance(cmd, Forward | Inject):
+                if cmd.data:
+                    target = stage.on(cmd.stream)
+                    assert target is not None, "an HTTP toxic sees both streams"
+                    t = cmd.t_read if isinstance(cmd, Forward) else None
+                    await target.inject(cmd.data, t)
+            elif isinstance(cmd, Eof):
+                target = stage.on(cmd.stream)
+                assert target is not None
+                await target.inject_eof()
+            elif isinstance(cmd, Close):
+                return await stage.close()
+            elif isinstance(cmd, Reset):
+                return await stage.reset()
+            elif isinstance(cmd, Resume):
+                event = wake.pop(cmd.stream, None)
+                if event is not None:
+                    event.set()
+            else:
+                hold = cmd
+        if hold is None:
+            return
+        event = wake[hold.stream] = trio.Event()
+        with trio.move_on_at(math.inf if hold.until is None else hold.until):
+            await event.wait()
+        wake.pop(hold.stream, None)
+        commands = session.timer(hold.stream, trio.current_time())
 
 
 # -- abort and hold: the request never reaches the server ------------------------------
-
-
-class _AbortPlan(Plan):
-    action = "abort"
-
-    def __init__(self, status: int, body: bytes, headers: list[tuple[str, str]]) -> None:
-        self.status, self.body, self.headers = status, body, headers
-        self.detail = {"status": status}
-
-    def answer(self, request: h11.Request) -> Answer:
-        data = answer_bytes(self.status, self.body, self.headers, request.method == b"HEAD")
-        return Answer(data)
 
 
 @register
@@ -197,12 +223,8 @@ class HttpAbort(HttpToxic):
     headers: str
 
     def plan(self, request: h11.Request) -> Plan:
-        return _AbortPlan(self.status, self.body.encode(), parse_header_lines(self.headers))
-
-
-class _HoldPlan(Plan):
-    action = "hold"
-    hold = True
+        answer = Answer(self.status, self.body.encode(), parse_header_lines(self.headers))
+        return Plan("abort", {"status": self.status}, answer=answer)
 
 
 @register
@@ -215,33 +237,10 @@ class HttpHold(HttpToxic):
     ATTRIBUTES = RULE
 
     def plan(self, request: h11.Request) -> Plan:
-        return _HoldPlan()
+        return Plan("hold", hold=True)
 
 
 # -- the response: delayed, slowed, cut ------------------------------------------------
-
-
-class _DelayPlan(Plan):
-    action = "delay"
-
-    def __init__(self, seconds: float, before_body: bool) -> None:
-        self.seconds, self.before_body = seconds, before_body
-        self.detail = {
-            "delay_ms": round(seconds * 1000),
-            "before": "body" if before_body else "headers",
-        }
-        self._waited = False
-
-    async def response_head(self, send: Send, head: bytes) -> None:
-        if not self.before_body:
-            await send.sleep(self.seconds)
-        await send(head)
-
-    async def response_body(self, send: Send, data: bytes) -> None:
-        if self.before_body and not self._waited:
-            self._waited = True
-            await send.sleep(self.seconds)
-        await send(data)
 
 
 @register
@@ -262,29 +261,8 @@ class HttpDelay(HttpToxic):
     before: str
 
     def plan(self, request: h11.Request) -> Plan:
-        return _DelayPlan(self.delay / 1000, self.before == "body")
-
-
-class _SlowBodyPlan(Plan):
-    action = "slow_body"
-
-    def __init__(self, rate: int) -> None:
-        self.rate = rate
-        self.detail = {"rate": rate}
-        self._start: float | None = None
-        self._sent = 0
-
-    async def response_body(self, send: Send, data: bytes) -> None:
-        if self._start is None:
-            self._start = trio.current_time()
-        # About 20 writes a second: smooth enough for a client's progress, few enough
-        # not to cost the proxy.
-        piece = max(1, self.rate // 20)
-        for i in range(0, len(data), piece):
-            await send.sleep_until(self._start + self._sent / self.rate)
-            chunk = data[i : i + piece]
-            await send(chunk)
-            self._sent += len(chunk)
+        detail: dict[str, object] = {"delay_ms": self.delay, "before": self.before}
+        return Plan("delay", detail, delay=self.delay / 1000, delay_body=self.before == "body")
 
 
 @register
@@ -297,30 +275,7 @@ class HttpSlowBody(HttpToxic):
     rate: int
 
     def plan(self, request: h11.Request) -> Plan:
-        return _SlowBodyPlan(self.rate)
-
-
-class _CutPlan(Plan):
-    def __init__(self, action: str, limit: int) -> None:
-        self.action = action
-        self.detail = {"bytes": limit}
-        self._left = limit
-
-    async def _cut(self, send: Send) -> None:
-        await (send.reset() if self.action == "reset" else send.close())
-
-    async def response_head(self, send: Send, head: bytes) -> None:
-        await send(head)
-        if self._left <= 0:
-            await self._cut(send)
-
-    async def response_body(self, send: Send, data: bytes) -> None:
-        if self._left <= 0:
-            return
-        await send(data[: self._left])
-        self._left -= len(data)
-        if self._left <= 0:
-            await self._cut(send)
+        return Plan("slow_body", {"rate": self.rate}, rate=self.rate)
 
 
 @register
@@ -336,7 +291,7 @@ class HttpTruncate(HttpToxic):
     bytes: int
 
     def plan(self, request: h11.Request) -> Plan:
-        return _CutPlan("truncate", self.bytes)
+        return Plan("truncate", {"bytes": self.bytes}, cut=Close, cut_after=self.bytes)
 
 
 @register
@@ -349,28 +304,10 @@ class HttpReset(HttpToxic):
     bytes: int
 
     def plan(self, request: h11.Request) -> Plan:
-        return _CutPlan("reset", self.bytes)
+        return Plan("reset", {"bytes": self.bytes}, cut=Reset, cut_after=self.bytes)
 
 
 # -- headers ---------------------------------------------------------------------------
-
-
-class _HeaderPlan(Plan):
-    action = "header"
-
-    def __init__(self, add: list[tuple[str, str]], remove: set[str], on_request: bool) -> None:
-        self.add, self.remove, self.on_request = add, remove, on_request
-        self.detail = {
-            "on": "request" if on_request else "response",
-            "added": [n for n, _ in add],
-            "removed": sorted(remove),
-        }
-
-    def rewrite_request_head(self, head: bytes) -> bytes:
-        return rewrite_head(head, self.add, self.remove) if self.on_request else head
-
-    async def response_head(self, send: Send, head: bytes) -> None:
-        await send(head if self.on_request else rewrite_head(head, self.add, self.remove))
 
 
 @register
@@ -399,4 +336,16 @@ class HttpHeader(HttpToxic):
 
     def plan(self, request: h11.Request) -> Plan:
         remove = {n.strip().lower() for n in self.remove.split(",") if n.strip()}
-        return _HeaderPlan(parse_header_lines(self.add), remove, self.on == "request")
+        add = parse_header_lines(self.add)
+        detail: dict[str, object] = {
+            "on": self.on,
+            "added": [n for n, _ in add],
+            "removed": sorted(remove),
+        }
+
+        def rewrite(head: bytes) -> bytes:
+            return rewrite_head(head, add, remove)
+
+        if self.on == "request":
+            return Plan("header", detail, request_head=rewrite)
+        return Plan("header", detail, response_head=rewrite)

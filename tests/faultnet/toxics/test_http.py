@@ -461,38 +461,24 @@ async def test_an_upgrade_turns_both_ways_opaque_after_101(
     await stream.aclose()
 
 
-class _Recording:
-    """An Out that records each write (the session's unit tests: no sockets)."""
+def _writes(commands: list[Any], stream: str) -> list[bytes]:
+    """The writes the session's *commands* make on *stream* (its unit tests: no sockets)."""
+    from faultnet.protocols.http import Forward, Inject
 
-    def __init__(self) -> None:
-        self.writes: list[bytes] = []
-        self.eof = False
-
-    async def inject(self, data: bytes, t_read: float | None = None) -> None:
-        self.writes.append(data)
-
-    async def inject_eof(self) -> None:
-        self.eof = True
-
-    async def close(self) -> None:
-        pass
-
-    async def reset(self) -> None:
-        pass
+    return [c.data for c in commands if isinstance(c, Forward | Inject) and c.stream == stream]
 
 
-async def test_the_session_writes_each_chunk_it_reads_in_one_write() -> None:
+def test_the_session_writes_each_chunk_it_reads_in_one_write() -> None:
     # A response's head, body and end are three spans; sent as three writes to a client
     # socket without TCP_NODELAY they met its delayed ACK (45 ms a keep-alive request).
     from faultnet.protocols.http import Session
 
-    up, down = _Recording(), _Recording()
-    session = Session(up, down, lambda request: None)
+    session = Session(lambda request: None)
     request = b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc"
-    await session.upstream(request)
+    up = _writes(session.receive("upstream", request, 0.0), "upstream")
     response = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nxyz\r\n0\r\n\r\n"
-    await session.downstream(response)
-    assert up.writes == [request] and down.writes == [response]
+    down = _writes(session.receive("downstream", response, 0.0), "downstream")
+    assert up == [request] and down == [response]
 
 
 async def test_a_head_response_is_framed_without_a_body_and_the_next_request_follows(
@@ -563,17 +549,15 @@ def test_any_pipeline_cut_anywhere_crosses_byte_identical_with_aborts_in_place(
 
     toxic = HttpAbort("api", path="/api/*", status=503)
 
-    async def run() -> tuple[bytes, bytes]:
-        up, down = _Recording(), _Recording()
-        session = Session(up, down, lambda request: toxic.decide(request, 1))
-        for piece in _cut(b"".join(requests_), up_cuts):
-            await session.upstream(piece)
-        served = b"".join(_response_to(r) for r in requests_ if b"/api/" not in r)
-        for piece in _cut(served, down_cuts):
-            await session.downstream(piece)
-        return b"".join(up.writes), b"".join(down.writes)
-
-    upstream, downstream = trio.run(run)
+    session = Session(lambda request: toxic.decide(request, 1))
+    commands = []
+    for piece in _cut(b"".join(requests_), up_cuts):
+        commands += session.receive("upstream", piece, 0.0)
+    served = b"".join(_response_to(r) for r in requests_ if b"/api/" not in r)
+    for piece in _cut(served, down_cuts):
+        commands += session.receive("downstream", piece, 0.0)
+    upstream = b"".join(_writes(commands, "upstream"))
+    downstream = b"".join(_writes(commands, "downstream"))
     answer = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n"
     assert upstream == b"".join(r for r in requests_ if b"/api/" not in r)
     expected = b"".join(answer if b"/api/" in r else _response_to(r) for r in requests_)
