@@ -426,6 +426,8 @@ class Session:
         return cmds
 
     def _emit(self, cmd: Command) -> None:
+        if isinstance(cmd, Forward | Inject) and not cmd.data:
+            return
         last = self._cmds[-1] if self._cmds else None
         # The spans of one chunk (a head, its body, the end) leave in one write, not
         # three. (Measured: three small writes to a client socket without TCP_NODELAY
