@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import trio
 
-from faultnet.toxics.base import Toxic, ToxicContext
+from faultnet.toxics.base import Toxic, ToxicContext, refuse_unknown
 
 __all__ = ["INT64_MAX", "INT64_MIN", "Attribute", "AttributeToxic", "TextAttribute"]
 
@@ -114,12 +114,14 @@ class AttributeToxic(Toxic):
     def check_attributes(cls, attributes: Any) -> dict[str, Any]:
         """Validate a JSON ``attributes`` value; return the known keys, checked.
 
-        Unknown keys are ignored and a ``null`` value leaves its attribute unchanged (both
-        as Toxiproxy's JSON decoding does). Raises TypeError/ValueError.
+        A ``null`` value leaves its attribute unchanged (as Toxiproxy's JSON decoding
+        does); an unknown key is refused, naming the known ones (issue 33: ``stauts`` was
+        accepted and did nothing; Toxiproxy's own clients send only known keys). Raises
+        TypeError/ValueError.
         """
-        super().check_attributes(attributes)  # the shape: an object or null
         if attributes is None:
             return {}
+        refuse_unknown(cls.type, attributes, [attr.name for attr in cls.ATTRIBUTES])
         checked: dict[str, Any] = {}
         for attr in cls.ATTRIBUTES:
             value = attributes.get(attr.name)

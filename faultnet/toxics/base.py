@@ -29,12 +29,13 @@ Rules for implementers:
 
 from __future__ import annotations
 
+import difflib
 import random
 from abc import ABC
 from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol
 
-__all__ = ["STREAMS", "Toxic", "ToxicContext"]
+__all__ = ["STREAMS", "Toxic", "ToxicContext", "refuse_unknown"]
 
 #: Toxiproxy's stream names: upstream carries client->server bytes, downstream the reply.
 STREAMS = ("upstream", "downstream")
@@ -63,6 +64,21 @@ class ToxicContext(Protocol):
         """End the whole connection with an RST both ways."""
 
 
+def refuse_unknown(type_name: str, attributes: Any, known: list[str]) -> None:
+    """TypeError unless *attributes* is an object; ValueError naming the first key not in
+    *known*, every known one, and the closest (worded as the chaos plan's check)."""
+    if not isinstance(attributes, Mapping):
+        raise TypeError(f"attributes must be an object, not {type(attributes).__name__}")
+    for key in attributes:
+        if key not in known:
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            names = ", ".join(known) or "none"
+            raise ValueError(
+                f"unknown attribute {key!r} of toxic {type_name} (known: {names}){hint}"
+            )
+
+
 class Toxic(ABC):
     """Base class: a pass-through. Subclasses override what they change."""
 
@@ -86,10 +102,10 @@ class Toxic(ABC):
     @classmethod
     def check_attributes(cls, attributes: Any) -> dict[str, Any]:
         """Validate a JSON ``attributes`` value (an object, or null); return the keys this
-        toxic knows, checked. The base knows none: unknown keys are ignored, as Toxiproxy
-        ignores them. Raises TypeError/ValueError."""
-        if attributes is not None and not isinstance(attributes, Mapping):
-            raise TypeError(f"attributes must be an object, not {type(attributes).__name__}")
+        toxic knows, checked. The base knows none: any key is refused (issue 33, 7).
+        Raises TypeError/ValueError."""
+        if attributes is not None:
+            refuse_unknown(getattr(cls, "type", cls.__name__), attributes, [])
         return {}
 
     def update(self, attributes: Mapping[str, Any]) -> None:

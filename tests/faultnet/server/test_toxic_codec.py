@@ -34,11 +34,11 @@ def test_defaults_as_toxiproxy() -> None:
     assert t.attributes() == {"average_size": 0, "size_variation": 0, "delay": 0}
 
 
-def test_unknown_and_null_attributes_ignored() -> None:
-    t = toxic_from_json(
-        {"type": "latency", "attributes": {"latency": 5, "jitter": None, "bogus": "x"}}
-    )
+def test_null_attributes_ignored_and_unknown_ones_refused() -> None:
+    t = toxic_from_json({"type": "latency", "attributes": {"latency": 5, "jitter": None}})
     assert t.attributes() == {"latency": 5, "jitter": 0}
+    with pytest.raises(BadToxicBody, match="unknown attribute 'bogus' of toxic latency"):
+        toxic_from_json({"type": "latency", "attributes": {"latency": 5, "bogus": "x"}})
 
 
 @pytest.mark.parametrize(

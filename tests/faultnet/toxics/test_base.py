@@ -12,7 +12,9 @@ def test_the_base_toxic_updates_without_attributes() -> None:
         type = "plain"
 
     t = Plain("p")
-    t.update({"anything": 1})  # unknown keys are ignored, as Toxiproxy does
+    t.update({})
     assert t.attributes() == {}
+    with pytest.raises(ValueError, match="unknown attribute 'anything' of toxic plain"):
+        t.update({"anything": 1})
     with pytest.raises(TypeError, match="must be an object"):
         t.update([1])  # type: ignore[arg-type]
