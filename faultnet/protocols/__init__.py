@@ -3,9 +3,11 @@
 A protocol module holds what it takes to fault a protocol's messages rather than its
 bytes: the parsing (a well-kept sans-I/O parser, never one written here), the pairing of
 requests with their answers, and a per-connection session that moves the original bytes
-on, untouched unless a fault says otherwise. It does no I/O of its own and imports
-nothing of :mod:`faultnet.toxics`: the session writes through the small interfaces it
-declares, which a both-stream toxic's links satisfy (:mod:`faultnet.toxics.chain`).
+on, untouched unless a fault says otherwise. A session is pure (mitmproxy's layers,
+h11): events in (bytes, an end, a timer, each with its time), commands out (forward,
+inject, hold, resume, end of stream, close, reset); its states are one table. It does
+no I/O and imports nothing of :mod:`faultnet.toxics`; a both-stream toxic's stages carry
+its commands out (:mod:`faultnet.toxics.http`).
 
 * :mod:`faultnet.protocols.http` -- HTTP/1.1 (h11): abort, delay, slow body, truncate,
   reset, hold, header changes, each per request.
@@ -14,12 +16,12 @@ declares, which a both-stream toxic's links satisfy (:mod:`faultnet.toxics.chain
 
 Adding a protocol (Redis's RESP, PostgreSQL's wire protocol...) touches:
 
-1. ``faultnet/protocols/resp.py``: a session with ``upstream(data)``, ``upstream_eof()``,
-   ``downstream(data)``, ``downstream_eof()``, which parses each stream with the
-   protocol's parser, pairs each request with its reply (in order, as HTTP/1.1 and RESP
+1. ``faultnet/protocols/resp.py``: a pure session (``receive(stream, data, now)``,
+   ``receive_eof``, ``timer``, each returning commands) which parses each stream with
+   the protocol's parser, pairs each request with its reply (in order, as HTTP/1.1 and RESP
    do, or by tag as PostgreSQL's extended protocol does), forwards the bytes as they came
-   and asks a *decide* callback what to do with each request (a plan with hooks on the
-   request and on its reply, as :class:`faultnet.protocols.http.Plan`);
+   and asks a *decide* callback what to do with each request (a plan: data saying what
+   to do to the request and its reply, as :class:`faultnet.protocols.http.Plan`);
 2. ``faultnet/toxics/resp.py``: toxic types with ``both_streams = True`` whose attributes
    say which requests to match (command, key glob, percent, count) and what to do, each
    building the session on its connection's first bytes (see

@@ -16,7 +16,8 @@ Every type here matches requests with the same attributes:
   ``count=2`` fails the first two requests, for retry tests.
 
 One ``http_fault`` record per faulted request goes to the event log (method, path,
-action and its figures). Requests no rule faults cross byte-identical. Each type sees
+action and its figures) when the fault takes effect: an abort or hold when the request
+comes, a response's fault when its response does. Requests no rule faults cross byte-identical. Each type sees
 both streams of a connection (``both_streams``), whatever its ``stream`` says.
 """
 
@@ -206,8 +207,10 @@ class HttpAbort(HttpToxic):
     """Answer a matching request with ``status`` (``body``, ``headers``: newline-separated
     ``Name: value`` lines) at once; the server never sees it. The answer keeps the
     connection open (keep-alive and pipelined requests go on, in order), except when the
-    client waits for ``100 Continue``: then it says nothing of the body it did not read,
-    and the connection closes after the answer."""
+    client will send no other request (HTTP/1.0 without keep-alive, ``Connection:
+    close``) or waits for ``100 Continue`` (the body it did not send would read as a
+    request): then the answer says ``Connection: close`` and the connection closes after
+    it. A 1xx, 204 or 304 answer carries no body, whatever ``body`` says."""
 
     type = "http_abort"
     ATTRIBUTES = (
@@ -231,7 +234,8 @@ class HttpAbort(HttpToxic):
 class HttpHold(HttpToxic):
     """Never answer a matching request: it is not forwarded, and neither is anything the
     client sends after it on that connection (its FIN included), so the client waits
-    until its own timeout. Responses to earlier requests still arrive."""
+    until its own timeout. Responses to earlier requests still arrive, and so does the
+    server's FIN; once client and server have both gone, the connection ends."""
 
     type = "http_hold"
     ATTRIBUTES = RULE
