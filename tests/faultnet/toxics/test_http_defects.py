@@ -191,3 +191,36 @@ async def test_a_delay_added_mid_response_delays_the_next_request_and_logs_only_
     assert elapsed >= 0.3
     faults = [r for r in read_jsonl(log).records if r["event"] == "http_fault"]
     assert [(r["path"], r["action"]) for r in faults] == [("/second", "delay")]
+
+
+async def test_bytes_sent_behind_an_unanswered_upgrade_wait_then_cross_whole(
+    faultnet_proxy: Factory, nursery: trio.Nursery
+) -> None:
+    # Issue 33, 5: past 64 KiB the proxy stops reading the client (they were kept
+    # without limit); once the 101 comes, every byte crosses, in order.
+    go = trio.Event()
+    upgrade = b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: x\r\nConnection: Upgrade\r\n\r\n"
+    switched = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: Upgrade\r\n\r\n"
+    payload = bytes(i % 253 for i in range(300_000))
+
+    async def server(stream: trio.SocketStream) -> None:
+        got = b""
+        while b"\r\n\r\n" not in got:
+            got += await stream.receive_some(65536)
+        await go.wait()
+        await stream.send_all(switched + got.split(b"\r\n\r\n", 1)[1])
+        while data := await stream.receive_some(65536):
+            await stream.send_all(data)
+
+    proxy = await faultnet_proxy(await start_server(nursery, server))
+    proxy.add_toxic(HttpAbort("api", path="/api/*"))
+    assert proxy.address is not None
+    client = await trio.open_tcp_stream(*proxy.address)
+    got = b""
+    with trio.fail_after(10):
+        await client.send_all(upgrade + payload)  # 300 KB: the kernel's buffers take it
+        go.set()
+        while len(got) < len(switched) + len(payload):
+            got += await client.receive_some(65536)
+    await client.aclose()
+    assert got == switched + payload
