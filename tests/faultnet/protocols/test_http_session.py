@@ -209,6 +209,59 @@ ROWS: dict[str, Row] = {
         [("up", GET, 0, [("inject", D, b"HTTP/1.1 204 No Content\r\n\r\n")])],
         ["http_fault /a abort"],
     ),
+    "a CONNECT's 2xx turns both streams opaque": Row(
+        passing,
+        [
+            (
+                "up",
+                b"CONNECT h:443 HTTP/1.1\r\nHost: h:443\r\n\r\n\x16\x03",
+                0,
+                [("fwd", U, b"CONNECT h:443 HTTP/1.1\r\nHost: h:443\r\n\r\n")],
+            ),
+            (
+                "down",
+                b"HTTP/1.1 200 OK\r\n\r\n\x16\x03\x03",
+                0,
+                [
+                    ("fwd", U, b"\x16\x03"),
+                    ("resume", U),
+                    ("fwd", D, b"HTTP/1.1 200 OK\r\n\r\n\x16\x03\x03"),
+                ],
+            ),
+        ],
+    ),
+    "an abort behind a delayed response waits its turn": Row(
+        lambda request: Plan("delay", delay=0.5) if request.target == b"/a" else abort(),
+        [
+            ("up", GET + GET_B, 0, [("fwd", U, GET)]),
+            ("down", OK, 1, [("hold", D, 1.5)]),
+            ("up", GET_B, 1.2, []),
+            (
+                "timer",
+                D,
+                1.5,
+                [("fwd", D, OK), ("inject", D, ANSWER_503), ("inject", D, ANSWER_503)],
+            ),
+        ],
+        ["http_fault /b abort", "http_fault /b abort", "http_fault /a delay"],
+    ),
+    "an early hint passes at once; the delay holds the final head": Row(
+        lambda request: Plan("delay", delay=0.5),
+        [
+            ("up", GET, 0, [("fwd", U, GET)]),
+            (
+                "down",
+                b"HTTP/1.1 103 Early Hints\r\nLink: </s>\r\n\r\n" + OK,
+                1,
+                [
+                    ("fwd", D, b"HTTP/1.1 103 Early Hints\r\nLink: </s>\r\n\r\n"),
+                    ("hold", D, 1.5),
+                ],
+            ),
+            ("timer", D, 1.5, [("fwd", D, OK)]),
+        ],
+        ["http_fault /a delay"],
+    ),
     # -- a fault at each state --
     "a hold forwards nothing more, and ends once both sides have gone": Row(
         on_path(b"/b", Plan("hold", hold=True)),
