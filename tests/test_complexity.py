@@ -21,8 +21,6 @@ LIMIT = 20
 #: threaded planes, the HTTP session): cut them there, then drop the line here.
 ALLOWED = {
     "faultnet/planes/thread.py:Plane._run": "the thread plane's loop, under rework",
-    "faultnet/protocols/http.py:Session._upstream": "the HTTP session, under rework",
-    "faultnet/protocols/http.py:Session._downstream": "the HTTP session, under rework",
 }
 
 
