@@ -10,6 +10,7 @@ The package, one concept per module:
 * ``_toxiclink`` -- a toxic link: one stream's path through its toxics (chain, task);
 * ``_hop`` -- the internal hop of two-way loss;
 * ``_proxy`` -- the :class:`Proxy`: listener and accept loop, the fault operations, toxics;
+* ``_sharedplane`` -- the planes the proxies of a trio run share (one of each kind);
 * ``_errors`` -- what the proxies raise.
 
 Bytes move on a data plane (:mod:`faultnet.planes`), behind one interface.

@@ -23,6 +23,7 @@ from faultnet import bpf, planes
 from faultnet.addresses import format_address, peer_matches
 from faultnet.eventlog import JsonlWriter
 from faultnet.modes import FaultRequest, request
+from faultnet.proxy import _sharedplane
 from faultnet.proxy._connection import Connection, ConnectionInfo
 from faultnet.proxy._errors import listen_error
 from faultnet.proxy._faultstate import (
@@ -214,8 +215,8 @@ class Proxy(ProxyBase):
             seed=self.seed,
             dataplane=self.dataplane,
         )
-        self._plane = planes.make_plane(self.dataplane, splice=self._splice)
-        self._plane.start(trio.lowlevel.current_trio_token())
+        # The run's plane of this kind, shared with every other proxy that chose it.
+        self._plane = _sharedplane.acquire(self.dataplane, splice=self._splice)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -226,12 +227,13 @@ class Proxy(ProxyBase):
         finally:
             self._nursery = None
             # What is still listed: accepted after aclose() looked, or serve() itself was
-            # cancelled. End it here, before the plane stops: nothing may outlive the
-            # proxy (a socket left open until the garbage collector found it, seen in
-            # the suite).
+            # cancelled. End it here: nothing may outlive the proxy (a socket left open
+            # until the garbage collector found it, seen in the suite). These are this
+            # proxy's links, the only ones its stop ends; the plane goes on for the
+            # other proxies that share it, and stops with the last of them.
             for conn in list(self._connections.values()):
                 conn.leave()
-            self._plane.stop()
+            _sharedplane.release(self._plane)
             self._plane = None
             if self._listener is not None:
                 trio.lowlevel.notify_closing(self._listener)

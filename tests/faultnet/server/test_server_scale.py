@@ -124,7 +124,6 @@ def threads() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
-@pytest.mark.xfail(strict=True, reason="one plane per server: issue 36 item 1")
 async def test_the_thread_count_does_not_grow_with_proxies(
     api: httpx.AsyncClient, upstream: tuple[str, int]
 ) -> None:
