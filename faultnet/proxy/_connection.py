@@ -54,6 +54,13 @@ __all__ = ["CONNECTION_STATES", "Connection", "ConnectionInfo", "Host"]
 _DROP_ALL, _PURE_ACKS = bpf.drop_all(), bpf.pure_acks_only()
 
 
+def stage_is_idle(stage: ToxicStage) -> bool:
+    """Whether *stage* needs no task until its stream has bytes: a byte toxic (not a
+    both-stream one, whose own writes need its streams' sinks running) whose
+    ``Toxic.run`` is the base's, which does nothing."""
+    return stage.peer is None and type(stage.toxic).run is Toxic.run
+
+
 def _unacked(sock: socket.socket) -> int:
     """Segments the peer has not acknowledged (0 for a socket that is gone)."""
     try:
@@ -478,15 +485,22 @@ class Connection:
         self._put_on_path(stage)
 
     def _put_on_path(self, stage: ToxicStage) -> None:
-        """*stage* is in this connection's chains from now on: its streams go to trio."""
+        """*stage* is in this connection's chains from now on: its streams go to trio.
+
+        A byte toxic without a task of its own (``Toxic.run``: latency, bandwidth ...)
+        starts no task here: its stream's chain task starts at the stream's first
+        chunk for trio (CHUNKS: :meth:`_plane_event`). So adding it to 9,000 idle
+        connections spawns nothing: two trio tasks each (the host, the chain's) were
+        most of the add (issue 36 item 3)."""
         for s in stage.streams:
             self.toxic_links[s].rebuild()
         # From now on the stream's bytes go to trio; its chain runs in the host task.
         if self.link is not None:
             for s in stage.streams:
                 self.link.to_trio(s)
-            self._ensure_host()
-        if self._nursery is not None:
+            if not stage_is_idle(stage):
+                self._ensure_host()
+        if self._nursery is not None and not stage_is_idle(stage):
             self.toxic_links[stage.stream].start_stage(self._nursery, stage)
             if self.link is not None:
                 for s in stage.streams:
@@ -497,7 +511,14 @@ class Connection:
         if stage is not None:
             self.toxic_links[stage.stream].stop_stage(name)
             for s in stage.streams:
-                self.toxic_links[s].rebuild()
+                toxic_link = self.toxic_links[s]
+                toxic_link.rebuild()
+                # No chain task ever started (nothing was read for trio): the stream goes
+                # back to the plane here, as that task would have sent it. False while a
+                # chunk waits: its CHUNKS starts the task, which hands the stream back.
+                if not toxic_link.running and not toxic_link.chain.stages:
+                    if self.link is not None and self.link.on_toxic_path(s):
+                        self.link.to_plane(s)
 
     def _ensure_host(self) -> None:
         """Start the task whose nursery runs this connection's toxics (once)."""
@@ -638,7 +659,17 @@ class Connection:
             self.log_event("peer_reset", stream=stream, errno=errno.errorcode.get(link.errno, "?"))
             self.end("reset")
         elif stream is not None:  # CHUNKS or DRAINED
-            self.toxic_links[stream].wake()
+            toxic_link = self.toxic_links[stream]
+            if toxic_link.running:
+                toxic_link.wake()
+            elif kind == planes.CHUNKS:
+                # The stream's first chunk for trio since its toxics were added (they
+                # start no task: see _put_on_path): its chain's task starts now, in the
+                # host, which starts it itself when it first runs.
+                if self._nursery is not None:
+                    toxic_link.start(self._nursery)
+                else:
+                    self._ensure_host()
 
     def _finish(self, how: str) -> None:
         """Close what is still open, forget the connection and log ``conn_close``; once

@@ -28,6 +28,7 @@ from typing import Protocol
 import trio
 
 from faultnet.planes import Link
+from faultnet.toxics.base import Toxic
 from faultnet.toxics.chain import ToxicChain, ToxicStage
 from faultnet.toxics.clock import monotonic_offset
 
@@ -91,8 +92,8 @@ class ToxicLink:
     def start_stage(self, nursery: trio.Nursery, stage: ToxicStage) -> None:
         """Run *stage*'s toxic task (``Toxic.run``) until :meth:`stop_stage` or the end."""
         name = stage.toxic.name
-        if name in self._scopes:
-            return
+        if name in self._scopes or type(stage.toxic).run is Toxic.run:
+            return  # running, or the base's run, which does nothing: no task for it
         scope = trio.CancelScope()
 
         async def run() -> None:

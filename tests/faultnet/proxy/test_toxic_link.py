@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import trio
+import trio.testing
 
 from faultnet.proxy import Proxy
 from faultnet.testing import open_link, wait_until
@@ -110,3 +111,32 @@ async def test_a_toxic_added_again_puts_the_stream_back_on_the_toxic_path() -> N
             await wait_until(back_on_plane, 5, what="the lane back on the plane")
             await client.send_all(b"y%d" % round_)
             assert await read_exactly(server, 2) == b"y%d" % round_
+
+
+async def test_a_latency_toxic_on_idle_connections_starts_no_task_until_bytes() -> None:
+    """Adding a byte toxic without a task of its own (latency) to idle connections
+    spawns nothing (the add's cost with 9,000 connections was two trio tasks each:
+    issue 36 item 3); the first chunk starts the chain's task, and removing the toxic
+    from a stream no chunk reached puts it back on the plane at once."""
+    async with open_link() as (proxy, client, server):
+        conn = only_connection(proxy)
+        assert conn.link is not None and proxy._nursery is not None
+        await trio.testing.wait_all_tasks_blocked()
+        tasks = len(proxy._nursery.child_tasks)
+        proxy.add_toxic(Latency("lat", "downstream", latency=30))
+        proxy.add_toxic(Latency("idle", "upstream", latency=30))
+        await trio.testing.wait_all_tasks_blocked()
+        assert len(proxy._nursery.child_tasks) == tasks, "a task started for idle toxics"
+        assert not conn.toxic_links["downstream"].running
+        assert conn.link.on_toxic_path("downstream") and conn.link.on_toxic_path("upstream")
+        # Removed from a stream no byte reached: back on the plane when it returns.
+        proxy.remove_toxic("idle")
+        assert not conn.link.on_toxic_path("upstream")
+        await client.send_all(b"fast")
+        assert await read_exactly(server, 4) == b"fast"
+        # The first chunk for trio starts the chain: the toxic is in force.
+        t0 = trio.current_time()
+        await server.send_all(b"late")
+        assert await read_exactly(client, 4) == b"late"
+        assert trio.current_time() - t0 >= 0.030
+        assert conn.toxic_links["downstream"].running
