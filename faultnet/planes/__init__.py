@@ -133,7 +133,9 @@ class Link(Protocol):
 
 
 class Plane(Protocol):
-    """What moves the bytes of every connection of one proxy."""
+    """What moves the bytes of every connection of the proxies that share it (one
+    started plane of each kind per trio run: :mod:`faultnet.proxy._sharedplane`); each
+    link's events go to its own ``on_event``, and each owner ends its own links."""
 
     #: Its name in :data:`PLANES`.
     name: str
