@@ -17,6 +17,7 @@ each stream's path through them is a :class:`~faultnet.proxy._toxiclink.ToxicLin
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import random
 import socket
@@ -52,6 +53,13 @@ from faultnet.toxics.chain import Sink, ToxicChain, ToxicStage, chain_of
 __all__ = ["CONNECTION_STATES", "Connection", "ConnectionInfo", "Host"]
 
 _DROP_ALL, _PURE_ACKS = bpf.drop_all(), bpf.pure_acks_only()
+
+
+def _decided_rng(seed_parts: tuple[object, ...]) -> random.Random:
+    """A toxic's rng on a connection, past the draw that decided it applies there."""
+    rng = random.Random(derive_seed(*seed_parts))
+    rng.random()
+    return rng
 
 
 def stage_is_idle(stage: ToxicStage) -> bool:
@@ -473,11 +481,17 @@ class Connection:
         if toxic.name in self.stages:  # already decided for this connection: kept
             return
         # Decided once per connection and kept; toxicity 0 never applies
-        # (random() < 0 is never true), 1 always does.
-        rng = random.Random(derive_seed(self.proxy.seed, self.id, toxic.name))
-        if not rng.random() < toxic.toxicity:
-            self.stages[toxic.name] = None
-            return
+        # (random() < 0 is never true), 1 always does: then the draw is not made now but
+        # replayed when the stage first asks for its rng (the same numbers follow).
+        seed_parts = (self.proxy.seed, self.id, toxic.name)
+        rng: random.Random | Callable[[], random.Random]
+        if toxic.toxicity >= 1.0:
+            rng = functools.partial(_decided_rng, seed_parts)
+        else:
+            rng = random.Random(derive_seed(*seed_parts))
+            if not rng.random() < toxic.toxicity:
+                self.stages[toxic.name] = None
+                return
         stage = ToxicStage(toxic, self.id, toxic.stream, rng, self.sever, self.reset, self)
         if toxic.both_streams:
             stage.pair()

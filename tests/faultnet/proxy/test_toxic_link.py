@@ -7,11 +7,14 @@ flight at the switch arrive intact and in order, and a half-close is still forwa
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import trio
 import trio.testing
 
 from faultnet.proxy import Proxy
+from faultnet.seeds import derive_seed
 from faultnet.testing import open_link, wait_until
 from faultnet.toxics import Latency
 
@@ -140,3 +143,17 @@ async def test_a_latency_toxic_on_idle_connections_starts_no_task_until_bytes() 
         assert await read_exactly(client, 4) == b"late"
         assert trio.current_time() - t0 >= 0.030
         assert conn.toxic_links["downstream"].running
+
+
+async def test_a_sure_toxics_rng_is_made_at_first_use_with_the_same_numbers() -> None:
+    """At toxicity 1 the decision's draw is not made at the add (seeding an rng was
+    ~11 us a connection) but replayed at the stage's first use: the numbers a toxic
+    draws are those of the seed derived from (server seed, connection, toxic name)."""
+    async with open_link(seed=1234) as (proxy, _client, _server):
+        conn = only_connection(proxy)
+        proxy.add_toxic(Latency("sure", "downstream", latency=1))
+        stage = conn.stages["sure"]
+        assert stage is not None and stage._rng is None, "seeded at the add"
+        expected = random.Random(derive_seed(1234, conn.id, "sure"))
+        expected.random()  # the draw that decided the toxic applies
+        assert [stage.rng.random() for _ in range(3)] == [expected.random() for _ in range(3)]
