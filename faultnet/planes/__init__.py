@@ -25,7 +25,12 @@ The contract every plane keeps (and every plane runs the same tests):
   the inbox is bounded in bytes) and trio writes what its toxic chain lets out with
   :meth:`Link.offer` / :meth:`Link.offer_eof` (gate first; DRAINED when held bytes went
   out). :meth:`Link.to_plane` hands the lane back once trio has taken every chunk
-  (its toxics were removed). The trio side of that path is the core's (:mod:`faultnet.proxy`), not a plane's.
+  (its toxics were removed).
+* **Compiled stages.** A plane may run a chain of toxics itself (:meth:`Link.set_stage`:
+  the native plane runs the latency toxic on its thread): the lane's chunks then queue
+  in the plane with their read times and leave when due, in order, the EOF after them,
+  under the same gate, bounded by the same bytes. A plane without that stage says so,
+  and the chain runs in trio. The trio side of that path is the core's (:mod:`faultnet.proxy`), not a plane's.
 
 Planes are registered in :data:`PLANES` (name -> module exposing ``Plane`` and
 ``AVAILABLE``), fastest first; :func:`default_plane` is the first available one unless
@@ -115,6 +120,20 @@ class Link(Protocol):
         """Whether *stream* holds bytes it read and has not written (held behind a full
         ``dst`` or a closed gate, or read for trio and not yet taken): what ending the
         link now would lose."""
+
+    def set_stage(
+        self, stream: str, stage: tuple[str, float, float] | None, draws: int | None = None
+    ) -> bool:
+        """Run *stream*'s toxics as a compiled stage of the plane (``("latency",
+        latency_ms, jitter_ms)``), its generator at *draws* if given (see
+        :mod:`faultnet.toxics.draws`): in force at once, and on its own once
+        :meth:`to_plane` takes the lane back from trio, which it then does even with
+        chunks untaken (they are the stage's). ``None``: no stage (what it queued goes
+        out at once, in order; then the plain fast path). False (nothing changed) for a
+        stage this plane has not compiled: the chain stays in trio."""
+
+    def stage_draws(self, stream: str) -> int:
+        """The generator state of *stream*'s stage (:meth:`set_stage`)."""
 
     def take(self, stream: str) -> list[bytes]:
         """The chunks read for trio so far (b"" is the EOF)."""

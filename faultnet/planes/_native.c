@@ -43,7 +43,9 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -93,7 +95,18 @@ typedef struct {
     chunk *inbox, *inbox_tail; /* chunks read for trio (len 0: the EOF) */
     size_t inbox_bytes;        /* their cost against INBOX_BYTES */
     int notified, waiting;
+    /* A compiled stage (see release_due): the inbox is this thread's delay queue while
+     * the lane is not to_trio. stage: STAGE_NONE (queued chunks leave at once: what a
+     * removed toxic left), STAGE_LATENCY (lat_ms + a uniform draw of +- jit_ms). */
+    int stage;
+    double lat_ms, jit_ms;
+    uint64_t draws;   /* the splitmix64 state (faultnet/toxics/draws.py: the same) */
+    double head_due;  /* when the inbox's first chunk is due, once head_set */
+    int head_set, head_drew;
+    int listed;       /* in the core's timed list */
 } lane_t;
+
+enum { STAGE_NONE = 0, STAGE_LATENCY = 1 };
 
 struct CoreObject;
 
@@ -138,6 +151,13 @@ typedef struct CoreObject {
     int pipes[PIPE_KEEP][2];
     int npipes;
     char *buf;
+    /* Lanes with a staged inbox (release_due), and the timerfd armed at the earliest
+     * due time among them (armed: that time, 0 disarmed): epoll_wait's own timeout has
+     * millisecond steps, a timerfd the kernel's timer slack (set to 1 us for the thread). */
+    struct timed { LinkObject *k; int li; } *timed;
+    int ntimed, captimed;
+    int tfd;
+    double armed;
     pthread_t thread;
     int running, stopping;
     /* debug: hold the thread inside its next write to hold_fd */
@@ -157,10 +177,30 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* Chunks read on this lane go to its inbox: for trio, or for a compiled stage. */
+static int queued(const lane_t *l) { return l->to_trio || l->stage || l->inbox; }
+
 static int wants_read(const lane_t *l) {
     if (!l->open || l->eof_read || l->held || l->piped)
         return 0;
-    return !l->to_trio || l->inbox_bytes < INBOX_BYTES;
+    return l->inbox_bytes < INBOX_BYTES; /* 0 unless queued: the bound in bytes */
+}
+
+/* ---- the seeded generator (faultnet/toxics/draws.py is the same, bit for bit) ---- */
+
+#define DRAW_GAMMA 0x9E3779B97F4A7C15ULL
+
+static uint64_t draw64(uint64_t *state) {
+    uint64_t z = (*state += DRAW_GAMMA);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [a, b): a + (b - a) * u, u the draw's top 53 bits over 2^53. */
+static double draw_uniform(uint64_t *state, double a, double b) {
+    double u = (double)(draw64(state) >> 11) * (1.0 / 9007199254740992.0);
+    return a + (b - a) * u;
 }
 
 static int wants_write(const lane_t *l) { return l->open && (l->held || l->piped); }
@@ -244,10 +284,40 @@ static void unlist_connecting(CoreObject *c, LinkObject *k) {
     }
 }
 
+/* List a lane with a staged inbox for run_timers. -1: out of memory. */
+static int list_timed(CoreObject *c, LinkObject *k, int li) {
+    if (k->lanes[li].listed)
+        return 0;
+    if (c->ntimed == c->captimed) {
+        int cap = c->captimed ? c->captimed * 2 : 16;
+        struct timed *grown = realloc(c->timed, cap * sizeof *grown);
+        if (!grown)
+            return -1;
+        c->timed = grown;
+        c->captimed = cap;
+    }
+    c->timed[c->ntimed].k = k;
+    c->timed[c->ntimed].li = li;
+    c->ntimed++;
+    k->lanes[li].listed = 1;
+    return 0;
+}
+
+/* The link leaves the timed list (its entries cleared: run_timers compacts them, and
+ * may be iterating now). */
+static void unlist_timed(CoreObject *c, LinkObject *k) {
+    for (int i = 0; i < c->ntimed; i++)
+        if (c->timed[i].k == k) {
+            k->lanes[c->timed[i].li].listed = 0;
+            c->timed[i].k = NULL;
+        }
+}
+
 /* Take the link out of the plane; 0 if it had already ended. */
 static int end_link(CoreObject *c, LinkObject *k) {
     if (k->ended)
         return 0;
+    unlist_timed(c, k);
     __atomic_store_n(&k->ended, 1, __ATOMIC_RELEASE);
     for (int s = 0; s < 2; s++) {
         int fd = k->fds[s];
@@ -380,6 +450,87 @@ static int send_fresh(CoreObject *c, LinkObject *k, int li, const char *p, size_
     return 0;
 }
 
+/* A compiled stage's writer: the staged chunks due by *now* go out in order (gate open,
+ * nothing held), the EOF (a chunk of length 0) after the last of them; the first not
+ * yet due stays, its due time in head_due. A chunk's delay is drawn when it comes to
+ * the head, as the Python toxic draws when the chunk's turn comes: the same generator
+ * in the same order. A due time within 1 us counts as come (the timer's own slack and
+ * the rounding to its nanoseconds). -1: the link ended. */
+static int release_due(CoreObject *c, LinkObject *k, int li, double now) {
+    lane_t *l = &k->lanes[li];
+    while (!l->to_trio && l->inbox && l->open && !l->held && !l->piped) {
+        chunk *ch = l->inbox;
+        if (!l->head_set) {
+            double due = ch->t;
+            l->head_drew = 0;
+            if (ch->len && l->stage == STAGE_LATENCY) {
+                double ms = l->lat_ms;
+                if (l->jit_ms > 0) {
+                    ms += draw_uniform(&l->draws, -l->jit_ms, l->jit_ms);
+                    l->head_drew = 1;
+                }
+                due += (ms > 0 ? ms : 0) / 1000;
+            }
+            l->head_due = due;
+            l->head_set = 1;
+        }
+        if (l->head_due > now + 1e-6)
+            return 0;
+        l->inbox = ch->next;
+        if (!l->inbox)
+            l->inbox_tail = NULL;
+        l->inbox_bytes -= ch->len + CHUNK_COST;
+        l->head_set = 0;
+        if (!ch->len) {
+            free(ch);
+            l->eof_pending = 1;
+            return maybe_eof(c, k, li);
+        }
+        int r = send_fresh(c, k, li, ch->data, ch->len);
+        free(ch);
+        if (r < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* Release what is due on every listed lane, then arm the timerfd at the earliest due
+ * time left (a lane frozen or holding bytes waits for thaw or EPOLLOUT instead). */
+static void run_timers(CoreObject *c) {
+    double now = now_s(), next = 0;
+    int j = 0;
+    for (int i = 0; i < c->ntimed; i++) {
+        LinkObject *k = c->timed[i].k;
+        if (!k)
+            continue;
+        lane_t *l = &k->lanes[c->timed[i].li];
+        if (!l->to_trio && l->inbox && release_due(c, k, c->timed[i].li, now) == 0)
+            rearm(c, k); /* reading may go on: the inbox is below its bound again */
+        if (!c->timed[i].k) /* the link ended meanwhile */
+            continue;
+        if (l->to_trio || !l->inbox) {
+            l->listed = 0;
+            continue;
+        }
+        if (l->open && !l->held && !l->piped && l->head_set && (!next || l->head_due < next))
+            next = l->head_due;
+        c->timed[j++] = c->timed[i];
+    }
+    c->ntimed = j;
+    if (next != c->armed && c->tfd >= 0) {
+        struct itimerspec its;
+        memset(&its, 0, sizeof its);
+        if (next) {
+            its.it_value.tv_sec = (time_t)next;
+            its.it_value.tv_nsec = (long)((next - (double)(time_t)next) * 1e9);
+            if (!its.it_value.tv_sec && !its.it_value.tv_nsec)
+                its.it_value.tv_nsec = 1; /* 0 would disarm it */
+        }
+        (void)timerfd_settime(c->tfd, TFD_TIMER_ABSTIME, &its, NULL);
+        c->armed = next;
+    }
+}
+
 /* Write what the lane holds (gate open). -1: the link ended. */
 static int flush(CoreObject *c, LinkObject *k, int li) {
     lane_t *l = &k->lanes[li];
@@ -418,6 +569,8 @@ static int flush(CoreObject *c, LinkObject *k, int li) {
             l->waiting = 0;
             post(c, k, EV_DRAINED, li);
         }
+        if (!l->to_trio && l->inbox) /* a stage's queue: on with what is due */
+            return release_due(c, k, li, now_s());
         return maybe_eof(c, k, li);
     }
     return 0;
@@ -449,14 +602,23 @@ static int for_trio(CoreObject *c, LinkObject *k, int li, size_t n) {
         l->inbox = ch;
     l->inbox_tail = ch;
     l->inbox_bytes += n + CHUNK_COST;
-    if (!l->notified) {
+    if (!n)
+        l->eof_read = 1;
+    if (!l->to_trio) { /* a compiled stage's: what is due now goes now, the rest waits */
+        if (release_due(c, k, li, ch->t) < 0)
+            return -1;
+        if (l->inbox && list_timed(c, k, li) < 0) {
+            contain(c, k, "realloc", ENOMEM);
+            return -1;
+        }
+        if (l->held)
+            return 0;
+    } else if (!l->notified) {
         l->notified = 1;
         post(c, k, EV_CHUNKS, li);
     }
-    if (!n) {
-        l->eof_read = 1;
+    if (!n)
         return 0;
-    }
     return (n == COPY_CHUNK || l->rdhup) && l->inbox_bytes < INBOX_BYTES;
 }
 
@@ -521,7 +683,7 @@ static int read_lane(CoreObject *c, LinkObject *k, int li) {
         int more;
         if (c->widen_us)
             usleep(c->widen_us);
-        if (l->burst && !l->to_trio) {
+        if (l->burst && !queued(l)) {
             more = splice_once(c, k, li);
         } else {
             ssize_t n = read(l->src, c->buf, COPY_CHUNK);
@@ -531,7 +693,7 @@ static int read_lane(CoreObject *c, LinkObject *k, int li) {
                 fail(c, k, li, errno);
                 return -1;
             }
-            more = l->to_trio ? for_trio(c, k, li, (size_t)n) : took(c, k, li, (size_t)n);
+            more = queued(l) ? for_trio(c, k, li, (size_t)n) : took(c, k, li, (size_t)n);
         }
         if (more <= 0)
             return more;
@@ -606,7 +768,7 @@ static void ready(CoreObject *c, int fd) {
     int s = fd == k->fds[0] ? 0 : 1;
     lane_t *r = &k->lanes[s], *w = &k->lanes[1 - s];
     if (!(r->open && !r->held && !w->held && !r->piped && !w->piped && !r->eof_read &&
-          !r->to_trio && !r->burst && !r->rdhup && !k->connecting && !k->fail_next)) {
+          !queued(r) && !r->burst && !r->rdhup && !k->connecting && !k->fail_next)) {
         handle(c, k, s);
         return;
     }
@@ -673,6 +835,9 @@ static void *run(void *arg) {
     sigset_t all;
     sigfillset(&all);
     pthread_sigmask(SIG_BLOCK, &all, NULL); /* signals are the Python main thread's */
+    /* A timer of this thread (the stages' timerfd) fires within 1 us of its time, not
+     * the default 50 us slack. */
+    (void)prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
     int timeout = -1;
     for (;;) {
         int n = epoll_wait(c->ep, evs, MAX_EVENTS, timeout);
@@ -692,6 +857,16 @@ static void *run(void *arg) {
                 }
                 continue;
             }
+            if (fd == c->tfd) {
+                uint64_t v;
+                if (read(fd, &v, sizeof v) < 0) {
+                    /* EAGAIN: re-armed meanwhile */
+                }
+                pthread_mutex_lock(&c->mu);
+                c->armed = 0; /* fired: run_timers arms it again, even for the same time */
+                pthread_mutex_unlock(&c->mu);
+                continue;
+            }
             pthread_mutex_lock(&c->mu);
             note_hup(c, fd, evs[i].events);
             ready(c, fd);
@@ -701,6 +876,8 @@ static void *run(void *arg) {
         pthread_mutex_lock(&c->mu);
         if (c->nagain)
             service_again(c);
+        if (c->ntimed || c->armed)
+            run_timers(c);
         if (c->nconn)
             timeout = expire(c);
         if (c->nagain)
@@ -736,7 +913,7 @@ static void *run(void *arg) {
 static PyObject *core_new(PyTypeObject *type, PyObject *args, PyObject *kw) {
     CoreObject *c = (CoreObject *)type->tp_alloc(type, 0);
     if (c)
-        c->ep = c->wake = c->notify = c->hold_fd = -1;
+        c->ep = c->wake = c->notify = c->hold_fd = c->tfd = -1;
     return (PyObject *)c;
 }
 
@@ -756,13 +933,16 @@ static int core_init(CoreObject *c, PyObject *args, PyObject *kw) {
     c->ep = epoll_create1(EPOLL_CLOEXEC);
     c->wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     c->notify = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    c->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     c->buf = malloc(COPY_CHUNK);
-    if (c->ep < 0 || c->wake < 0 || c->notify < 0 || !c->buf) {
+    if (c->ep < 0 || c->wake < 0 || c->notify < 0 || c->tfd < 0 || !c->buf) {
         PyErr_SetFromErrno(PyExc_OSError);
         return -1;
     }
     struct epoll_event ev = {.events = EPOLLIN, .data.fd = c->wake};
-    if (epoll_ctl(c->ep, EPOLL_CTL_ADD, c->wake, &ev) < 0) {
+    struct epoll_event tev = {.events = EPOLLIN, .data.fd = c->tfd};
+    if (epoll_ctl(c->ep, EPOLL_CTL_ADD, c->wake, &ev) < 0 ||
+        epoll_ctl(c->ep, EPOLL_CTL_ADD, c->tfd, &tev) < 0) {
         PyErr_SetFromErrno(PyExc_OSError);
         return -1;
     }
@@ -790,6 +970,9 @@ static void core_dealloc(CoreObject *c) {
         close(c->wake);
     if (c->notify >= 0)
         close(c->notify);
+    if (c->tfd >= 0)
+        close(c->tfd);
+    free(c->timed);
     for (int i = 0; i < c->npipes; i++) {
         close(c->pipes[i][0]);
         close(c->pipes[i][1]);
@@ -977,6 +1160,7 @@ static PyObject *core_settle(CoreObject *c, PyObject *unused) {
                 service(c, evs[i].data.fd);
             }
         service_again(c);
+        run_timers(c);
     }
     pthread_mutex_unlock(&c->mu);
     Py_END_ALLOW_THREADS
@@ -1206,6 +1390,7 @@ static PyObject *link_thaw(LinkObject *k, PyObject *arg) {
             if (!k->ended)
                 maybe_eof(c, k, s); /* an EOF due once nothing is held */
         }
+        run_timers(c); /* a stage's queue: what fell due while frozen goes now */
         rearm(c, k);
     });
     Py_RETURN_NONE;
@@ -1253,8 +1438,91 @@ static PyObject *link_to_trio(LinkObject *k, PyObject *arg) {
     int li = lane_arg(arg);
     if (li < 0)
         return NULL;
-    LOCKED(k->core, k->lanes[li].to_trio = 1);
+    CoreObject *c = k->core;
+    LOCKED(c, {
+        lane_t *l = &k->lanes[li];
+        if (!l->to_trio) {
+            /* Off a compiled stage: what it queued goes to trio's chain with its read
+             * times; the head's draw, if one was made, is undone (trio draws it again). */
+            l->to_trio = 1;
+            l->stage = STAGE_NONE;
+            if (l->head_set && l->head_drew)
+                l->draws -= DRAW_GAMMA;
+            l->head_set = 0;
+            if (l->inbox && !l->notified && !k->ended) {
+                l->notified = 1;
+                post(c, k, EV_CHUNKS, li);
+            }
+        }
+    });
     Py_RETURN_NONE;
+}
+
+/* _set_stage(lane, kind, latency_ms, jitter_ms): the lane's compiled stage from now on
+ * (kind STAGE_NONE: none; what it queued then leaves at once, in order). A chunk whose
+ * delay was drawn keeps it, as in the Python toxic (where that chunk is asleep). */
+static PyObject *link_set_stage(LinkObject *k, PyObject *args) {
+    NEED_CORE(k);
+    int li, kind;
+    double lat, jit;
+    if (!PyArg_ParseTuple(args, "iidd", &li, &kind, &lat, &jit))
+        return NULL;
+    if ((li != 0 && li != 1) || (kind != STAGE_NONE && kind != STAGE_LATENCY)) {
+        PyErr_SetString(PyExc_ValueError, "lane must be 0 or 1, kind a STAGE_ constant");
+        return NULL;
+    }
+    CoreObject *c = k->core;
+    LOCKED(c, {
+        lane_t *l = &k->lanes[li];
+        if (kind == STAGE_NONE) /* removed: the chunk it held goes too (as Toxiproxy's) */
+            l->head_set = 0;
+        l->stage = kind;
+        l->lat_ms = lat;
+        l->jit_ms = jit;
+        if (!k->ended && !l->to_trio && l->inbox) {
+            if (list_timed(c, k, li) < 0)
+                contain(c, k, "realloc", ENOMEM);
+            run_timers(c);
+            rearm(c, k);
+        }
+    });
+    Py_RETURN_NONE;
+}
+
+/* _queued(lane): the bytes the lane's inbox holds, as counted against INBOX_BYTES. */
+static PyObject *link_queued(LinkObject *k, PyObject *arg) {
+    NEED_CORE(k);
+    int li = lane_arg(arg);
+    if (li < 0)
+        return NULL;
+    size_t n;
+    LOCKED(k->core, n = k->lanes[li].inbox_bytes);
+    return PyLong_FromSize_t(n);
+}
+
+/* _stage_draws(lane[, state]): the lane's generator state (set it first if given). */
+static PyObject *link_stage_draws(LinkObject *k, PyObject *args) {
+    NEED_CORE(k);
+    int li;
+    PyObject *state = NULL;
+    if (!PyArg_ParseTuple(args, "i|O", &li, &state))
+        return NULL;
+    if (li != 0 && li != 1) {
+        PyErr_SetString(PyExc_ValueError, "lane must be 0 or 1");
+        return NULL;
+    }
+    uint64_t set = 0, got;
+    if (state) {
+        set = PyLong_AsUnsignedLongLongMask(state);
+        if (PyErr_Occurred())
+            return NULL;
+    }
+    LOCKED(k->core, {
+        if (state)
+            k->lanes[li].draws = set;
+        got = k->lanes[li].draws;
+    });
+    return PyLong_FromUnsignedLongLong(got);
 }
 
 /* Back from trio to the plane: 0 (nothing changed) while chunks read for trio wait in
@@ -1271,13 +1539,17 @@ static PyObject *link_to_plane(LinkObject *k, PyObject *arg) {
     int done;
     LOCKED(c, {
         lane_t *l = &k->lanes[li];
-        if (l->inbox) {
+        if (l->inbox && !l->stage) {
             done = 0;
-        } else {
+        } else { /* with a stage, what trio has not taken is the stage's to deliver */
             done = 1;
             l->to_trio = l->waiting = l->notified = 0;
-            if (!k->ended && !k->connecting)
+            if (l->inbox && list_timed(c, k, li) < 0)
+                contain(c, k, "realloc", ENOMEM);
+            if (!k->ended && !k->connecting) {
                 handle(c, k, li);
+                run_timers(c);
+            }
         }
     });
     return PyBool_FromLong(done);
@@ -1436,6 +1708,9 @@ static PyMethodDef link_methods[] = {
     {"_take", (PyCFunction)link_take, METH_VARARGS, ""},
     {"_offer", (PyCFunction)link_offer, METH_VARARGS, ""},
     {"_offer_eof", (PyCFunction)link_offer_eof, METH_O, ""},
+    {"_set_stage", (PyCFunction)link_set_stage, METH_VARARGS, ""},
+    {"_stage_draws", (PyCFunction)link_stage_draws, METH_VARARGS, ""},
+    {"_queued", (PyCFunction)link_queued, METH_O, "Bytes queued in the lane's inbox."},
     {"_fail_next", (PyCFunction)link_fail_next, METH_NOARGS,
      "Debug: the next handling of this link meets a bug (ERROR)."},
     {NULL}};
@@ -1460,10 +1735,33 @@ static PyTypeObject LinkType = {
     .tp_getset = link_getset,
 };
 
+/* draws(seed, n, a, b): n uniform draws in [a, b) from splitmix64 seeded *seed* (the
+ * test that faultnet/toxics/draws.py draws the same). */
+static PyObject *module_draws(PyObject *m, PyObject *args) {
+    unsigned long long seed;
+    int n;
+    double a, b;
+    if (!PyArg_ParseTuple(args, "Kidd", &seed, &n, &a, &b))
+        return NULL;
+    uint64_t state = seed;
+    PyObject *out = PyList_New(0);
+    for (int i = 0; out && i < n; i++) {
+        PyObject *f = PyFloat_FromDouble(draw_uniform(&state, a, b));
+        if (!f || PyList_Append(out, f) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(f);
+    }
+    return out;
+}
+
+static PyMethodDef module_methods[] = {
+    {"draws", module_draws, METH_VARARGS, "draws(seed, n, a, b): the stages' generator."},
+    {NULL}};
+
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "faultnet.planes._native",
-    "The native data plane's forwarding core (see faultnet/planes/native.py).", -1, NULL, NULL, NULL, NULL,
-    NULL};
+    "The native data plane's forwarding core (see faultnet/planes/native.py).", -1, module_methods,
+    NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&LinkType) < 0 || PyType_Ready(&CoreType) < 0)
@@ -1485,5 +1783,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "COPY_CHUNK", COPY_CHUNK);
     PyModule_AddIntConstant(m, "INBOX_BYTES", INBOX_BYTES);
     PyModule_AddIntConstant(m, "CHUNK_COST", CHUNK_COST);
+    PyModule_AddIntConstant(m, "STAGE_NONE", STAGE_NONE);
+    PyModule_AddIntConstant(m, "STAGE_LATENCY", STAGE_LATENCY);
     return m;
 }

@@ -37,7 +37,14 @@ calls it would cost a second GIL hand-off per batch for nothing.
 behind the link's last event; :meth:`Plane._deliver` drops the reference once the batch
 is built, so no event ever points at a freed link.
 
-**The toxic path** stays in Python: :class:`faultnet.proxy._toxiclink.ToxicLink` drives it
+**Compiled stages.** The latency toxic (with jitter) runs on the thread when a stream's
+chain is that one toxic (:meth:`Link.set_stage`): the lane's inbox is then the stage's
+queue, each chunk due at its read time plus its delay (drawn when it comes to the head,
+from the same splitmix64 as :mod:`faultnet.toxics.draws`); one timerfd in the epoll is
+armed at the earliest due time among the lanes that wait (timer slack 1 us: epoll_wait's
+own timeout has millisecond steps). Reading stops at INBOX_BYTES, as for trio.
+
+**The toxic path** stays in Python for every other chain: :class:`faultnet.proxy._toxiclink.ToxicLink` drives it
 through :meth:`Link.take_timed` / :meth:`Link.offer` / :meth:`Link.offer_eof`, which are C
 calls; each chunk carries its CLOCK_MONOTONIC read time, the inbox is bounded in bytes
 (INBOX_BYTES), and :meth:`Link.to_plane` hands an emptied lane back to the C path.
@@ -169,6 +176,28 @@ class Link(_Base):
         """Back to the fast path, unless chunks wait for trio (False: take them first)."""
         done: bool = self._to_plane(_INDEX[stream])
         return done
+
+    def set_stage(
+        self, stream: str, stage: tuple[str, float, float] | None, draws: int | None = None
+    ) -> bool:
+        """The lane's compiled stage (see :meth:`faultnet.planes.Link.set_stage`): the
+        latency toxic, its delays drawn on the thread (``release_due`` in the C)."""
+        lane = _INDEX[stream]
+        if stage is None:
+            self._set_stage(lane, _native.STAGE_NONE, 0.0, 0.0)
+            return True
+        kind, latency_ms, jitter_ms = stage
+        if kind != "latency":
+            return False
+        if draws is not None:
+            self._stage_draws(lane, draws)
+        self._set_stage(lane, _native.STAGE_LATENCY, latency_ms, jitter_ms)
+        return True
+
+    def stage_draws(self, stream: str) -> int:
+        """The generator state of the lane's stage."""
+        state: int = self._stage_draws(_INDEX[stream])
+        return state
 
     def take(self, stream: str) -> list[bytes]:
         """The chunks read for trio so far (b"" is the EOF), and re-arm the reader."""

@@ -306,6 +306,15 @@ class Link:
                 self.plane._service([lane.src_fd])
             return True
 
+    def set_stage(
+        self, stream: str, stage: tuple[str, float, float] | None, draws: int | None = None
+    ) -> bool:
+        """This plane compiles no stage: False for any, so the chain stays in trio."""
+        return stage is None
+
+    def stage_draws(self, stream: str) -> int:
+        return 0
+
     def take(self, stream: str) -> list[bytes]:
         """The chunks read for trio so far (b"" is the EOF), and re-arm the reader."""
         return [data for data, _ in self.take_timed(stream)]

@@ -520,6 +520,13 @@ class Connection:
                 for s in stage.streams:
                     self.toxic_links[s].start(self._nursery)
 
+    def toxic_updated(self, name: str) -> None:
+        """*name*'s attributes changed: a stage the plane runs compiled is told."""
+        stage = self.stages.get(name)
+        if stage is not None:
+            for s in stage.streams:
+                self.toxic_links[s].retune()
+
     def detach_toxic(self, name: str) -> None:
         stage = self.stages.pop(name, None)
         if stage is not None:

@@ -818,6 +818,8 @@ class Proxy(ProxyBase):
         toxic = self.get_toxic(name)
         if attributes:
             toxic.update(attributes)
+            for c in list(self._connections.values()):
+                c.toxic_updated(name)  # a compiled stage reads its attributes from here
         if toxicity is not None:
             toxic.toxicity = toxicity
         self.log.write(

@@ -19,10 +19,21 @@ of that stream owns what happens next, apart from the connection:
 * its wake-ups: the plane's CHUNKS and DRAINED, a thaw, a change of chain.
 
 The same code serves every plane: it asks nothing of a plane but the interface.
+
+**Compiled stages.** When the chain is one toxic with a compiled form
+(:meth:`~faultnet.toxics.base.Toxic.compiled`: latency) and the plane has that stage
+(:meth:`~faultnet.planes.Link.set_stage`: the native plane), the task hands the stream
+back to the plane with the stage set and ends: the plane delays the chunks itself, and
+the toxic's generator state goes with it (and comes back if the chain leaves that form).
+An attribute update reaches the stage through :meth:`ToxicLink.retune`; a rebuilt chain
+of another form takes the stream back to trio (or, empty, to the plain fast path).
+``FAULTNET_COMPILED_STAGES=0`` keeps every chain in trio (the reference the differential
+test compares the compiled stages with).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Protocol
 
 import trio
@@ -31,8 +42,12 @@ from faultnet.planes import Link
 from faultnet.toxics.base import Toxic
 from faultnet.toxics.chain import ToxicChain, ToxicStage
 from faultnet.toxics.clock import monotonic_offset
+from faultnet.toxics.draws import draws_of
 
-__all__ = ["ChainSource", "ToxicLink"]
+__all__ = ["COMPILED_STAGES_ENV", "ChainSource", "ToxicLink"]
+
+#: Set to ``0`` to keep every chain in trio (no compiled stage), read per connection.
+COMPILED_STAGES_ENV = "FAULTNET_COMPILED_STAGES"
 
 
 class ChainSource(Protocol):
@@ -65,6 +80,9 @@ class ToxicLink:
         self._yielded = False
         #: Chunks taken from the plane are still in the chain (not all written).
         self.holding = False
+        #: The stage the plane runs compiled for this stream (None: trio runs the chain).
+        self.compiled: ToxicStage | None = None
+        self._may_compile = os.environ.get(COMPILED_STAGES_ENV, "1") != "0"
 
     # -- the connection's side --
 
@@ -72,9 +90,60 @@ class ToxicLink:
         """Take the chain as the connection's toxics now make it, and wake the task (an
         EOF a removed toxic held goes through; see :meth:`_eof`)."""
         self.chain = self._source.build_chain(self.stream)
+        if self.compiled is not None:
+            self.retune()
         self.changed.set()
         self.changed = trio.Event()
         self.wake()
+
+    def retune(self) -> None:
+        """While the plane runs the chain compiled: give it the chain's form as of now
+        (an attribute changed), or take the stream off the stage: to trio if the chain
+        has another form (the caller starts the task: the connection's ``_put_on_path``),
+        to the plain fast path if it is empty (what the stage queued goes out first)."""
+        old, link = self.compiled, self.plane
+        if old is None or link is None:
+            return
+        wanted = self._compilable()
+        if wanted is not None:
+            form = wanted.toxic.compiled()
+            draws = None
+            if wanted is not old:  # another toxic of that form: the generator is its own
+                draws_of(old.state, old.rng).state = link.stage_draws(self.stream)
+                draws = draws_of(wanted.state, wanted.rng).state
+            if form is not None and link.set_stage(self.stream, form, draws):
+                self.compiled = wanted
+                return
+        # Off the stage: its generator state comes back to the Python toxic.
+        self.compiled = None
+        if self.chain.stages:
+            link.to_trio(self.stream)  # the stage's queue goes to trio, read times kept
+        else:
+            link.set_stage(self.stream, None)
+        draws_of(old.state, old.rng).state = link.stage_draws(self.stream)
+
+    def _compilable(self) -> ToxicStage | None:
+        """The chain's one stage, if the plane may run it compiled."""
+        if not self._may_compile or len(self.chain.stages) != 1:
+            return None
+        stage = self.chain.stages[0]
+        return stage if stage.peer is None and stage.toxic.compiled() is not None else None
+
+    def _to_stage(self) -> bool:
+        """Hand the stream to the plane's compiled stage, if the chain has that form and
+        the plane that stage: True when it did (the task then ends)."""
+        link, stage = self.plane, self._compilable()
+        if link is None or stage is None:
+            return False
+        form = stage.toxic.compiled()
+        draws = draws_of(stage.state, stage.rng)
+        if form is None or not link.set_stage(self.stream, form, draws.state):
+            return False
+        if not link.to_plane(self.stream):  # with a stage set it always takes the lane
+            link.set_stage(self.stream, None)
+            return False
+        self.compiled = stage
+        return True
 
     def wake(self) -> None:
         """The plane has chunks, its held bytes drained, or the gate opened: look again."""
@@ -122,6 +191,9 @@ class ToxicLink:
         link = self.plane
         try:
             while True:
+                # Every chunk taken has been through the chain: the plane may run it now.
+                if self._to_stage():
+                    return
                 woken = self._woken  # taken before looking: no lost wake-up
                 chunks = link.take_timed(self.stream)
                 if not chunks:

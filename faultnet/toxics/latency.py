@@ -7,6 +7,7 @@ import trio
 from faultnet.toxics._attributes import Attribute, AttributeToxic
 from faultnet.toxics.base import ToxicContext
 from faultnet.toxics.clock import sleep_until_precisely
+from faultnet.toxics.draws import draws_of
 from faultnet.toxics.registry import register
 
 __all__ = ["Latency"]
@@ -19,8 +20,13 @@ class Latency(AttributeToxic):
     The delay is measured from when the proxy read the chunk (``t_read``), so a stream of
     chunks is pipelined: chunks read 1 ms apart leave about 1 ms apart. With jitter, each
     chunk's delay is drawn uniformly from ``[latency - jitter, latency + jitter]`` (never
-    below 0) with the connection's seeded rng; a chunk that would be due before the one
-    ahead of it leaves right after it instead (one writer, so order is kept).
+    below 0) from the stage's seeded :class:`~faultnet.toxics.draws.Draws`; a chunk that
+    would be due before the one ahead of it leaves right after it instead (one writer, so
+    order is kept).
+
+    Compiled: on the native plane a chain of this one toxic runs as a stage on the
+    plane's thread (:meth:`compiled`), the same delays from the same draws; this method
+    is the reference and the other planes' path.
     """
 
     type = "latency"
@@ -31,10 +37,14 @@ class Latency(AttributeToxic):
     latency: int
     jitter: int
 
+    def compiled(self) -> tuple[str, float, float]:
+        """This toxic as a plane's compiled stage: (kind, latency ms, jitter ms)."""
+        return ("latency", float(self.latency), float(self.jitter))
+
     async def on_chunk(self, ctx: ToxicContext, data: bytes, t_read: float) -> None:
         delay_ms = float(self.latency)
         if self.jitter > 0:
-            delay_ms += ctx.rng.uniform(-self.jitter, self.jitter)
+            delay_ms += draws_of(ctx.state, ctx.rng).uniform(-self.jitter, self.jitter)
         due = t_read + max(delay_ms, 0.0) / 1000
         if due > trio.current_time():
             await sleep_until_precisely(due)  # trio's own timer: up to +1 ms

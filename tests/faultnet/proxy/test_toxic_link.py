@@ -3,6 +3,10 @@
 Once a stream's chain is empty and every chunk the plane read for trio has been handed
 on, the stream leaves the toxic path (:meth:`faultnet.planes.Link.to_plane`): bytes in
 flight at the switch arrive intact and in order, and a half-close is still forwarded.
+
+These tests are of the trio path, so compiled stages are off here (the native plane
+would run the latency toxic itself): tests/faultnet/planes/test_compiled_stages.py has
+the same switches with the stage compiled.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import trio
 import trio.testing
 
 from faultnet.proxy import Proxy
+from faultnet.proxy._toxiclink import COMPILED_STAGES_ENV
 from faultnet.seeds import derive_seed
 from faultnet.testing import open_link, wait_until
 from faultnet.toxics import Latency
@@ -22,6 +27,11 @@ from faultnet.toxics import Latency
 pytestmark = pytest.mark.usefixtures("each_plane")
 
 PIECE, PIECES = 1024, 300
+
+
+@pytest.fixture(autouse=True)
+def trio_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(COMPILED_STAGES_ENV, "0")
 
 
 def pattern(n: int) -> bytes:
