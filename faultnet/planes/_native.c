@@ -76,6 +76,7 @@ typedef struct chunk {
     struct chunk *next;
     double t; /* CLOCK_MONOTONIC seconds when the plane read it */
     size_t len;
+    size_t off; /* bytes of it a compiled stage has written (bandwidth's pieces) */
     char data[];
 } chunk;
 
@@ -97,16 +98,22 @@ typedef struct {
     int notified, waiting;
     /* A compiled stage (see release_due): the inbox is this thread's delay queue while
      * the lane is not to_trio. stage: STAGE_NONE (queued chunks leave at once: what a
-     * removed toxic left), STAGE_LATENCY (lat_ms + a uniform draw of +- jit_ms). */
+     * removed toxic left), STAGE_LATENCY (lat_ms + a uniform draw of +- jit_ms),
+     * STAGE_BANDWIDTH (rate_kbps: pieces of at most PIECE_SECONDS' worth, each due when
+     * the stream's virtual clock has "transmitted" it). */
     int stage;
-    double lat_ms, jit_ms;
+    double lat_ms, jit_ms, rate_kbps;
+    double clock;     /* bandwidth: when the last piece was due (0: idle, no credit) */
+    size_t piece;     /* the bytes of the head chunk due at head_due */
     uint64_t draws;   /* the splitmix64 state (faultnet/toxics/draws.py: the same) */
     double head_due;  /* when the inbox's first chunk is due, once head_set */
     int head_set, head_drew;
     int listed;       /* in the core's timed list */
 } lane_t;
 
-enum { STAGE_NONE = 0, STAGE_LATENCY = 1 };
+enum { STAGE_NONE = 0, STAGE_LATENCY = 1, STAGE_BANDWIDTH = 2 };
+/* Bandwidth's pieces: at most this much transmission time each (as bandwidth.py). */
+#define PIECE_SECONDS 0.1
 
 struct CoreObject;
 
@@ -463,6 +470,7 @@ static int release_due(CoreObject *c, LinkObject *k, int li, double now) {
         if (!l->head_set) {
             double due = ch->t;
             l->head_drew = 0;
+            l->piece = ch->len - ch->off;
             if (ch->len && l->stage == STAGE_LATENCY) {
                 double ms = l->lat_ms;
                 if (l->jit_ms > 0) {
@@ -470,26 +478,41 @@ static int release_due(CoreObject *c, LinkObject *k, int li, double now) {
                     l->head_drew = 1;
                 }
                 due += (ms > 0 ? ms : 0) / 1000;
+            } else if (ch->len && l->stage == STAGE_BANDWIDTH && l->rate_kbps > 0) {
+                double bps = l->rate_kbps * 1000;
+                size_t most = (size_t)(bps * PIECE_SECONDS);
+                if (l->piece > (most ? most : 1))
+                    l->piece = most ? most : 1;
+                due = (l->clock > ch->t ? l->clock : ch->t) + (double)l->piece / bps;
+            } else {
+                l->clock = 0; /* unlimited: no virtual clock runs */
             }
             l->head_due = due;
             l->head_set = 1;
         }
         if (l->head_due > now + 1e-6)
             return 0;
+        l->head_set = 0;
+        if (ch->len) {
+            int r = send_fresh(c, k, li, ch->data + ch->off, l->piece);
+            ch->off += l->piece;
+            if (l->stage == STAGE_BANDWIDTH && l->rate_kbps > 0)
+                l->clock = l->head_due;
+            if (r < 0)
+                return -1;
+            if (ch->off < ch->len)
+                continue; /* its next piece */
+        }
         l->inbox = ch->next;
         if (!l->inbox)
             l->inbox_tail = NULL;
         l->inbox_bytes -= ch->len + CHUNK_COST;
-        l->head_set = 0;
         if (!ch->len) {
             free(ch);
             l->eof_pending = 1;
             return maybe_eof(c, k, li);
         }
-        int r = send_fresh(c, k, li, ch->data, ch->len);
         free(ch);
-        if (r < 0)
-            return -1;
     }
     return 0;
 }
@@ -595,6 +618,7 @@ static int for_trio(CoreObject *c, LinkObject *k, int li, size_t n) {
     ch->next = NULL;
     ch->t = now_s(); /* the read just returned: the latency toxic counts from here */
     ch->len = n;
+    ch->off = 0;
     memcpy(ch->data, c->buf, n);
     if (l->inbox_tail)
         l->inbox_tail->next = ch;
@@ -1458,7 +1482,8 @@ static PyObject *link_to_trio(LinkObject *k, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-/* _set_stage(lane, kind, latency_ms, jitter_ms): the lane's compiled stage from now on
+/* _set_stage(lane, kind, a, b): the lane's compiled stage from now on: latency (a ms,
+ * jitter b ms) or bandwidth (a KB/s, b unused)
  * (kind STAGE_NONE: none; what it queued then leaves at once, in order). A chunk whose
  * delay was drawn keeps it, as in the Python toxic (where that chunk is asleep). */
 static PyObject *link_set_stage(LinkObject *k, PyObject *args) {
@@ -1467,7 +1492,7 @@ static PyObject *link_set_stage(LinkObject *k, PyObject *args) {
     double lat, jit;
     if (!PyArg_ParseTuple(args, "iidd", &li, &kind, &lat, &jit))
         return NULL;
-    if ((li != 0 && li != 1) || (kind != STAGE_NONE && kind != STAGE_LATENCY)) {
+    if ((li != 0 && li != 1) || kind < STAGE_NONE || kind > STAGE_BANDWIDTH) {
         PyErr_SetString(PyExc_ValueError, "lane must be 0 or 1, kind a STAGE_ constant");
         return NULL;
     }
@@ -1476,9 +1501,15 @@ static PyObject *link_set_stage(LinkObject *k, PyObject *args) {
         lane_t *l = &k->lanes[li];
         if (kind == STAGE_NONE) /* removed: the chunk it held goes too (as Toxiproxy's) */
             l->head_set = 0;
+        if (kind != l->stage)
+            l->clock = 0; /* a new stage starts with no backlog */
         l->stage = kind;
-        l->lat_ms = lat;
-        l->jit_ms = jit;
+        if (kind == STAGE_BANDWIDTH) {
+            l->rate_kbps = lat;
+        } else {
+            l->lat_ms = lat;
+            l->jit_ms = jit;
+        }
         if (!k->ended && !l->to_trio && l->inbox) {
             if (list_timed(c, k, li) < 0)
                 contain(c, k, "realloc", ENOMEM);
@@ -1581,7 +1612,8 @@ static PyObject *link_take(LinkObject *k, PyObject *args) {
     while (got) {
         chunk *next = got->next;
         if (out) {
-            PyObject *b = PyBytes_FromStringAndSize(got->data, (Py_ssize_t)got->len);
+            PyObject *b =
+                PyBytes_FromStringAndSize(got->data + got->off, (Py_ssize_t)(got->len - got->off));
             if (b && timed) {
                 PyObject *pair = Py_BuildValue("(Nd)", b, got->t);
                 b = pair;
@@ -1785,5 +1817,6 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "CHUNK_COST", CHUNK_COST);
     PyModule_AddIntConstant(m, "STAGE_NONE", STAGE_NONE);
     PyModule_AddIntConstant(m, "STAGE_LATENCY", STAGE_LATENCY);
+    PyModule_AddIntConstant(m, "STAGE_BANDWIDTH", STAGE_BANDWIDTH);
     return m;
 }

@@ -12,6 +12,7 @@ INBOX_BYTES: int
 CHUNK_COST: int
 STAGE_NONE: int
 STAGE_LATENCY: int
+STAGE_BANDWIDTH: int
 
 def draws(seed: int, n: int, a: float, b: float, /) -> list[float]: ...
 

@@ -37,8 +37,8 @@ calls it would cost a second GIL hand-off per batch for nothing.
 behind the link's last event; :meth:`Plane._deliver` drops the reference once the batch
 is built, so no event ever points at a freed link.
 
-**Compiled stages.** The latency toxic (with jitter) runs on the thread when a stream's
-chain is that one toxic (:meth:`Link.set_stage`): the lane's inbox is then the stage's
+**Compiled stages.** The latency toxic (with jitter) and the bandwidth toxic run on the
+thread when a stream's chain is that one toxic (:meth:`Link.set_stage`): the lane's inbox is then the stage's
 queue, each chunk due at its read time plus its delay (drawn when it comes to the head,
 from the same splitmix64 as :mod:`faultnet.toxics.draws`); one timerfd in the epoll is
 armed at the earliest due time among the lanes that wait (timer slack 1 us: epoll_wait's
@@ -92,6 +92,12 @@ _KINDS: dict[int, str] = (
     }
     if AVAILABLE
     else {}
+)
+
+
+#: The toxics the thread runs as compiled stages (``Toxic.compiled()``'s kind -> the C's).
+_STAGE_KINDS: dict[str, int] = (
+    {"latency": _native.STAGE_LATENCY, "bandwidth": _native.STAGE_BANDWIDTH} if AVAILABLE else {}
 )
 
 
@@ -186,12 +192,13 @@ class Link(_Base):
         if stage is None:
             self._set_stage(lane, _native.STAGE_NONE, 0.0, 0.0)
             return True
-        kind, latency_ms, jitter_ms = stage
-        if kind != "latency":
+        kind, a, b = stage
+        code = _STAGE_KINDS.get(kind)
+        if code is None:
             return False
         if draws is not None:
             self._stage_draws(lane, draws)
-        self._set_stage(lane, _native.STAGE_LATENCY, latency_ms, jitter_ms)
+        self._set_stage(lane, code, a, b)
         return True
 
     def stage_draws(self, stream: str) -> int:

@@ -22,6 +22,10 @@ class Bandwidth(AttributeToxic):
     Each piece leaves when the virtual clock of the stream says its bytes have been
     "transmitted": the clock starts at the chunk's read time or where the previous piece
     left off, whichever is later, so an idle stream earns no burst credit.
+
+    Compiled: on the native plane a chain of this one toxic runs on the plane's thread
+    (the same pieces and clock, its timer to the microsecond); the clock starts afresh
+    when the chain moves between trio and the plane.
     """
 
     type = "bandwidth"
@@ -29,6 +33,10 @@ class Bandwidth(AttributeToxic):
         Attribute("rate", 0, "rate limit in KB/s, KB = 1000 bytes; <= 0 is unlimited", INT64_MIN),
     )
     rate: int
+
+    def compiled(self) -> tuple[str, float, float]:
+        """This toxic as a plane's compiled stage: (kind, rate KB/s, unused)."""
+        return ("bandwidth", float(self.rate), 0.0)
 
     async def on_chunk(self, ctx: ToxicContext, data: bytes, t_read: float) -> None:
         pos = 0
