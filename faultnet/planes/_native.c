@@ -68,6 +68,9 @@
 /* Idle pipes kept for the next burst. */
 #define PIPE_KEEP 64
 #define TCP_STATE_SYN_SENT 2
+/* epoll data of the core's own descriptors (a link's sockets are their fds, >= 0). */
+#define WAKE_ID (-1)
+#define TIMER_ID (-2)
 
 enum { EV_RESET, EV_DONE, EV_CHUNKS, EV_DRAINED, EV_ERROR, EV_UPSTREAM_FAILED, EV_RELEASE };
 enum { UP = 0, DOWN = 1 };
@@ -97,10 +100,10 @@ typedef struct {
     size_t inbox_bytes;        /* their cost against INBOX_BYTES */
     int notified, waiting;
     /* A compiled stage (see release_due): the inbox is this thread's delay queue while
-     * the lane is not to_trio. stage: STAGE_NONE (queued chunks leave at once: what a
-     * removed toxic left), STAGE_LATENCY (lat_ms + a uniform draw of +- jit_ms),
-     * STAGE_BANDWIDTH (rate_kbps: pieces of at most PIECE_SECONDS' worth, each due when
-     * the stream's virtual clock has "transmitted" it). */
+     * the lane is not to_trio. stage: STAGE_NONE (none: the plain path), STAGE_LATENCY
+     * (lat_ms + a uniform draw of +- jit_ms), STAGE_BANDWIDTH (rate_kbps: pieces of at
+     * most PIECE_SECONDS' worth, each due when the stream's virtual clock has
+     * "transmitted" it), STAGE_DRAIN (what a removed stage queued leaves at once). */
     int stage;
     double lat_ms, jit_ms, rate_kbps;
     double clock;     /* bandwidth: when the last piece was due (0: idle, no credit) */
@@ -111,7 +114,9 @@ typedef struct {
     int listed;       /* in the core's timed list */
 } lane_t;
 
-enum { STAGE_NONE = 0, STAGE_LATENCY = 1, STAGE_BANDWIDTH = 2 };
+/* STAGE_DRAIN: no stage, but what the removed one queued still leaves (at once, in
+ * order) before the lane is plain again; never set from Python. */
+enum { STAGE_NONE = 0, STAGE_LATENCY = 1, STAGE_BANDWIDTH = 2, STAGE_DRAIN = 3 };
 /* Bandwidth's pieces: at most this much transmission time each (as bandwidth.py). */
 #define PIECE_SECONDS 0.1
 
@@ -185,7 +190,7 @@ static double now_s(void) {
 }
 
 /* Chunks read on this lane go to its inbox: for trio, or for a compiled stage. */
-static int queued(const lane_t *l) { return l->to_trio || l->stage || l->inbox; }
+static int queued(const lane_t *l) { return l->to_trio || l->stage; }
 
 static int wants_read(const lane_t *l) {
     if (!l->open || l->eof_read || l->held || l->piped)
@@ -504,8 +509,11 @@ static int release_due(CoreObject *c, LinkObject *k, int li, double now) {
                 continue; /* its next piece */
         }
         l->inbox = ch->next;
-        if (!l->inbox)
+        if (!l->inbox) {
             l->inbox_tail = NULL;
+            if (l->stage == STAGE_DRAIN)
+                l->stage = STAGE_NONE; /* the plain fast path from here */
+        }
         l->inbox_bytes -= ch->len + CHUNK_COST;
         if (!ch->len) {
             free(ch);
@@ -872,23 +880,18 @@ static void *run(void *arg) {
         }
         for (int i = 0; i < n; i++) {
             int fd = evs[i].data.fd;
-            if (fd == c->wake) {
+            if (fd < 0) { /* the core's own: one test per event for both */
                 uint64_t v;
-                if (__atomic_load_n(&c->stopping, __ATOMIC_ACQUIRE))
+                if (fd == WAKE_ID && __atomic_load_n(&c->stopping, __ATOMIC_ACQUIRE))
                     return NULL;
-                if (read(fd, &v, sizeof v) < 0) {
-                    /* EAGAIN: another wake-up took it */
+                if (read(fd == WAKE_ID ? c->wake : c->tfd, &v, sizeof v) < 0) {
+                    /* EAGAIN: another wake-up took it, or the timer was re-armed */
                 }
-                continue;
-            }
-            if (fd == c->tfd) {
-                uint64_t v;
-                if (read(fd, &v, sizeof v) < 0) {
-                    /* EAGAIN: re-armed meanwhile */
+                if (fd == TIMER_ID) {
+                    pthread_mutex_lock(&c->mu);
+                    c->armed = 0; /* fired: run_timers arms it again, even for the same time */
+                    pthread_mutex_unlock(&c->mu);
                 }
-                pthread_mutex_lock(&c->mu);
-                c->armed = 0; /* fired: run_timers arms it again, even for the same time */
-                pthread_mutex_unlock(&c->mu);
                 continue;
             }
             pthread_mutex_lock(&c->mu);
@@ -900,7 +903,7 @@ static void *run(void *arg) {
         pthread_mutex_lock(&c->mu);
         if (c->nagain)
             service_again(c);
-        if (c->ntimed || c->armed)
+        if (c->ntimed) /* armed implies listed lanes: run_timers disarms when none are */
             run_timers(c);
         if (c->nconn)
             timeout = expire(c);
@@ -963,8 +966,8 @@ static int core_init(CoreObject *c, PyObject *args, PyObject *kw) {
         PyErr_SetFromErrno(PyExc_OSError);
         return -1;
     }
-    struct epoll_event ev = {.events = EPOLLIN, .data.fd = c->wake};
-    struct epoll_event tev = {.events = EPOLLIN, .data.fd = c->tfd};
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = WAKE_ID};
+    struct epoll_event tev = {.events = EPOLLIN, .data.fd = TIMER_ID};
     if (epoll_ctl(c->ep, EPOLL_CTL_ADD, c->wake, &ev) < 0 ||
         epoll_ctl(c->ep, EPOLL_CTL_ADD, c->tfd, &tev) < 0) {
         PyErr_SetFromErrno(PyExc_OSError);
@@ -1179,7 +1182,7 @@ static PyObject *core_settle(CoreObject *c, PyObject *unused) {
         struct epoll_event evs[MAX_EVENTS];
         int n = epoll_wait(c->ep, evs, MAX_EVENTS, 0);
         for (int i = 0; i < n; i++)
-            if (evs[i].data.fd != c->wake) {
+            if (evs[i].data.fd >= 0) { /* not the core's own eventfd or timerfd */
                 note_hup(c, evs[i].data.fd, evs[i].events);
                 service(c, evs[i].data.fd);
             }
@@ -1503,7 +1506,7 @@ static PyObject *link_set_stage(LinkObject *k, PyObject *args) {
             l->head_set = 0;
         if (kind != l->stage)
             l->clock = 0; /* a new stage starts with no backlog */
-        l->stage = kind;
+        l->stage = kind == STAGE_NONE && l->inbox && !l->to_trio ? STAGE_DRAIN : kind;
         if (kind == STAGE_BANDWIDTH) {
             l->rate_kbps = lat;
         } else {
