@@ -514,11 +514,28 @@ class Connection:
                 self.link.to_trio(s)
             if not stage_is_idle(stage):
                 self._ensure_host()
+            else:
+                for s in stage.streams:
+                    self._settle_idle(s)
         if self._nursery is not None and not stage_is_idle(stage):
             self.toxic_links[stage.stream].start_stage(self._nursery, stage)
             if self.link is not None:
                 for s in stage.streams:
                     self.toxic_links[s].start(self._nursery)
+
+    def _settle_idle(self, stream: str) -> None:
+        """*stream* just took a toxic that starts no task: the plane runs its chain
+        compiled where it can (:meth:`ToxicLink.to_stage`: now, not at the first chunk,
+        which it would then delay); else chunks already waiting for trio (a compiled
+        stage's queue handed back) start the chain's task now, as no CHUNKS event will."""
+        toxic_link = self.toxic_links[stream]
+        if toxic_link.running or toxic_link.to_stage():
+            return
+        if self.link is not None and self.link.holding(stream):
+            if self._nursery is not None:
+                toxic_link.start(self._nursery)
+            else:
+                self._ensure_host()
 
     def toxic_updated(self, name: str) -> None:
         """*name*'s attributes changed: a stage the plane runs compiled is told."""

@@ -129,7 +129,7 @@ class ToxicLink:
         stage = self.chain.stages[0]
         return stage if stage.peer is None and stage.toxic.compiled() is not None else None
 
-    def _to_stage(self) -> bool:
+    def to_stage(self) -> bool:
         """Hand the stream to the plane's compiled stage, if the chain has that form and
         the plane that stage: True when it did (the task then ends)."""
         link, stage = self.plane, self._compilable()
@@ -192,7 +192,7 @@ class ToxicLink:
         try:
             while True:
                 # Every chunk taken has been through the chain: the plane may run it now.
-                if self._to_stage():
+                if self.to_stage():
                     return
                 woken = self._woken  # taken before looking: no lost wake-up
                 chunks = link.take_timed(self.stream)
