@@ -9,11 +9,15 @@ Every type here matches requests with the same attributes:
 * ``header``: ``""`` any; ``"Name"`` the header is present; ``"Name: glob"`` its value
   matches;
 * ``percent``: 0-100, the share of matching requests faulted, drawn per request from the
-  proxy's seed and the request's number among those this toxic matched (so the same
-  seed and the same requests fault the same ones, however they spread over
-  connections);
+  proxy's seed, the toxic's name and the request's identity (:func:`request_identity`:
+  its method, its target, and its ``X-Request-Id`` if it has one, else its ordinal on
+  its connection). Only the client decides an identity, never the arrival order, so the
+  same seed faults the same requests however concurrent clients interleave (issue 33:
+  the draw followed arrival, so another interleaving faulted other requests). Two
+  requests with one identity share their fate;
 * ``count``: at most this many requests faulted (0: no limit), the first ones drawn:
-  ``count=2`` fails the first two requests, for retry tests.
+  ``count=2`` fails the first two requests, for retry tests. Which ones are first is
+  the arrival order's to say.
 
 One ``http_fault`` record per faulted request goes to the event log (method, path,
 action and its figures) when the fault takes effect: an abort or hold when the request
@@ -24,6 +28,7 @@ both streams of a connection (``both_streams``), whatever its ``stream`` says.
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import math
 import random
 from typing import Any, ClassVar, cast
@@ -61,6 +66,7 @@ __all__ = [
     "HttpSlowBody",
     "HttpToxic",
     "HttpTruncate",
+    "request_identity",
 ]
 
 
@@ -83,6 +89,15 @@ RULE = (
     Attribute("percent", 100, "percent of matching requests faulted, drawn per request", 0, 100),
     Attribute("count", 0, "most requests faulted (the first drawn); 0: no limit"),
 )
+
+
+def request_identity(request: h11.Request, ordinal: int) -> tuple[str, str, str]:
+    """What a seeded draw knows *request* by: its method, its target (as sent), and its
+    first ``X-Request-Id`` value, or, with none, ``#`` and *ordinal*, its place (from 0)
+    among the requests on its connection. All of it is the client's to choose."""
+    ids = [v for k, v in request.headers if k == b"x-request-id"]
+    key = "id=" + ids[0].decode("latin-1") if ids else f"#{ordinal}"
+    return request.method.decode("latin-1"), request.target.decode("latin-1"), key
 
 
 class HttpToxic(AttributeToxic):
@@ -126,17 +141,17 @@ class HttpToxic(AttributeToxic):
                 return False
         return True
 
-    def decide(self, request: h11.Request, seed: int) -> Plan | None:
-        """The plan for *request*, or None to pass it: the rule, then the draw, then
-        the count."""
+    def decide(self, request: h11.Request, seed: int, ordinal: int = 0) -> Plan | None:
+        """The plan for *request*, the *ordinal*-th (from 0) on its connection, or None
+        to pass it: the rule, then the count, then the draw."""
         if not self.matches(request):
             return None
-        index = self.matched
         self.matched += 1
         if self.count and self.faulted >= self.count:
             return None
         if self.percent < 100:
-            draw = random.Random(derive_seed(seed, self.name, "request", index)).random()
+            identity = request_identity(request, ordinal)
+            draw = random.Random(derive_seed(seed, self.name, "request", *identity)).random()
             if draw * 100 >= self.percent:
                 return None
         self.faulted += 1
@@ -147,7 +162,8 @@ class HttpToxic(AttributeToxic):
         if session is None:
             stage = cast(ToxicStage, ctx)
             seed = stage.seed
-            session = Session(lambda r: self.decide(r, seed), stage.log_event)
+            ordinals = itertools.count()  # every request on this connection, in order
+            session = Session(lambda r: self.decide(r, seed, next(ordinals)), stage.log_event)
             ctx.state["http"] = session
             ctx.state["http_wake"] = {}
         return session
