@@ -147,6 +147,7 @@ EVENTS: dict[str, Event] = _table(
             "on",
             "added",
             "removed",
+            "by",
         ),
         "one request an HTTP toxic faulted: its method and path, what was done, the figures",
     ),

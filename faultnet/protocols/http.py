@@ -152,6 +152,9 @@ class Plan:
     answer: Answer | None = None
     #: Never forward this request, nor anything after it; nothing answers it.
     hold: bool = False
+    #: Reset the connection (RST both ways) when this request's head comes; it is not
+    #: forwarded, and responses still owed to earlier pipelined requests are lost.
+    reset: bool = False
     #: Rewrite the request's head (status line and headers, CRLFs included).
     request_head: Callable[[bytes], bytes] | None = None
     #: Rewrite the response's head.
@@ -171,7 +174,7 @@ class Plan:
     def on_response(self) -> bool:
         """True if the plan acts on the response (logged when it does, not before)."""
         return bool(self.response_head or self.delay or self.rate or self.cut is not None) and not (
-            self.answer or self.hold
+            self.answer or self.hold or self.reset
         )
 
 
@@ -526,6 +529,10 @@ class Session:
             self._request = _server_parser()
             if self._down_eof:
                 self._end(Close())  # both ends gone: nothing is left to wait for
+            return b""
+        if plan.reset:
+            self._log(slot)
+            self._end(Reset())
             return b""
         if plan.answer is not None:
             slot.answer, slot.close = _answer(plan.answer, request)

@@ -17,7 +17,16 @@ Every type here matches requests with the same attributes:
   requests with one identity share their fate;
 * ``count``: at most this many requests faulted (0: no limit), the first ones drawn:
   ``count=2`` fails the first two requests, for retry tests. Which ones are first is
-  the arrival order's to say.
+  the arrival order's to say;
+* ``client_faults``: 1 lets a matching request pick its own fault by a header (as
+  Envoy's ``x-envoy-fault-*-request`` headers do), instead of this toxic's:
+  ``X-Faultnet-Abort-Request: 503`` (a status, 200-599) answers it with that status,
+  ``X-Faultnet-Reset-Request`` (any value) resets the connection when it comes, and
+  ``X-Faultnet-Delay-Request: 250`` (ms, 0-3,600,000) holds its response's head that
+  long. One fault a request, the first of abort, reset, delay it names; a value not
+  understood faults nothing. ``percent`` and ``count`` do not apply to them. The
+  headers are removed before the request goes upstream. 0 (the default): they are
+  ordinary headers, passed on.
 
 One ``http_fault`` record per faulted request goes to the event log (method, path,
 action and its figures) when the fault takes effect: an abort or hold when the request
@@ -66,6 +75,7 @@ __all__ = [
     "HttpSlowBody",
     "HttpToxic",
     "HttpTruncate",
+    "client_plan",
     "request_identity",
 ]
 
@@ -88,7 +98,47 @@ RULE = (
     ),
     Attribute("percent", 100, "percent of matching requests faulted, drawn per request", 0, 100),
     Attribute("count", 0, "most requests faulted (the first drawn); 0: no limit"),
+    Attribute("client_faults", 0, "1: X-Faultnet-*-Request headers pick the fault", 0, 1),
 )
+
+#: The request headers a client picks its fault with (``client_faults``), lower case.
+ABORT_HEADER = "x-faultnet-abort-request"
+RESET_HEADER = "x-faultnet-reset-request"
+DELAY_HEADER = "x-faultnet-delay-request"
+FAULT_HEADERS = frozenset({ABORT_HEADER, RESET_HEADER, DELAY_HEADER})
+
+
+def _number(value: str | None, low: int, high: int) -> int | None:
+    if value is None or not value.strip().isdigit():
+        return None
+    number = int(value)
+    return number if low <= number <= high else None
+
+
+def client_plan(request: h11.Request) -> Plan | None:
+    """The fault *request*'s own headers pick (see ``client_faults``), with a rewrite
+    of its head that removes them; None if it carries none of them."""
+    found: dict[str, str] = {}
+    for key, value in request.headers:
+        name = key.decode("latin-1")
+        if name in FAULT_HEADERS:
+            found.setdefault(name, value.decode("latin-1"))
+    if not found:
+        return None
+
+    def strip(head: bytes) -> bytes:
+        return rewrite_head(head, [], set(FAULT_HEADERS))
+
+    status = _number(found.get(ABORT_HEADER), 200, 599)
+    if status is not None:
+        return Plan("abort", {"status": status, "by": "header"}, answer=Answer(status))
+    if RESET_HEADER in found:
+        return Plan("reset", {"bytes": None, "by": "header"}, reset=True)
+    delay = _number(found.get(DELAY_HEADER), 0, 3_600_000)
+    if delay:
+        detail: dict[str, object] = {"delay_ms": delay, "before": "headers", "by": "header"}
+        return Plan("delay", detail, request_head=strip, delay=delay / 1000)
+    return Plan(request_head=strip)
 
 
 def request_identity(request: h11.Request, ordinal: int) -> tuple[str, str, str]:
@@ -112,6 +162,7 @@ class HttpToxic(AttributeToxic):
     header: str
     percent: int
     count: int
+    client_faults: int
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -143,9 +194,14 @@ class HttpToxic(AttributeToxic):
 
     def decide(self, request: h11.Request, seed: int, ordinal: int = 0) -> Plan | None:
         """The plan for *request*, the *ordinal*-th (from 0) on its connection, or None
-        to pass it: the rule, then the count, then the draw."""
+        to pass it: the rule, then the client's own fault (``client_faults``), then the
+        count, then the draw."""
         if not self.matches(request):
             return None
+        if self.client_faults:
+            chosen = client_plan(request)
+            if chosen is not None:
+                return chosen
         self.matched += 1
         if self.count and self.faulted >= self.count:
             return None

@@ -27,6 +27,7 @@ from faultnet.protocols.http import (
     Up,
     rewrite_head,
 )
+from faultnet.toxics.http import client_plan
 
 U, D = "upstream", "downstream"
 
@@ -105,6 +106,12 @@ def abort(status: int = 503, body: bytes = b"") -> Plan:
 
 
 ANSWER_503 = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n"
+ANSWER_418 = b"HTTP/1.1 418 I'm a Teapot\r\nContent-Length: 0\r\n\r\n"
+GET_C = b"GET /c HTTP/1.1\r\nHost: x\r\n\r\n"
+GET_ABORT_418 = b"GET /c HTTP/1.1\r\nHost: x\r\nX-Faultnet-Abort-Request: 418\r\n\r\n"
+GET_RESET = b"GET /c HTTP/1.1\r\nX-Faultnet-Reset-Request: 1\r\nHost: x\r\n\r\n"
+GET_DELAY_250 = b"GET /c HTTP/1.1\r\nx-faultnet-delay-request: 250\r\nHost: x\r\n\r\n"
+GET_DELAY_BAD = b"GET /c HTTP/1.1\r\nHost: x\r\nX-Faultnet-Delay-Request: soon\r\n\r\n"
 ANSWER_503_CLOSE = (
     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 )
@@ -343,6 +350,40 @@ ROWS: dict[str, Row] = {
             ("up", b"more", 0, [("fwd", U, b"more")]),
         ],
         ["http_opaque upstream"],
+    ),
+    "a reset plan resets when its request comes; nothing of it is forwarded": Row(
+        on_path(b"/b", Plan("reset", reset=True)),
+        [("up", GET + GET_B + GET, 0, [("fwd", U, GET), ("reset",)])],
+        ["http_fault /b reset"],
+    ),
+    "a client's abort header answers with its status; the server never sees it": Row(
+        client_plan,
+        [
+            ("up", GET_ABORT_418 + GET, 0, [("inject", D, ANSWER_418), ("fwd", U, GET)]),
+            ("down", OK, 0, [("fwd", D, OK)]),
+        ],
+        ["http_fault /c abort"],
+    ),
+    "a client's reset header resets the connection": Row(
+        client_plan,
+        [("up", GET_RESET, 0, [("reset",)])],
+        ["http_fault /c reset"],
+    ),
+    "a client's delay header holds the response; the header never goes upstream": Row(
+        client_plan,
+        [
+            ("up", GET_DELAY_250, 0, [("fwd", U, GET_C)]),
+            ("down", OK, 1, [("hold", D, 1.25)]),
+            ("timer", D, 1.25, [("fwd", D, OK)]),
+        ],
+        ["http_fault /c delay"],
+    ),
+    "a fault header a client sent unreadable faults nothing and is removed": Row(
+        client_plan,
+        [
+            ("up", GET_DELAY_BAD, 0, [("fwd", U, GET_C)]),
+            ("down", OK, 1, [("fwd", D, OK)]),
+        ],
     ),
 }
 
