@@ -109,7 +109,8 @@ FAULT_HEADERS = frozenset({ABORT_HEADER, RESET_HEADER, DELAY_HEADER})
 
 
 def _number(value: str | None, low: int, high: int) -> int | None:
-    if value is None or not value.strip().isdigit():
+    # isascii: str.isdigit takes "\xb2" (a superscript two, in latin-1), int() does not.
+    if value is None or not (value.strip().isascii() and value.strip().isdigit()):
         return None
     number = int(value)
     return number if low <= number <= high else None

@@ -112,6 +112,7 @@ GET_ABORT_418 = b"GET /c HTTP/1.1\r\nHost: x\r\nX-Faultnet-Abort-Request: 418\r\
 GET_RESET = b"GET /c HTTP/1.1\r\nX-Faultnet-Reset-Request: 1\r\nHost: x\r\n\r\n"
 GET_DELAY_250 = b"GET /c HTTP/1.1\r\nx-faultnet-delay-request: 250\r\nHost: x\r\n\r\n"
 GET_DELAY_BAD = b"GET /c HTTP/1.1\r\nHost: x\r\nX-Faultnet-Delay-Request: soon\r\n\r\n"
+GET_DELAY_SUP = b"GET /c HTTP/1.1\r\nHost: x\r\nX-Faultnet-Delay-Request: \xb2\r\n\r\n"
 ANSWER_503_CLOSE = (
     b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
 )
@@ -383,6 +384,9 @@ ROWS: dict[str, Row] = {
         [
             ("up", GET_DELAY_BAD, 0, [("fwd", U, GET_C)]),
             ("down", OK, 1, [("fwd", D, OK)]),
+            # A latin-1 superscript two: a digit to str.isdigit, not to int().
+            ("up", GET_DELAY_SUP, 1, [("fwd", U, GET_C)]),
+            ("down", OK, 2, [("fwd", D, OK)]),
         ],
     ),
 }
