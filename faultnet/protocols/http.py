@@ -152,6 +152,10 @@ class Plan:
     answer: Answer | None = None
     #: Never forward this request, nor anything after it; nothing answers it.
     hold: bool = False
+    #: Hold the request this long (seconds) from when its head came before the server
+    #: sees any of it; the client's stream is not read meanwhile (what came behind it
+    #: in the same read waits with it).
+    delay_request: float = 0.0
     #: Reset the connection (RST both ways) when this request's head comes; it is not
     #: forwarded, and responses still owed to earlier pipelined requests are lost.
     reset: bool = False
@@ -194,6 +198,7 @@ class Up(enum.Enum):
     SWITCHING = "switching"  # an Upgrade or CONNECT crossing
     WAITING = "waiting"  # its answer awaited: later bytes kept (bounded), not parsed
     HELD = "held"  # a held request: nothing more is forwarded
+    DELAYING = "delaying"  # a request held back for its time: not read meanwhile
     OPAQUE = "opaque"  # upgraded, or bytes h11 refuses: forwarded as they come
     DONE = "done"  # its end was passed on, or the connection ended
 
@@ -214,6 +219,8 @@ class Ev(enum.Enum):
     REQUEST = "request"
     REQUEST_ANSWERED = "request answered"
     REQUEST_HELD = "request held"
+    REQUEST_DELAYED = "request delayed"
+    DELAY_OVER = "delay over"
     REQUEST_SWITCH = "request switch"
     REQUEST_END = "request end"
     SWITCH_REFUSED = "switch refused"
@@ -232,6 +239,8 @@ TRANSITIONS: dict[tuple[Up | Down, Ev], Up | Down] = {
     (Up.IDLE, Ev.REQUEST_ANSWERED): Up.DROPPING,
     (Up.IDLE, Ev.REQUEST_HELD): Up.HELD,
     (Up.IDLE, Ev.REQUEST_SWITCH): Up.SWITCHING,
+    (Up.IDLE, Ev.REQUEST_DELAYED): Up.DELAYING,
+    (Up.DELAYING, Ev.DELAY_OVER): Up.SENDING,
     (Up.SENDING, Ev.REQUEST_END): Up.IDLE,
     (Up.DROPPING, Ev.REQUEST_END): Up.IDLE,
     (Up.SWITCHING, Ev.REQUEST_END): Up.WAITING,
@@ -384,6 +393,8 @@ class Session:
         self._down_eof = False
         self._out: deque[_Out] = deque()
         self._holding = False  # the downstream is held for a plan's time
+        self._delayed = b""  # a delayed request's head, sent at ``_delayed_until``
+        self._delayed_until = 0.0
         self._cmds: list[Command] = []
 
     # -- events in, commands out --
@@ -409,6 +420,8 @@ class Session:
         if stream == DOWN:
             self._holding = False
             self._pump(now)
+        elif self.up is Up.DELAYING:
+            self._delay_over(now)
         elif self.up is Up.WAITING and len(self._waiting) > MAX_BUFFER:
             self._emit(Hold(UP, None))  # still behind its answer
         return self._take()
@@ -417,7 +430,7 @@ class Session:
     def buffered(self) -> int:
         """Bytes the session holds now (bounded: :data:`MAX_HEAD` per stream's parser,
         :data:`MAX_BUFFER` behind an Upgrade, one read chunk in the queue to the client)."""
-        held = len(self._request.pending) + len(self._waiting)
+        held = len(self._request.pending) + len(self._waiting) + len(self._delayed)
         if self._response is not None:
             held += len(self._response.pending)
         return held + sum(len(o.data) for o in self._out)
@@ -466,6 +479,7 @@ class Session:
     def _drop_buffers(self) -> None:
         self._out.clear()
         self._waiting = bytearray()
+        self._delayed = b""
         self._request = _server_parser()
         self._response = None
         self.slots.clear()
@@ -487,6 +501,8 @@ class Session:
     def _upstream(self, data: bytes, now: float) -> None:
         if self.up in (Up.HELD, Up.DONE):
             return
+        if self.up is Up.DELAYING:  # not read while held: only what a driver had
+            return self._request.feed(data)  # kept, parsed when the delay is over
         if self.up is Up.OPAQUE:
             return self._emit(Forward(UP, data, now))
         if self.up is Up.WAITING:
@@ -501,7 +517,7 @@ class Session:
         self._parse_requests(now)
 
     def _parse_requests(self, now: float) -> None:
-        while self.up not in (Up.HELD, Up.DONE, Up.WAITING, Up.OPAQUE):
+        while self.up not in (Up.HELD, Up.DONE, Up.WAITING, Up.OPAQUE, Up.DELAYING):
             try:
                 event, span = self._request.next()
             except h11.RemoteProtocolError:
@@ -544,6 +560,8 @@ class Session:
         elif _wants_switch(request):
             slot.switch = True
             self._go_up(Ev.REQUEST_SWITCH)
+        elif plan.delay_request > 0:
+            self._delay(plan, head, now)
         else:
             self._go_up(Ev.REQUEST)
         if not plan.on_response:
@@ -553,6 +571,24 @@ class Session:
             self._drain(now)
             self._pump(now)
         return plan.request_head(head) if plan.request_head else head
+
+    def _delay(self, plan: Plan, head: bytes, now: float) -> None:
+        """Hold the request back: its head (rewritten) is kept, the rest of what came
+        stays in the parser, and the client's stream is not read until the time."""
+        self._go_up(Ev.REQUEST_DELAYED)
+        self._delayed = plan.request_head(head) if plan.request_head else head
+        self._delayed_until = now + plan.delay_request
+        self._emit(Hold(UP, self._delayed_until))
+
+    def _delay_over(self, now: float) -> None:
+        if now < self._delayed_until:
+            return self._emit(Hold(UP, self._delayed_until))
+        head, self._delayed = self._delayed, b""
+        self._go_up(Ev.DELAY_OVER)
+        self._emit(Forward(UP, head, now))
+        self._parse_requests(now)
+        if self._up_eof and self.up not in (Up.DONE, Up.HELD, Up.WAITING, Up.DELAYING):
+            self._upstream_eof(now)
 
     def _on_request_end(self, now: float) -> None:
         rest = bytes(self._request.pending)
@@ -591,8 +627,8 @@ class Session:
             if self._down_eof:
                 self._end(Close())  # issue 33, 3: else its sockets stayed in CLOSE-WAIT
             return  # held: the server never hears of it
-        if self.up is Up.WAITING:
-            return  # passed on after the answer
+        if self.up in (Up.WAITING, Up.DELAYING):
+            return  # passed on after the answer, or the delay
         if self.up is not Up.OPAQUE and self._request.pending:
             # A request the client never finished: pass what came, as it came.
             self._emit(Forward(UP, bytes(self._request.pending), now))

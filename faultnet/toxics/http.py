@@ -22,8 +22,9 @@ Every type here matches requests with the same attributes:
   Envoy's ``x-envoy-fault-*-request`` headers do), instead of this toxic's:
   ``X-Faultnet-Abort-Request: 503`` (a status, 200-599) answers it with that status,
   ``X-Faultnet-Reset-Request`` (any value) resets the connection when it comes, and
-  ``X-Faultnet-Delay-Request: 250`` (ms, 0-3,600,000) holds its response's head that
-  long. One fault a request, the first of abort, reset, delay it names; a value not
+  ``X-Faultnet-Delay-Request: 250`` (ms, 0-3,600,000) holds the request that long
+  before the server sees any of it (as Envoy's does; the client's stream is not read
+  meanwhile, so a client that gives up is noticed only after the time). One fault a request, the first of abort, reset, delay it names; a value not
   understood faults nothing. ``percent`` and ``count`` do not apply to them. The
   headers are removed before the request goes upstream. 0 (the default): they are
   ordinary headers, passed on.
@@ -137,8 +138,8 @@ def client_plan(request: h11.Request) -> Plan | None:
         return Plan("reset", {"bytes": None, "by": "header"}, reset=True)
     delay = _number(found.get(DELAY_HEADER), 0, 3_600_000)
     if delay:
-        detail: dict[str, object] = {"delay_ms": delay, "before": "headers", "by": "header"}
-        return Plan("delay", detail, request_head=strip, delay=delay / 1000)
+        detail: dict[str, object] = {"delay_ms": delay, "before": "request", "by": "header"}
+        return Plan("delay", detail, request_head=strip, delay_request=delay / 1000)
     return Plan(request_head=strip)
 
 

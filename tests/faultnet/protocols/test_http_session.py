@@ -108,6 +108,7 @@ def abort(status: int = 503, body: bytes = b"") -> Plan:
 ANSWER_503 = b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n"
 ANSWER_418 = b"HTTP/1.1 418 I'm a Teapot\r\nContent-Length: 0\r\n\r\n"
 GET_C = b"GET /c HTTP/1.1\r\nHost: x\r\n\r\n"
+POST_P = b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
 GET_ABORT_418 = b"GET /c HTTP/1.1\r\nHost: x\r\nX-Faultnet-Abort-Request: 418\r\n\r\n"
 GET_RESET = b"GET /c HTTP/1.1\r\nX-Faultnet-Reset-Request: 1\r\nHost: x\r\n\r\n"
 GET_DELAY_250 = b"GET /c HTTP/1.1\r\nx-faultnet-delay-request: 250\r\nHost: x\r\n\r\n"
@@ -370,14 +371,27 @@ ROWS: dict[str, Row] = {
         [("up", GET_RESET, 0, [("reset",)])],
         ["http_fault /c reset"],
     ),
-    "a client's delay header holds the response; the header never goes upstream": Row(
+    "a client's delay header holds the request back; the header never goes upstream": Row(
         client_plan,
         [
-            ("up", GET_DELAY_250, 0, [("fwd", U, GET_C)]),
-            ("down", OK, 1, [("hold", D, 1.25)]),
-            ("timer", D, 1.25, [("fwd", D, OK)]),
+            # What came behind it in the same read waits with it, in order.
+            ("up", GET_DELAY_250 + GET, 1, [("hold", U, 1.25)]),
+            ("timer", U, 1.1, [("hold", U, 1.25)]),  # woken early: held on
+            ("timer", U, 1.25, [("fwd", U, GET_C + GET)]),
+            ("down", OK + OK, 2, [("fwd", D, OK + OK)]),
         ],
         ["http_fault /c delay"],
+    ),
+    "a delayed request's body and the client's end follow it when the time comes": Row(
+        on_path(b"/p", Plan("delay", delay_request=0.5)),
+        [
+            ("up", POST_P[:-2], 0, [("hold", U, 0.5)]),
+            ("up", POST_P[-2:], 0.1, []),
+            ("up_eof", None, 0.2, []),
+            ("timer", U, 0.5, [("fwd", U, POST_P), ("eof", U)]),
+            ("down", OK, 1, [("fwd", D, OK)]),
+        ],
+        ["http_fault /p delay"],
     ),
     "a fault header a client sent unreadable faults nothing and is removed": Row(
         client_plan,
