@@ -30,9 +30,11 @@ Every type here matches requests with the same attributes:
   ordinary headers, passed on.
 
 One ``http_fault`` record per faulted request goes to the event log (method, path,
-action and its figures) when the fault takes effect: an abort or hold when the request
-comes, a response's fault when its response does. Requests no rule faults cross byte-identical. Each type sees
-both streams of a connection (``both_streams``), whatever its ``stream`` says.
+action and its figures; ``by`` = ``header`` for a fault the client picked) when the
+fault takes effect: an abort, hold, reset or request delay when the request comes, a
+response's fault when its response does. Requests no rule faults cross byte-identical.
+Each type sees both streams of a connection (``both_streams``), whatever its ``stream``
+says.
 """
 
 from __future__ import annotations
