@@ -78,3 +78,30 @@ async def test_fault_headers_are_ordinary_headers_unless_the_toxic_opts_in(
         r = await client.get(_url(proxy, "/a"), headers={"X-Faultnet-Abort-Request": "418"})
     assert r.status_code == 200
     assert b"x-faultnet-abort-request: 418" in b"".join(rec.received).lower()
+
+
+async def test_a_delay_header_holds_the_request_before_the_server_sees_it(
+    faultnet_proxy: Factory, nursery: trio.Nursery
+) -> None:
+    arrived: list[float] = []
+
+    async def stamp(stream: trio.SocketStream) -> None:
+        # Notes when the request's head arrives, then answers it.
+        got = b""
+        while b"\r\n\r\n" not in got:
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                return
+            got += chunk
+        arrived.append(trio.current_time())
+        assert b"x-faultnet" not in got.lower(), "the fault header went upstream"
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+
+    address = await start_server(nursery, stamp)
+    proxy = await faultnet_proxy(address)
+    proxy.add_toxic(HttpAbort("chosen", percent=0, client_faults=1))
+    async with httpx.AsyncClient(timeout=10) as client:
+        sent = trio.current_time()
+        r = await client.get(_url(proxy, "/b"), headers={"X-Faultnet-Delay-Request": "300"})
+    assert r.status_code == 200 and r.text == "ok"
+    assert len(arrived) == 1 and arrived[0] - sent >= 0.3, arrived[0] - sent
