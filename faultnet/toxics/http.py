@@ -101,7 +101,9 @@ RULE = (
     ),
     Attribute("percent", 100, "percent of matching requests faulted, drawn per request", 0, 100),
     Attribute("count", 0, "most requests faulted (the first drawn); 0: no limit"),
-    Attribute("client_faults", 0, "1: X-Faultnet-*-Request headers pick the fault", 0, 1),
+    Attribute(
+        "client_faults", 0, "a flag (0 or 1): X-Faultnet-*-Request headers pick the fault", 0, 1
+    ),
 )
 
 #: The request headers a client picks its fault with (``client_faults``), lower case.

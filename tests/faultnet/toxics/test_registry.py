@@ -25,7 +25,16 @@ def test_registry_has_toxiproxy_types() -> None:
         for name in set(TOXICS)
         - {"latency", "bandwidth", "slicer", "limit_data", "slow_close", "timeout", "reset_peer"}
     )
-    units = ("millisecond", "KB/s", "bytes", "microsecond", "percent", "requests", "status code")
+    units = (
+        "millisecond",
+        "KB/s",
+        "bytes",
+        "microsecond",
+        "percent",
+        "requests",
+        "status code",
+        "flag",
+    )
     for name, cls in TOXICS.items():
         assert cls.type == name
         for attr in cls.ATTRIBUTES:  # every number documents its unit
