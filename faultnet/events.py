@@ -153,8 +153,9 @@ EVENTS: dict[str, Event] = _table(
     ),
     Event(
         "dns_fault",
-        ("session", "action", "qname", "qtype", "id", "delay_ms"),
-        "one query a UDP proxy's dns rule faulted: its name, type and id, what was done",
+        ("session", "conn", "toxic", "action", "qname", "qtype", "id", "delay_ms"),
+        "one query a UDP proxy's dns rule (session) or a dns toxic (conn, toxic) faulted: "
+        "its name, type and id, what was done",
     ),
     Event("http_opaque", ("conn", "toxic", "stream"), "a stream h11 could not parse, passed as is"),
     Event("tls_handshake", ("conn", "toxic", "version"), "a TLS toxic's handshake completed"),

@@ -65,6 +65,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "toxic:reset_peer": {"weight": 1, "attributes": {"timeout": 2000}},
     "toxic:http_abort": {"attributes": {"status": 503, "percent": 20}},
     "toxic:http_delay": {"attributes": {"delay": 2000, "percent": 20}},
+    "toxic:dns": {"attributes": {"action": "servfail", "percent": 20}},
     "process:kill": {"weight": 1, "once": True},
     "process:stop": {"weight": 1, "duration": (2.0, 10.0)},
     "episode:freeze-sever": {"weight": 1},
