@@ -105,9 +105,10 @@ def toxic_from_json(body: Any, taken: Callable[[str], bool] = lambda name: False
         raise ToxicExists()
     try:
         attributes = cls.check_attributes(body.get("attributes"))
+        # The values together (a dns toxic's action and its figure), as made.
+        return cls(name, stream, toxicity, **attributes)
     except (TypeError, ValueError) as exc:
         raise BadToxicBody(str(exc)) from None
-    return cls(name, stream, toxicity, **attributes)
 
 
 def check_update(toxic: Toxic, body: Any) -> tuple[dict[str, Any], float | None]:
@@ -120,7 +121,7 @@ def check_update(toxic: Toxic, body: Any) -> tuple[dict[str, Any], float | None]
         raise BadToxicBody(f"expected a JSON object, not {type(body).__name__}")
     toxicity = check_toxicity(body["toxicity"]) if body.get("toxicity") is not None else None
     try:
-        attributes = toxic.check_attributes(body.get("attributes"))
+        attributes = toxic.check_update(body.get("attributes"))
     except (TypeError, ValueError) as exc:
         raise BadToxicBody(str(exc)) from None
     return attributes, toxicity

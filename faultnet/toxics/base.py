@@ -108,6 +108,12 @@ class Toxic(ABC):
             refuse_unknown(getattr(cls, "type", cls.__name__), attributes, [])
         return {}
 
+    def check_update(self, attributes: Any) -> dict[str, Any]:
+        """Validate *attributes* as an update of this toxic: :meth:`check_attributes`,
+        and what the merged values mean together where a type says (a dns toxic's
+        action and its figure). Raises TypeError/ValueError; applies nothing."""
+        return self.check_attributes(attributes)
+
     def update(self, attributes: Mapping[str, Any]) -> None:
         """Merge *attributes* into this toxic, all or nothing; live for every connection."""
         self.check_attributes(attributes)

@@ -82,11 +82,17 @@ class Dns(AttributeToxic):
         self.faults = DnsFaults()
         super().__init__(*args, **kwargs)
 
+    def check_update(self, attributes: Any) -> dict[str, Any]:
+        """The checked *attributes*; ValueError when the rule they make with the values
+        in force is refused (``delay`` without ``delay_ms``, ``delay_ms`` without
+        ``delay``, ``rewrite`` without ``address``...)."""
+        checked = self.check_attributes(attributes)
+        DnsRule(**{**self.attributes(), **checked})
+        return checked
+
     def update(self, attributes: Mapping[str, Any]) -> None:
-        """Merge *attributes*, all or nothing: refused (ValueError) when the rule they
-        make is (``delay`` without ``delay_ms``, ``delay_ms`` without ``delay``...)."""
-        merged = {**self.attributes(), **self.check_attributes(attributes)}
-        rule = DnsRule(**merged)
+        """Merge *attributes*, all or nothing (refused as :meth:`check_update` says)."""
+        rule = DnsRule(**{**self.attributes(), **self.check_attributes(attributes)})
         old = self.faults.rules[0] if self.faults.rules else None
         if old is not None:
             rule.matched, rule.faulted = old.matched, old.faulted

@@ -17,12 +17,14 @@ import dns.query
 import dns.rcode
 import dns.resolver
 import dns.rrset
+import httpx
 import pytest
 import trio
 
 from faultnet.eventlog import read_jsonl
 from faultnet.protocols.dns_tcp import Framer, frame
 from faultnet.proxy import Proxy
+from faultnet.server import RunningServer
 from faultnet.testing import start_server, wait_for_record
 from faultnet.toxics import TOXICS, Dns
 
@@ -204,3 +206,28 @@ async def test_frames_split_and_joined_by_the_client_are_each_judged(
         (good.id, dns.rcode.NOERROR),
     ]
     assert server[0].answered == 1
+
+
+async def test_the_api_answers_an_inconsistent_rule_with_a_400(
+    faultnet_server: RunningServer,
+) -> None:
+    # An action without its figure (delay without delay_ms) is the user's mistake: a 400
+    # naming it, on an add and on an update, and the toxic left as it was.
+    async with httpx.AsyncClient(base_url=faultnet_server.url, timeout=10) as api:
+        r = await api.post(
+            "/proxies", json={"name": "d", "listen": "127.0.0.1:0", "upstream": "127.0.0.1:9"}
+        )
+        assert r.status_code == 201, r.text
+        r = await api.post(
+            "/proxies/d/toxics", json={"type": "dns", "attributes": {"action": "delay"}}
+        )
+        assert r.status_code == 400 and "delay_ms" in r.json()["error"], r.text
+        body = {"type": "dns", "attributes": {"action": "delay", "delay_ms": 50}}
+        r = await api.post("/proxies/d/toxics", json=body)
+        assert r.status_code == 200, r.text
+        r = await api.post(
+            "/proxies/d/toxics/dns_downstream", json={"attributes": {"action": "drop"}}
+        )
+        assert r.status_code == 400 and "delay_ms" in r.json()["error"], r.text
+        r = await api.get("/proxies/d/toxics/dns_downstream")
+        assert r.json()["attributes"]["action"] == "delay"
