@@ -61,9 +61,11 @@ async def server(nursery: trio.Nursery) -> tuple[Server, tuple[str, int]]:
 
 @pytest.fixture
 async def proxy(
-    faultnet_proxy: Factory, server: tuple[Server, tuple[str, int]], tmp_path: Path
+    faultnet_proxy: Factory, server: tuple[Server, tuple[str, int]], tmp_path: Path, each_plane: str
 ) -> Proxy:
-    return await faultnet_proxy(server[1], event_log=str(tmp_path / "events.jsonl"))
+    """A proxy in front of the server, on each data plane built here."""
+    log = str(tmp_path / "events.jsonl")
+    return await faultnet_proxy(server[1], event_log=log, dataplane=each_plane)
 
 
 def address(proxy: Proxy) -> tuple[str, int]:
