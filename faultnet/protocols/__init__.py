@@ -13,6 +13,9 @@ its commands out (:mod:`faultnet.toxics.http`).
   reset, hold, header changes, each per request.
 * :mod:`faultnet.protocols.tls` -- TLS: termination with a throwaway CA (trustme),
   re-origination towards the upstream, and faults on the handshake itself.
+* :mod:`faultnet.protocols.dns` -- DNS (dnspython): which queries a rule faults and
+  what is done to them, for the UDP proxy's ``dns`` row and the ``dns`` toxic;
+  :mod:`faultnet.protocols.dns_tcp` frames it over TCP (RFC 1035 4.2.2).
 
 Adding a protocol (Redis's RESP, PostgreSQL's wire protocol...) touches:
 
