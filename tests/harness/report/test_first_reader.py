@@ -34,6 +34,7 @@ def test_the_first_line_says_what_the_page_is(built) -> None:
     assert "no-confirm and fixed" in first and "the arm with the defect is there to fail" in first
 
 
+@pytest.mark.usefixtures("pair_verdict")  # reads the pair's verdict
 def test_a_pairs_pass_says_whose_and_why_the_defect_arm_fails(built) -> None:
     lines = _text(built.html.read_text())
     assert lines[2] == "The pair's verdict: PASS", lines[:5]
@@ -52,6 +53,7 @@ def test_a_pairs_pass_says_whose_and_why_the_defect_arm_fails(built) -> None:
     assert "the pair's verdict PASS" in fig._suptitle.get_text()
 
 
+@pytest.mark.usefixtures("pair_verdict")  # reads the pair's verdict
 def test_the_arms_have_one_name_each(built) -> None:
     page = unescape(re.sub(r"<[^>]+>", " ", built.html.read_text()))
     assert not re.search(r"\barms? [ab]\b", page), re.findall(r".{40}\barms? [ab]\b.{40}", page)
@@ -74,6 +76,7 @@ def test_every_kind_of_mark_drawn_is_in_the_legend(built) -> None:
     assert want <= set(labels), want - set(labels)
 
 
+@pytest.mark.usefixtures("pair_verdict")  # reads the pair's verdict
 def test_a_control_runs_loss_failing_as_it_must_is_not_a_fail(
     pair_dir: Path, tmp_path: Path
 ) -> None:

@@ -139,6 +139,7 @@ def test_every_fault_post_and_detection_in_the_evidence_is_drawn_and_on_the_page
         assert html.escape(c["name"]) in page and html.escape(c["detail"]) in page
 
 
+@pytest.mark.usefixtures("pair_verdict")  # reads the pair's verdict
 def test_the_defect_arm_shows_silent_losses_inside_the_frozen_band_and_the_fixed_arm_none(
     built, pair_dir: Path
 ) -> None:
@@ -184,6 +185,7 @@ def test_a_received_post_is_never_drawn_as_a_silent_loss(pair_dir: Path, tmp_pat
     assert sum(o == "silent_loss" for o in now.values()) == len(lost) - 1
 
 
+@pytest.mark.usefixtures("pair_verdict")  # reads the pair's verdict
 def test_a_claimed_post_the_observer_never_got_is_drawn_as_a_silent_loss(
     pair_dir: Path, tmp_path: Path
 ) -> None:
@@ -264,6 +266,7 @@ def test_a_decision_log_is_drawn_on_its_targets_lane(pair_dir: Path, tmp_path: P
     assert "skip sever: rail" in built.html.read_text()
 
 
+@pytest.mark.usefixtures("pair_verdict")  # reads the pair's verdict
 def test_a_verifiers_verdict_joins_the_runs_checks(pair_dir: Path, tmp_path: Path) -> None:
     """The fleet's verdict.json (a verifier run apart from the run): its checks are the
     run's too, and one failing fails the run that passed on its own."""

@@ -10,6 +10,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from harness.report import cli
 from tests import REPO
 
@@ -24,6 +26,7 @@ def report(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.usefixtures("pair_verdict")  # reads the pair's verdict
 def test_a_pair_directory_rebuilds_and_exits_with_its_verdict(pair_dir: Path) -> None:
     proc = report(str(pair_dir), "--json")
     assert proc.returncode == 0, proc.stderr
@@ -35,6 +38,7 @@ def test_a_pair_directory_rebuilds_and_exits_with_its_verdict(pair_dir: Path) ->
     assert Path(doc["report"]).is_file()
 
 
+@pytest.mark.usefixtures("pair_verdict")  # reads the pair's verdict
 def test_a_failing_arm_exits_1_and_a_run_dir_base_builds_each_attempt(
     pair_base: Path, pair_dir: Path
 ) -> None:
@@ -60,6 +64,7 @@ def test_not_a_run_directory_exits_2_with_one_line(tmp_path: Path) -> None:
     assert report().returncode == 2
 
 
+@pytest.mark.usefixtures("pair_verdict")  # reads the pair's verdict
 def test_the_command_registers_as_faultnet_report(pair_dir: Path) -> None:
     declared = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]
     assert declared["faultnet.commands"]["report"] == "harness.report.cli:register"

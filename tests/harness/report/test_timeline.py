@@ -37,6 +37,7 @@ def test_no_delivered_post_sits_inside_a_fault_band_on_its_lane(built) -> None:
     assert any(proxy_band.t <= p.t <= proxy_band.end for p in posts if p.run == 0)
 
 
+@pytest.mark.usefixtures("pair_verdict")  # reads the pair's verdict
 def test_each_arm_counts_its_answer_beside_it(built) -> None:
     svg = built.svg.read_text()
     for ri, run in enumerate(built.report.runs):
