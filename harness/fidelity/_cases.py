@@ -466,6 +466,7 @@ def lossy_downloads(side: Side, servers: Servers) -> Generator[None, None, Obser
         tries_of="downloads",
         seconds_of="the median took",
         times=times,
+        batch=LOSS_AT_ONCE,
         detail=f"{LOSS_TRY_BYTES // 1024} KiB each, {LOSS_AT_ONCE} at once, given {LOSS_GIVEN_S:g} s",
     )
 

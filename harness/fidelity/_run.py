@@ -44,6 +44,7 @@ class Row:
             "kernel": self.reference.to_json() if self.reference else None,
             "faultnet": self.faultnet.to_json() if self.faultnet else None,
             "same": self.verdict.same,
+            "inconclusive": self.verdict.inconclusive,
             "verdict": self.verdict.text,
             "judged": self.judged,
         }

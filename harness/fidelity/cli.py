@@ -3,7 +3,8 @@
 Runs every case, TCP and UDP (or those of the modes or protocol given), in a network
 namespace of its own, the kernel's version of each fault against faultnet's, and prints
 one row per pair. Example: python -m harness.fidelity --protocol udp
-Exit 0 when every judged pair is the same, 1 when one differs, 2 for usage or
+Exit 0 when no judged pair differs (an inconclusive share, one the load moved between a
+side's own turns, is printed and not counted), 1 when one differs, 2 for usage or
 environment (not root, iproute2 or nftables missing, a server that did not start).
 """
 
@@ -149,7 +150,8 @@ def _run(args: argparse.Namespace) -> int:
         print()
     if args.record:
         _record(rows)
-    return 1 if any(r.judged and not r.verdict.same for r in rows) else 0
+    differ = (r.judged and not r.verdict.same and not r.verdict.inconclusive for r in rows)
+    return 1 if any(differ) else 0
 
 
 def _run_toxics(args: argparse.Namespace) -> int:

@@ -52,7 +52,9 @@ def test_every_mode_fails_as_the_kernels_own_version_of_it() -> None:
     table = _table(rows)
     modes = {r["mode"] for r in rows if r["judged"]}
     assert set(MODES) - set(NOT_HELD) <= modes, table
-    differ = [r for r in rows if r["judged"] and not r["same"]]
+    # An inconclusive row (a share its own turns spread over as widely as the other
+    # side's: the load moved) is shown in the table, not counted as a difference.
+    differ = [r for r in rows if r["judged"] and not r["same"] and not r["inconclusive"]]
     assert not differ, table
     assert done.returncode == 0, table
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import errno
+import random
+import statistics
 
 import pytest
 
 from harness.fidelity import Observation, judge
-from harness.fidelity._observe import CHECKS, classify, share_bound
+from harness.fidelity._observe import CHECKS, classify, dispersion, share_bound
 
 REF = Observation("ETIMEDOUT", 3.0, segs_in_after=0)
 
@@ -128,3 +130,56 @@ def test_a_row_of_many_tries_reads_as_its_shares() -> None:
         " a retry got in at 1.02 s"
     )
     assert "a retry got in at: none" in _connects(0, 0, at=None).text()
+
+
+def _downloads(per_turn: list[int], batch: int = 32) -> Observation:
+    """Lossy downloads in turns of *batch*: per turn, how many backed off (0.6 s; the
+    rest 0.1 s)."""
+    times: list[float] = []
+    for k in per_turn:
+        times += [0.6] * k + [0.1] * (batch - k)
+    return Observation(
+        "intact",
+        0.1,
+        tries=len(times),
+        counts={"backed off": sum(per_turn), "unfinished": 0},
+        times=tuple(times),
+        batch=batch,
+    )
+
+
+@pytest.mark.parametrize(
+    "kernel,faultnet,verdict",
+    [
+        # Each side's turns alike, the sides apart (41 % against 66 %): different.
+        ([13] * 6, [21] * 6, "different share backed off"),
+        # The same shares: the same, however the turns spread.
+        ([4, 22] * 3, [22, 4] * 3, "same"),
+        # As far apart, but each side's own turns spread 13x the binomial's (the load
+        # moved between turns) and overlap the other side's: not decided.
+        ([4, 22] * 3, [12, 30] * 3, "inconclusive share backed off"),
+        # A side that never backs off is different however widely the other spreads:
+        # every one of its turns lies below every turn of the other's.
+        ([4, 22] * 3, [0] * 6, "different share backed off"),
+    ],
+)
+def test_a_share_whose_turns_spread_beyond_chance_is_inconclusive_not_different(
+    kernel: list[int], faultnet: list[int], verdict: str
+) -> None:
+    v = judge(_downloads(kernel), _downloads(faultnet))
+    assert v.text.startswith(verdict), v
+    assert v.inconclusive == verdict.startswith("inconclusive")
+    assert v.same == (verdict == "same")
+
+
+def test_the_dispersion_is_about_one_for_binomial_turns() -> None:
+    """Turns drawn from one probability spread as the binomial does: phi near 1, so the
+    bound is not widened by chance alone (seeded: 200 rows of 6 turns of 32 at p=0.4)."""
+    rng = random.Random(35)
+    phis = []
+    for _ in range(200):
+        kernel = [sum(rng.random() < 0.4 for _ in range(32)) for _ in range(6)]
+        faultnet = [sum(rng.random() < 0.4 for _ in range(32)) for _ in range(6)]
+        phis.append(dispersion(_downloads(kernel), _downloads(faultnet), "backed off"))
+    assert 0.8 < statistics.mean(phis) < 1.2
+    assert dispersion(_downloads([13] * 6), _downloads([13] * 6), "backed off") == 0.0
