@@ -35,9 +35,10 @@ def test_each_toxic_keeps_its_promise_and_its_judge_tells_a_breakage(
 
 
 def test_every_byte_toxic_and_toxicity_has_a_row() -> None:
-    # The protocol toxics (http_*, tls_*) change a protocol's messages, not bytes and
-    # timing: their fidelity is the protocol sessions' (held against real servers).
-    byte_toxics = {t for t in TOXICS if not t.startswith(("http_", "tls_"))}
+    # The protocol toxics (both streams: http_*, tls_*, dns) change a protocol's
+    # messages, not bytes and timing: their fidelity is the protocol sessions' (held
+    # against real servers).
+    byte_toxics = {t for t, cls in TOXICS.items() if not cls.both_streams}
     assert byte_toxics <= {c.toxic for c in TOXIC_CASES}
     assert any(c.toxicity not in (0.0, 1.0) for c in TOXIC_CASES)
     for c in TOXIC_CASES:
