@@ -290,6 +290,10 @@ class BrowserBlock:
 OnRegistry = Callable[[Callable[[], Any]], Awaitable[Any]]
 
 
+async def _await(pending: Awaitable[Any]) -> Any:
+    return await pending
+
+
 async def _here(op: Callable[[], Any]) -> Any:
     """:data:`OnRegistry` for an app served in the registry's own trio loop."""
     result = op()
@@ -773,21 +777,36 @@ class _ApiThread:
         self.thread = threading.Thread(target=self._main, name="faultnet-api", daemon=True)
 
     async def on_registry(self, op: Callable[[], Any]) -> Any:
-        """:data:`OnRegistry`: run *op* in the registry's loop (a system task there),
-        wait for it here. A request cancelled meanwhile leaves the operation to finish
-        there on its own: it is never half-applied by a cancellation from this side."""
+        """:data:`OnRegistry`: run *op* in the registry's loop, wait for it here. A
+        request cancelled meanwhile leaves the operation to finish there on its own: it
+        is never half-applied by a cancellation from this side.
+
+        A plain operation (every read) runs in the callback that lands in the
+        registry's loop, with no task of its own; only one that returns an awaitable
+        (a change, under the registry's lock) gets a system task there to await it. A task per operation
+        cost a spawn and a pass of that loop's scheduler on every request."""
         api = trio.lowlevel.current_trio_token()
         finished = trio.Event()
         result: list[outcome.Outcome[Any]] = []
 
-        async def run_there() -> None:
-            result.append(await outcome.acapture(_here, op))
+        def deliver(answer: outcome.Outcome[Any]) -> None:
+            result.append(answer)
             try:
                 api.run_sync_soon(finished.set)
             except trio.RunFinishedError:
                 pass  # the API's loop ended meanwhile: nobody waits for the answer
 
-        self.home.run_sync_soon(trio.lowlevel.spawn_system_task, run_there)
+        async def await_there(pending: Awaitable[Any]) -> None:
+            deliver(await outcome.acapture(_await, pending))
+
+        def start_there() -> None:
+            called = outcome.capture(op)
+            if isinstance(called, outcome.Value) and inspect.isawaitable(called.value):
+                trio.lowlevel.spawn_system_task(await_there, called.value)
+            else:
+                deliver(called)
+
+        self.home.run_sync_soon(start_there)
         await finished.wait()
         return result[0].unwrap()
 
