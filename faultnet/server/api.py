@@ -439,9 +439,12 @@ async def toxic_index(call: Call) -> Response:
 async def toxic_create(call: Call) -> Response:
     raw = await call.read()
 
-    async def op() -> Any:
-        call.registry.get(call.proxy)
-        return toxic_to_json(await call.registry.add_toxic(call.proxy, call.parse(raw)))
+    def op() -> Any:
+        call.registry.get(call.proxy)  # 404 before a body error, as Toxiproxy
+        body = call.parse(raw)
+        return call.registry.locked(
+            lambda: toxic_to_json(call.registry.add_toxic_now(call.proxy, body))
+        )
 
     return await call.answer(op)
 
@@ -455,16 +458,20 @@ async def toxic_show(call: Call) -> Response:
 async def toxic_update(call: Call) -> Response:
     raw = await call.read()
 
-    async def op() -> Any:
+    def op() -> Any:
         call.registry.get_toxic(call.proxy, call.toxic)
         body = call.parse(raw)
-        return toxic_to_json(await call.registry.update_toxic(call.proxy, call.toxic, body))
+        return call.registry.locked(
+            lambda: toxic_to_json(call.registry.update_toxic_now(call.proxy, call.toxic, body))
+        )
 
     return await call.answer(op)
 
 
 async def toxic_delete(call: Call) -> Response:
-    return await call.done(lambda: call.registry.remove_toxic(call.proxy, call.toxic))
+    return await call.done(
+        lambda: call.registry.locked(lambda: call.registry.remove_toxic_now(call.proxy, call.toxic))
+    )
 
 
 async def reset(call: Call) -> Response:
@@ -781,9 +788,10 @@ class _ApiThread:
         request cancelled meanwhile leaves the operation to finish there on its own: it
         is never half-applied by a cancellation from this side.
 
-        A plain operation (every read) runs in the callback that lands in the
+        A plain operation (every read; a toxic's change while the registry's lock is
+        free: :meth:`ProxyRegistry.locked`) runs in the callback that lands in the
         registry's loop, with no task of its own; only one that returns an awaitable
-        (a change, under the registry's lock) gets a system task there to await it. A task per operation
+        (a change that waits for the lock, or awaits) gets a system task there. A task per operation
         cost a spawn and a pass of that loop's scheduler on every request."""
         api = trio.lowlevel.current_trio_token()
         finished = trio.Event()

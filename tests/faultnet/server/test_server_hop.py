@@ -15,6 +15,7 @@ import threading
 import trio
 
 from faultnet.server import RunningServer
+from faultnet.server.toxic_codec import toxic_to_json
 
 
 class _Spawns(trio.abc.Instrument):
@@ -86,3 +87,47 @@ async def test_a_change_still_awaits_in_the_registrys_loop(
     status, _ = await _spawned_by(faultnet_server, "DELETE", "/proxies/hop")
     assert status == 204
     assert "hop" not in faultnet_server.registry.proxies
+
+
+TOXIC = b'{"name": "lat", "type": "latency", "attributes": {"latency": 5}}'
+
+
+async def test_a_toxics_change_runs_with_no_task_while_the_lock_is_free(
+    faultnet_server: RunningServer,
+) -> None:
+    body = b'{"name": "tx", "listen": "127.0.0.1:0", "upstream": "127.0.0.1:9"}'
+    assert (await _spawned_by(faultnet_server, "POST", "/proxies", body))[0] == 201
+    assert await _spawned_by(faultnet_server, "POST", "/proxies/tx/toxics", TOXIC) == (200, 0)
+    update = b'{"attributes": {"latency": 7}}'
+    assert await _spawned_by(faultnet_server, "POST", "/proxies/tx/toxics/lat", update) == (200, 0)
+    toxic = faultnet_server.registry.get_toxic("tx", "lat")[1]
+    assert toxic_to_json(toxic)["attributes"]["latency"] == 7
+    # The body's errors, in Toxiproxy's order, as before: 404, then 400, then 409.
+    assert (await _spawned_by(faultnet_server, "POST", "/proxies/no/toxics", b"{"))[0] == 404
+    assert (await _spawned_by(faultnet_server, "POST", "/proxies/tx/toxics", b"{"))[0] == 400
+    assert (await _spawned_by(faultnet_server, "POST", "/proxies/tx/toxics", TOXIC))[0] == 409
+    assert await _spawned_by(faultnet_server, "DELETE", "/proxies/tx/toxics/lat") == (204, 0)
+    assert faultnet_server.registry.get("tx").toxics == []
+
+
+async def test_a_toxics_change_waits_for_a_held_lock(faultnet_server: RunningServer) -> None:
+    registry = faultnet_server.registry
+    body = b'{"name": "held", "listen": "127.0.0.1:0", "upstream": "127.0.0.1:9"}'
+    assert (await _spawned_by(faultnet_server, "POST", "/proxies", body))[0] == 201
+    answered: list[tuple[int, int]] = []
+
+    async def add() -> None:
+        answered.append(await _spawned_by(faultnet_server, "POST", "/proxies/held/toxics", TOXIC))
+
+    async with trio.open_nursery() as nursery:
+        async with registry._lock:  # another change (a create, a reset) holds it
+            nursery.start_soon(add)
+            with trio.fail_after(10):
+                # The waiter comes from the API's thread: no event of this loop says
+                # so, hence a bounded poll of the lock's own statistics.
+                while not registry._lock.statistics().tasks_waiting:  # noqa: ASYNC110
+                    await trio.sleep(0.005)
+            assert registry.get("held").toxics == []  # not applied under the holder
+    assert answered[0][0] == 200
+    assert answered[0][1] >= 1  # the change's own task, which waited for the lock
+    assert [t.name for t in registry.get("held").toxics] == ["lat"]
