@@ -1,10 +1,15 @@
-"""Plain blocking loopback sockets for the tests of socket options and filters."""
+"""Plain blocking loopback sockets for the tests of socket options and filters, and a
+bounded read of a trio stream for the tests of the planes and toxics."""
 
 from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+import trio
+
+from faultnet import testing
 
 
 @contextmanager
@@ -27,3 +32,10 @@ def recv_exactly(sock: socket.socket, n: int) -> bytes:
         assert chunk, "EOF"
         got += chunk
     return got
+
+
+async def read_exactly(stream: trio.abc.ReceiveStream, n: int, timeout: float = 10) -> bytes:
+    """:func:`faultnet.testing.read_exactly` failing after *timeout* seconds, so a stream
+    that never delivers fails its test instead of hanging it."""
+    with trio.fail_after(timeout):
+        return await testing.read_exactly(stream, n)

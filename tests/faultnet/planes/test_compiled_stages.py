@@ -24,6 +24,7 @@ from faultnet.proxy._toxiclink import COMPILED_STAGES_ENV
 from faultnet.testing import open_link, wait_until
 from faultnet.toxics import Bandwidth, Latency
 from faultnet.toxics.draws import GAMMA, Draws, draws_of
+from tests.faultnet.sockets import read_exactly
 
 pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason="the native plane is not built")
 
@@ -37,16 +38,6 @@ def native_plane(monkeypatch: pytest.MonkeyPatch) -> None:
 def only_connection(proxy: Proxy) -> Any:
     (conn,) = proxy._connections.values()
     return conn
-
-
-async def read_exactly(stream: trio.SocketStream, n: int, timeout: float = 10) -> bytes:
-    got = bytearray()
-    with trio.fail_after(timeout):
-        while len(got) < n:
-            data = await stream.receive_some(65536)
-            assert data, f"EOF after {len(got)} of {n} bytes"
-            got += data
-    return bytes(got)
 
 
 async def compiled(conn: Any, stream: str = "upstream") -> None:

@@ -22,6 +22,7 @@ from faultnet.proxy._toxiclink import COMPILED_STAGES_ENV
 from faultnet.seeds import derive_seed
 from faultnet.testing import open_link, wait_until
 from faultnet.toxics import Latency
+from tests.faultnet.sockets import read_exactly
 
 #: Every test here runs on every data plane built here (tests/faultnet/conftest.py).
 pytestmark = pytest.mark.usefixtures("each_plane")
@@ -41,16 +42,6 @@ def pattern(n: int) -> bytes:
 def only_connection(proxy: Proxy):  # type: ignore[no-untyped-def]
     (conn,) = proxy._connections.values()
     return conn
-
-
-async def read_exactly(stream: trio.SocketStream, n: int) -> bytes:
-    got = bytearray()
-    with trio.fail_after(10):
-        while len(got) < n:
-            data = await stream.receive_some(65536)
-            assert data, f"EOF after {len(got)} of {n} bytes"
-            got += data
-    return bytes(got)
 
 
 async def test_a_stream_whose_toxics_are_removed_goes_back_to_the_plane() -> None:

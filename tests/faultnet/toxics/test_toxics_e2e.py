@@ -22,6 +22,7 @@ from faultnet.proxy import Proxy
 from faultnet.testing import start_server
 from faultnet.toxics import Bandwidth, Latency, LimitData, ResetPeer, Slicer, SlowClose, Timeout
 from faultnet.toxics.base import Toxic
+from tests.faultnet.sockets import read_exactly
 
 #: Every test here runs on every data plane built here (tests/faultnet/conftest.py).
 pytestmark = pytest.mark.usefixtures("each_plane")
@@ -80,16 +81,6 @@ async def connect(proxy: Proxy) -> trio.SocketStream:
     return await trio.open_tcp_stream(*proxy.address)
 
 
-async def receive_exactly(stream: trio.SocketStream, n: int, timeout: float = 10) -> bytes:
-    got = bytearray()
-    with trio.fail_after(timeout):
-        while len(got) < n:
-            chunk = await stream.receive_some(65536)
-            assert chunk, f"EOF after {len(got)} of {n} bytes"
-            got += chunk
-    return bytes(got)
-
-
 async def read_to_eof(stream: trio.SocketStream, timeout: float = 10) -> bytes:
     got = bytearray()
     with trio.fail_after(timeout):
@@ -101,7 +92,7 @@ async def read_to_eof(stream: trio.SocketStream, timeout: float = 10) -> bytes:
 async def rtt(stream: trio.SocketStream, payload: bytes = b"ping") -> float:
     t0 = trio.current_time()
     await stream.send_all(payload)
-    assert await receive_exactly(stream, len(payload)) == payload
+    assert await read_exactly(stream, len(payload)) == payload
     return trio.current_time() - t0
 
 
@@ -118,7 +109,7 @@ async def test_latency_delays_each_way_at_least_its_time(
     proxy = await faultnet_proxy(echo)
     proxy.add_toxic(Latency("down", "downstream", latency=100))
     stream = await connect(proxy)
-    # Each echo arrives (bounded by receive_exactly's 10 s), never before its latency.
+    # Each echo arrives (bounded by read_exactly's 10 s), never before its latency.
     # Not how soon after: the exact delay is test_latency.py's, on the mock clock.
     times = [await rtt(stream) for _ in range(4)]
     assert min(times) >= 0.100, times
@@ -135,7 +126,7 @@ async def test_latency_and_jitter_keep_bytes_exact(faultnet_proxy: Factory, echo
     data = pattern(512 * 1024)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(stream.send_all, data)
-        assert await receive_exactly(stream, len(data)) == data
+        assert await read_exactly(stream, len(data)) == data
 
 
 async def test_bandwidth_never_beats_its_rate(faultnet_proxy: Factory, echo: Address) -> None:
@@ -149,7 +140,7 @@ async def test_bandwidth_never_beats_its_rate(faultnet_proxy: Factory, echo: Add
         nursery.start_soon(stream.send_all, data)
         # It all arrives (bounded: 10 s, 20 x the rate's time), never faster than the
         # rate (within 5 %); how much slower it may be is not asserted.
-        assert await receive_exactly(stream, len(data), timeout=10) == data
+        assert await read_exactly(stream, len(data), timeout=10) == data
     measured = len(data) / 1000 / (trio.current_time() - t0)
     assert measured <= 1.05 * rate_kb, f"{measured:.0f} KB/s"
 
@@ -221,7 +212,7 @@ async def test_slow_close_delays_the_fin_not_the_data(
     proxy = await through(faultnet_proxy, nursery, b"last words", SlowClose("sc", delay=1000))
     t0 = trio.current_time()
     stream = await connect(proxy)
-    assert await receive_exactly(stream, 10) == b"last words"
+    assert await read_exactly(stream, 10) == b"last words"
     # The data is not held: it arrives before the FIN's delay has passed. The bound is
     # the toxic's own time, 1 s (100 x a loopback round trip), not a speed.
     assert trio.current_time() - t0 < 1.0, "the data was held like the FIN"
