@@ -506,15 +506,19 @@ class Session:
         if self.up is Up.OPAQUE:
             return self._emit(Forward(UP, data, now))
         if self.up is Up.WAITING:
-            self._waiting += data
-            if len(self._waiting) > MAX_BUFFER:
-                self._emit(Hold(UP, None))
-            return
+            return self._wait(data)
         try:
             self._request.feed(data)
         except h11.RemoteProtocolError:
             return self._up_unreadable(now)
         self._parse_requests(now)
+
+    def _wait(self, data: bytes) -> None:
+        """Keep client bytes that came behind an Upgrade until its answer says what they
+        are; past MAX_BUFFER of them, stop reading the client."""
+        self._waiting += data
+        if len(self._waiting) > MAX_BUFFER:
+            self._emit(Hold(UP, None))
 
     def _parse_requests(self, now: float) -> None:
         while self.up not in (Up.HELD, Up.DONE, Up.WAITING, Up.OPAQUE, Up.DELAYING):
@@ -602,10 +606,7 @@ class Session:
         if self.up is Up.DONE:
             return
         if self.up is Up.WAITING:
-            self._waiting += rest
-            if len(self._waiting) > MAX_BUFFER:
-                self._emit(Hold(UP, None))
-            return
+            return self._wait(rest)
         try:
             self._request.feed(rest)
         except h11.RemoteProtocolError:
