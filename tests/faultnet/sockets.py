@@ -39,3 +39,14 @@ async def read_exactly(stream: trio.abc.ReceiveStream, n: int, timeout: float = 
     that never delivers fails its test instead of hanging it."""
     with trio.fail_after(timeout):
         return await testing.read_exactly(stream, n)
+
+
+async def carried(
+    sender: trio.abc.SendStream, receiver: trio.abc.ReceiveStream, data: bytes
+) -> float:
+    """Send *data* on *sender* and read it back whole from *receiver*; the seconds that
+    took (trio's clock), for the tests that a delay was applied."""
+    t0 = trio.current_time()
+    await sender.send_all(data)
+    assert await read_exactly(receiver, len(data)) == data
+    return trio.current_time() - t0

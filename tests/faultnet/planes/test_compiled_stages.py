@@ -13,6 +13,8 @@ import os
 import random
 import socket
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -24,7 +26,7 @@ from faultnet.proxy._toxiclink import COMPILED_STAGES_ENV
 from faultnet.testing import open_link, wait_until
 from faultnet.toxics import Bandwidth, Latency
 from faultnet.toxics.draws import GAMMA, Draws, draws_of
-from tests.faultnet.sockets import read_exactly
+from tests.faultnet.sockets import carried, read_exactly
 
 pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason="the native plane is not built")
 
@@ -50,6 +52,19 @@ async def compiled(conn: Any, stream: str = "upstream") -> None:
     await wait_until(on_stage, 5, what="the chain handed to the compiled stage")
 
 
+@asynccontextmanager
+async def latency_on_plane(
+    latency_ms: int,
+) -> AsyncIterator[tuple[Proxy, Any, trio.SocketStream, trio.SocketStream]]:
+    """A link (proxy, its connection, client, server) whose upstream has a Latency of
+    *latency_ms* that the plane, not trio, runs."""
+    async with open_link() as (proxy, client, server):
+        conn = only_connection(proxy)
+        proxy.add_toxic(Latency("lat", "upstream", latency=latency_ms))
+        await compiled(conn)
+        yield proxy, conn, client, server
+
+
 def test_the_generator_draws_the_same_in_c_and_in_python() -> None:
     from faultnet.planes import _native
 
@@ -63,25 +78,16 @@ def test_the_generator_draws_the_same_in_c_and_in_python() -> None:
 
 
 async def test_a_latency_chain_runs_on_the_plane_and_delays_from_the_read() -> None:
-    async with open_link() as (proxy, client, server):
-        conn = only_connection(proxy)
-        proxy.add_toxic(Latency("lat", "upstream", latency=40))
-        await compiled(conn)
+    async with latency_on_plane(40) as (proxy, conn, client, server):
         assert not conn.toxic_links["upstream"].running  # no trio task per chunk
-        t0 = trio.current_time()
-        await client.send_all(b"hello")
-        assert await read_exactly(server, 5) == b"hello"
-        assert trio.current_time() - t0 >= 0.040
+        assert await carried(client, server, b"hello") >= 0.040
         # The other way is untouched: the plain fast path.
         await server.send_all(b"back")
         assert await read_exactly(client, 4) == b"back"
 
 
 async def test_the_eof_goes_after_the_held_bytes_when_they_are_due() -> None:
-    async with open_link() as (proxy, client, server):
-        conn = only_connection(proxy)
-        proxy.add_toxic(Latency("lat", "upstream", latency=60))
-        await compiled(conn)
+    async with latency_on_plane(60) as (proxy, conn, client, server):
         t0 = trio.current_time()
         await client.send_all(b"last words")
         await client.send_eof()
@@ -96,10 +102,7 @@ async def test_the_eof_goes_after_the_held_bytes_when_they_are_due() -> None:
 
 
 async def test_a_freeze_holds_the_queue_and_a_thaw_releases_what_is_due() -> None:
-    async with open_link() as (proxy, client, server):
-        conn = only_connection(proxy)
-        proxy.add_toxic(Latency("lat", "upstream", latency=20))
-        await compiled(conn)
+    async with latency_on_plane(20) as (proxy, conn, client, server):
         await client.send_all(b"queued")
         await wait_until(lambda: conn.link._queued(0) > 0, 5, what="the chunk queued")
         conn.link.freeze(["upstream"])  # total on return: nothing more is written
@@ -113,10 +116,7 @@ async def test_a_freeze_holds_the_queue_and_a_thaw_releases_what_is_due() -> Non
 
 
 async def test_an_update_reaches_the_stage_and_removal_returns_the_fast_path() -> None:
-    async with open_link() as (proxy, client, server):
-        conn = only_connection(proxy)
-        proxy.add_toxic(Latency("lat", "upstream", latency=5000))
-        await compiled(conn)
+    async with latency_on_plane(5000) as (proxy, conn, client, server):
         proxy.update_toxic("lat", {"latency": 10})
         t0 = trio.current_time()
         await client.send_all(b"quick")
@@ -139,19 +139,13 @@ async def test_an_update_reaches_the_stage_and_removal_returns_the_fast_path() -
         proxy.add_toxic(Latency("lat3", "upstream", latency=30))  # two: trio's chain
         assert conn.toxic_links["upstream"].compiled is None
         assert conn.link.on_toxic_path("upstream")
-        t0 = trio.current_time()
-        await client.send_all(b"twice")
-        assert await read_exactly(server, 5) == b"twice"
-        assert trio.current_time() - t0 >= 0.060
+        assert await carried(client, server, b"twice") >= 0.060
 
 
 async def test_the_queue_is_bounded_in_bytes() -> None:
     from faultnet.planes import _native
 
-    async with open_link() as (proxy, client, server):
-        conn = only_connection(proxy)
-        proxy.add_toxic(Latency("lat", "upstream", latency=1000))
-        await compiled(conn)
+    async with latency_on_plane(1000) as (proxy, conn, client, server):
         payload = bytes(4 * 1024 * 1024)
         bound = _native.INBOX_BYTES + _native.COPY_CHUNK + _native.CHUNK_COST
         async with trio.open_nursery() as nursery:
@@ -170,10 +164,7 @@ async def test_the_thread_plane_keeps_the_chain_in_trio(monkeypatch: pytest.Monk
     async with open_link() as (proxy, client, server):
         conn = only_connection(proxy)
         proxy.add_toxic(Latency("lat", "upstream", latency=20))
-        t0 = trio.current_time()
-        await client.send_all(b"slow")
-        assert await read_exactly(server, 4) == b"slow"
-        assert trio.current_time() - t0 >= 0.020
+        assert await carried(client, server, b"slow") >= 0.020
         assert conn.link.on_toxic_path("upstream")
         assert conn.toxic_links["upstream"].compiled is None
 
