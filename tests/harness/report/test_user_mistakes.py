@@ -43,10 +43,14 @@ def test_bench_report_on_a_missing_or_empty_directory(tmp_path: Path) -> None:
     )
 
 
-def copy_arm(pair_dir: Path, tmp_path: Path, name: str = "fixed") -> Path:
-    dst = tmp_path / name
-    shutil.copytree(pair_dir / name, dst)
+def copied(src: Path, dst: Path) -> Path:
+    """*dst*, made a copy of the tree *src*."""
+    shutil.copytree(src, dst)
     return dst
+
+
+def copy_arm(pair_dir: Path, tmp_path: Path, name: str = "fixed") -> Path:
+    return copied(pair_dir / name, tmp_path / name)
 
 
 #: result.json documents of the wrong shape, and a word the one line must say.
@@ -81,12 +85,6 @@ def test_a_truncated_result_json_is_still_drawn_with_a_note(pair_dir: Path, tmp_
     assert any("result.json" in n for n in doc["runs"][0]["notes"])
 
 
-def pair_copy(pair_dir: Path, tmp_path: Path) -> Path:
-    dst = tmp_path / "pair"
-    shutil.copytree(pair_dir, dst)
-    return dst
-
-
 BAD_PAIRS = [
     ("[]", "object"),
     ('{"names": "ab"}', "names"),
@@ -111,7 +109,9 @@ def test_report_on_an_evidence_file_of_the_wrong_shape(
     """An arm's result.json or a pair's pair.json of the wrong shape: one line naming
     the file and the field, exit 2."""
     run_dir = (
-        copy_arm(pair_dir, tmp_path) if name == "result.json" else pair_copy(pair_dir, tmp_path)
+        copy_arm(pair_dir, tmp_path)
+        if name == "result.json"
+        else copied(pair_dir, tmp_path / "pair")
     )
     (run_dir / name).write_text(doc)
     assert_one_line_exit_2(run("-m", "harness.report", str(run_dir)), name, word)
