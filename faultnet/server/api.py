@@ -290,10 +290,6 @@ class BrowserBlock:
 OnRegistry = Callable[[Callable[[], Any]], Awaitable[Any]]
 
 
-async def _await(pending: Awaitable[Any]) -> Any:
-    return await pending
-
-
 async def _here(op: Callable[[], Any]) -> Any:
     """:data:`OnRegistry` for an app served in the registry's own trio loop."""
     result = op()
@@ -439,12 +435,9 @@ async def toxic_index(call: Call) -> Response:
 async def toxic_create(call: Call) -> Response:
     raw = await call.read()
 
-    def op() -> Any:
-        call.registry.get(call.proxy)  # 404 before a body error, as Toxiproxy
-        body = call.parse(raw)
-        return call.registry.locked(
-            lambda: toxic_to_json(call.registry.add_toxic_now(call.proxy, body))
-        )
+    async def op() -> Any:
+        call.registry.get(call.proxy)
+        return toxic_to_json(await call.registry.add_toxic(call.proxy, call.parse(raw)))
 
     return await call.answer(op)
 
@@ -458,20 +451,16 @@ async def toxic_show(call: Call) -> Response:
 async def toxic_update(call: Call) -> Response:
     raw = await call.read()
 
-    def op() -> Any:
+    async def op() -> Any:
         call.registry.get_toxic(call.proxy, call.toxic)
         body = call.parse(raw)
-        return call.registry.locked(
-            lambda: toxic_to_json(call.registry.update_toxic_now(call.proxy, call.toxic, body))
-        )
+        return toxic_to_json(await call.registry.update_toxic(call.proxy, call.toxic, body))
 
     return await call.answer(op)
 
 
 async def toxic_delete(call: Call) -> Response:
-    return await call.done(
-        lambda: call.registry.locked(lambda: call.registry.remove_toxic_now(call.proxy, call.toxic))
-    )
+    return await call.done(lambda: call.registry.remove_toxic(call.proxy, call.toxic))
 
 
 async def reset(call: Call) -> Response:
@@ -762,15 +751,6 @@ class _ApiThread:
     5 ms at the median and 36-120 ms at p99. In its own loop the API's checkpoints wait
     for nothing but the API; a request crosses into the registry's loop once, for the
     registry operation itself (:meth:`on_registry`), and its answer comes back whole.
-
-    Where a request's time goes (issue 36, callgrind, instructions of the server
-    process per request on one keep-alive connection): GET /version 2.25 M, of which
-    hypercorn's trio worker with the least ASGI app takes 2.02 M (h11, its per-request
-    tasks and cancel scopes, two ``send`` calls per answer: head, then body); this app
-    (starlette's routing and middleware, the handler, JSON) ~0.2 M. A read that crosses
-    here costs ~0.24 M more (the hop there and back, the answer), a toxic's add and
-    remove 5.2 M the pair. So the floor of ~0.5 ms a request is hypercorn's and the machine's, not
-    this app's.
     """
 
     def __init__(
@@ -793,37 +773,21 @@ class _ApiThread:
         self.thread = threading.Thread(target=self._main, name="faultnet-api", daemon=True)
 
     async def on_registry(self, op: Callable[[], Any]) -> Any:
-        """:data:`OnRegistry`: run *op* in the registry's loop, wait for it here. A
-        request cancelled meanwhile leaves the operation to finish there on its own: it
-        is never half-applied by a cancellation from this side.
-
-        A plain operation (every read; a toxic's change while the registry's lock is
-        free: :meth:`ProxyRegistry.locked`) runs in the callback that lands in the
-        registry's loop, with no task of its own; only one that returns an awaitable
-        (a change that waits for the lock, or awaits) gets a system task there. A task per operation
-        cost a spawn and a pass of that loop's scheduler on every request."""
+        """:data:`OnRegistry`: run *op* in the registry's loop (a system task there),
+        wait for it here. A request cancelled meanwhile leaves the operation to finish
+        there on its own: it is never half-applied by a cancellation from this side."""
         api = trio.lowlevel.current_trio_token()
         finished = trio.Event()
         result: list[outcome.Outcome[Any]] = []
 
-        def deliver(answer: outcome.Outcome[Any]) -> None:
-            result.append(answer)
+        async def run_there() -> None:
+            result.append(await outcome.acapture(_here, op))
             try:
                 api.run_sync_soon(finished.set)
             except trio.RunFinishedError:
                 pass  # the API's loop ended meanwhile: nobody waits for the answer
 
-        async def await_there(pending: Awaitable[Any]) -> None:
-            deliver(await outcome.acapture(_await, pending))
-
-        def start_there() -> None:
-            called = outcome.capture(op)
-            if isinstance(called, outcome.Value) and inspect.isawaitable(called.value):
-                trio.lowlevel.spawn_system_task(await_there, called.value)
-            else:
-                deliver(called)
-
-        self.home.run_sync_soon(start_there)
+        self.home.run_sync_soon(trio.lowlevel.spawn_system_task, run_there)
         await finished.wait()
         return result[0].unwrap()
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import collections
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import trio
 
@@ -39,8 +39,6 @@ from faultnet.server.toxic_codec import ToxicError, check_update, toxic_from_jso
 from faultnet.toxics import STREAMS, Toxic
 from faultnet.udp.modes import UDP  # noqa: F401 -- registers the UDP table in TABLES
 from faultnet.udp.proxy import SessionInfo, UdpProxy
-
-T = TypeVar("T")
 
 __all__ = [
     "ApiError",
@@ -572,48 +570,30 @@ class ProxyRegistry:
 
     # -- toxics --
 
-    def locked(self, change: Callable[[], T]) -> T | Awaitable[T]:
-        """*change* under the registry's lock: done now when the lock is free (no other
-        change holds or waits for it, and plain code takes no checkpoint, so nothing
-        runs meanwhile); otherwise a coroutine that takes the lock, then does it.
+    async def add_toxic(self, proxy: str, body: Any) -> Toxic:
+        async with self._lock:
+            mp = self.get(proxy)
+            try:
+                toxic = toxic_from_json(body, taken=lambda n: mp.find_toxic(n) is not None)
+            except ToxicError as exc:
+                raise ApiError(exc.status, exc.message) from None
+            mp.add_toxic(toxic)
+            return toxic
 
-        The API's hop runs a plain result in its callback, with no task (issue 36: a
-        toxic's add and remove are the common changes, and the lock is free nearly
-        always); only a change that must wait for the lock becomes a task."""
-        if not self._lock.locked():
-            return change()
+    async def update_toxic(self, proxy: str, name: str, body: Any) -> Toxic:
+        async with self._lock:
+            mp, toxic = self.get_toxic(proxy, name)
+            try:
+                attributes, toxicity = check_update(toxic, body)
+            except ToxicError as exc:
+                raise ApiError(exc.status, exc.message) from None
+            mp.update_toxic(toxic, attributes, toxicity)
+            return toxic
 
-        async def when_free() -> T:
-            async with self._lock:
-                return change()
-
-        return when_free()
-
-    def add_toxic_now(self, proxy: str, body: Any) -> Toxic:
-        """Add the toxic of *body* to *proxy* (the caller holds or does not need the
-        lock: see :meth:`locked`)."""
-        mp = self.get(proxy)
-        try:
-            toxic = toxic_from_json(body, taken=lambda n: mp.find_toxic(n) is not None)
-        except ToxicError as exc:
-            raise ApiError(exc.status, exc.message) from None
-        mp.add_toxic(toxic)
-        return toxic
-
-    def update_toxic_now(self, proxy: str, name: str, body: Any) -> Toxic:
-        """Update *proxy*'s toxic *name* from *body* (see :meth:`add_toxic_now`)."""
-        mp, toxic = self.get_toxic(proxy, name)
-        try:
-            attributes, toxicity = check_update(toxic, body)
-        except ToxicError as exc:
-            raise ApiError(exc.status, exc.message) from None
-        mp.update_toxic(toxic, attributes, toxicity)
-        return toxic
-
-    def remove_toxic_now(self, proxy: str, name: str) -> None:
-        """Remove *proxy*'s toxic *name* (see :meth:`add_toxic_now`)."""
-        mp, toxic = self.get_toxic(proxy, name)
-        mp.remove_toxic(toxic.name)
+    async def remove_toxic(self, proxy: str, name: str) -> None:
+        async with self._lock:
+            mp, toxic = self.get_toxic(proxy, name)
+            mp.remove_toxic(toxic.name)
 
     # -- faultnet's modes --
 
