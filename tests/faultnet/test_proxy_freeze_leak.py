@@ -5,15 +5,12 @@ behind a flooding server, many connections, both planes."""
 
 from __future__ import annotations
 
-import fcntl
-import struct
-import termios
-
 import pytest
 import trio
 
 from faultnet import planes
 from faultnet.proxy import open_proxy
+from faultnet.sockopts import unread_bytes
 from faultnet.testing import accept_server, start_server
 
 #: The documented bound per connection and direction.
@@ -30,11 +27,6 @@ async def _flood(stream: trio.SocketStream) -> None:
             await stream.send_all(block)
     except (trio.BrokenResourceError, trio.ClosedResourceError):
         pass
-
-
-def _queued(sock: trio.socket.SocketType) -> int:
-    """Bytes in *sock*'s receive queue (SIOCINQ)."""
-    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
 
 
 async def _read_until_quiet(stream: trio.SocketStream) -> int:
@@ -71,7 +63,7 @@ async def test_slow_readers_read_a_bounded_amount_after_freeze(dataplane: str) -
             await proxy.freeze()
             leaks = []
             for s in streams:
-                queued = _queued(s.socket)
+                queued = unread_bytes(s.socket)
                 leaks.append(await _read_until_quiet(s) - queued)
             for s in streams:
                 await s.aclose()
@@ -93,7 +85,7 @@ async def test_a_slow_server_reads_a_bounded_amount_after_freeze(dataplane: str)
             await proxy.freeze()
             leaks = []
             for s in servers:
-                queued = _queued(s.socket)
+                queued = unread_bytes(s.socket)
                 leaks.append(await _read_until_quiet(s) - queued)
             nursery.cancel_scope.cancel()
         for c in clients:

@@ -5,10 +5,7 @@ read it, the inbox is bounded in bytes, and a lane goes back to the plane
 
 from __future__ import annotations
 
-import fcntl
 import socket
-import struct
-import termios
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,6 +14,7 @@ import pytest
 import trio
 
 from faultnet import planes
+from faultnet.sockopts import unread_bytes
 from faultnet.testing import wait_until
 from tests.faultnet.sockets import recv_exactly
 
@@ -91,11 +89,6 @@ async def test_each_chunk_carries_the_monotonic_time_it_was_read(plane_name: str
         assert all(b - a >= 0.009 for a, b in zip(stamps, stamps[1:], strict=False))
 
 
-def _unread(sock: socket.socket) -> int:
-    """Bytes waiting unread in *sock* (SIOCINQ)."""
-    return int(struct.unpack("i", fcntl.ioctl(sock, termios.FIONREAD, b"\0" * 4))[0])
-
-
 async def test_the_inbox_holds_many_small_chunks_and_a_bounded_number_of_bytes(
     plane_name: str,
 ) -> None:
@@ -103,7 +96,7 @@ async def test_the_inbox_holds_many_small_chunks_and_a_bounded_number_of_bytes(
         # 40 small messages, each read on its own (the former cap was 16 chunks).
         for i in range(40):
             rig.app_client.sendall(b"%03d" % i)
-            await wait_until(lambda: _unread(rig.client) == 0, 10, what="the plane's read")
+            await wait_until(lambda: unread_bytes(rig.client) == 0, 10, what="the plane's read")
         taken = rig.link.take_timed("upstream")
         assert b"".join(d for d, _ in taken) == b"".join(b"%03d" % i for i in range(40))
         assert len(taken) == 40
@@ -117,7 +110,7 @@ async def test_the_inbox_holds_many_small_chunks_and_a_bounded_number_of_bytes(
                     sent += rig.app_client.send(b"x" * 65536)
                 except BlockingIOError:
                     await trio.sleep(0.001)
-        await wait_until(lambda: _unread(rig.client) > 0, 10, what="the plane to stop reading")
+        await wait_until(lambda: unread_bytes(rig.client) > 0, 10, what="the plane to stop reading")
         held = sum(len(d) for d, _ in rig.link.take_timed("upstream"))
         assert 0 < held <= (1 << 20) + 65536
 

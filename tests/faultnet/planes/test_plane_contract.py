@@ -15,13 +15,10 @@ synchronisation: whatever is expected to arrive is waited for, with a bound.
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import os
 import random
 import socket
-import struct
-import termios
 import threading
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
@@ -34,6 +31,7 @@ from faultnet import planes
 from faultnet.eventlog import read_jsonl
 from faultnet.planes import native, thread
 from faultnet.proxy import Proxy, open_proxy
+from faultnet.sockopts import unread_bytes
 from faultnet.testing import echo_server, read_exactly, wait_until
 from faultnet.toxics import Latency
 from tests.conftest import in_ci
@@ -167,11 +165,6 @@ def _deepen(sock: socket.socket, opt: int) -> None:
         sock.setsockopt(socket.SOL_SOCKET, opt, DEEP_BUFFER)
 
 
-def _unread(sock: socket.socket) -> int:
-    """Bytes waiting unread in *sock* (SIOCINQ)."""
-    return int(struct.unpack("i", fcntl.ioctl(sock, termios.FIONREAD, b"\0" * 4))[0])
-
-
 async def _receive(stream: trio.SocketStream, n: int, timeout: float = 10) -> bytes:
     out = bytearray()
     with trio.fail_after(timeout):
@@ -241,7 +234,7 @@ async def _cross_what_was_queued(plane: planes.Plane) -> None:
         data = random.Random(7).randbytes(QUEUED)
         await rig.app_client.send_all(data)
         # All of it waits in the plane's socket, and nothing more will come.
-        await wait_until(lambda: _unread(client) == QUEUED, what="2 MiB queued")
+        await wait_until(lambda: unread_bytes(client) == QUEUED, what="2 MiB queued")
         rig.link.thaw(["upstream"])
         got = await _receive(rig.app_server, QUEUED, timeout=5)
         assert hashlib.sha256(got).digest() == hashlib.sha256(data).digest()

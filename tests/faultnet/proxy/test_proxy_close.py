@@ -19,7 +19,9 @@ import trio
 
 from faultnet.planes import available_planes
 from faultnet.proxy import open_proxy
-from faultnet.testing import accept_server, read_exactly
+from faultnet.proxy._toxiclink import COMPILED_STAGES_ENV
+from faultnet.testing import accept_server, read_exactly, wait_until
+from faultnet.toxics import Latency
 
 #: How long the peers may take to see the end once the proxy has closed: a reset or a
 #: FIN arrives within milliseconds on loopback; a missing one waits this out.
@@ -107,3 +109,28 @@ async def test_a_quiet_connection_still_ends_with_a_fin_each_way(plane: str) -> 
             assert await read_exactly(client, 4) == b"pong"
         assert await _read_to_the_end(server) == (0, "eof")
         assert await _read_to_the_end(client) == (0, "eof")
+
+
+async def test_bytes_a_toxic_holds_are_in_flight_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chunk the toxic chain has taken from the plane (a 10 s latency sleeping on it)
+    is neither unread in a socket nor held by the plane: only the toxic link knows it.
+    Closing the proxy then must reset, not FIN (the chain kept in trio: no compiled
+    stage, whose queue the plane itself would report)."""
+    monkeypatch.setenv(COMPILED_STAGES_ENV, "0")
+    async with accept_server() as (upstream, accepted):
+        async with open_proxy(upstream) as proxy:
+            assert proxy.address is not None
+            proxy.add_toxic(Latency("slow", "upstream", latency=10_000))
+            client = await trio.open_tcp_stream(*proxy.address)
+            server = await accepted.receive()
+            await client.send_all(b"held by the chain")
+            await wait_until(lambda: len(proxy._connections) == 1)
+            (conn,) = proxy._connections.values()
+            links = conn.toxic_links["upstream"]
+            await wait_until(
+                lambda: (
+                    links.holding and conn.link is not None and not conn.link.holding("upstream")
+                )
+            )
+        assert await _read_to_the_end(server) == (0, "reset")
+        await client.aclose()
