@@ -43,7 +43,7 @@ import importlib
 import os
 import socket
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 __all__ = [
     "CHUNKS",
@@ -54,6 +54,7 @@ __all__ = [
     "RESET",
     "UPSTREAM_FAILED",
     "Link",
+    "LinkBase",
     "Plane",
     "available_planes",
     "check_plane",
@@ -182,6 +183,36 @@ class Plane(Protocol):
     def settle(self) -> None:
         """Move, in the calling thread, whatever is ready now (faults call it before
         counting connections)."""
+
+
+_P = TypeVar("_P")
+_L = TypeVar("_L")
+
+
+class LinkBase(Generic[_P, _L]):
+    """What a plane's link holds on the Python side, in every plane: its plane, the
+    owner's ``on_event``, the exception behind ERROR, the two sockets' descriptors
+    (client's, server's) and its two lanes, made by ``lane(stream, src, dst)``:
+    ``upstream`` reads the client and writes the server, ``downstream`` the reverse."""
+
+    def __init__(
+        self,
+        plane: _P,
+        client: socket.socket,
+        server: socket.socket,
+        on_event: OnEvent,
+        lane: Callable[[str, socket.socket, socket.socket], _L],
+    ) -> None:
+        self.plane = plane
+        self.on_event = on_event
+        self.error: Exception | None = None
+        self.fds = (client.fileno(), server.fileno())
+        self.lanes = {
+            "upstream": lane("upstream", client, server),
+            "downstream": lane("downstream", server, client),
+        }
+        # The compiled base's own init (the native plane's: its lanes own no pipe yet).
+        super().__init__()
 
 
 def available_planes() -> list[str]:

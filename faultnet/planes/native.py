@@ -64,7 +64,7 @@ import socket
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from faultnet.planes import CHUNKS, DONE, DRAINED, ERROR, RESET, UPSTREAM_FAILED
+from faultnet.planes import CHUNKS, DONE, DRAINED, ERROR, RESET, UPSTREAM_FAILED, LinkBase
 
 if TYPE_CHECKING:
     import trio
@@ -126,26 +126,11 @@ else:
     _Base = _native.Link if AVAILABLE else object
 
 
-class Link(_Base):
+class Link(LinkBase["Plane", LaneView], _Base):
     """One connection in the core: two lanes. Made by :meth:`Plane.add`; every method
-    returns at once (the mutex is held for one socket's work at most)."""
-
-    def __init__(
-        self,
-        plane: Plane,
-        client: socket.socket,
-        server: socket.socket,
-        on_event: Callable[[str, str | None], None],
-    ) -> None:
-        self.plane = plane
-        self.on_event = on_event
-        #: The exception behind ERROR (set just before the event is delivered).
-        self.error: Exception | None = None
-        #: The sockets of each lane, for the tests' debug hooks (the core has its own).
-        self.lanes = {
-            "upstream": LaneView("upstream", client, server),
-            "downstream": LaneView("downstream", server, client),
-        }
+    returns at once (the mutex is held for one socket's work at most). Its ``lanes``
+    name each lane's sockets for the tests' debug hooks (the core has its own); its
+    ``error`` is set just before an ERROR event is delivered."""
 
     def freeze(self, streams: Iterable[str]) -> None:
         """Close the gates: total on return (no syscall of these lanes is in progress and
@@ -301,7 +286,7 @@ class Plane:
     ) -> Link:
         """Start forwarding between two non-blocking sockets (see
         :meth:`faultnet.planes.Plane.add`); what already arrived moves now, here."""
-        link = Link(self, client, server, on_event)
+        link = Link(self, client, server, on_event, LaneView)
         self._core.add(
             link,
             client.fileno(),

@@ -101,7 +101,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, cast
 
-from faultnet.planes import CHUNKS, DONE, DRAINED, ERROR, RESET, UPSTREAM_FAILED
+from faultnet.planes import CHUNKS, DONE, DRAINED, ERROR, RESET, UPSTREAM_FAILED, LinkBase
 from faultnet.planes._pipes import SPLICE_CHUNK, PipePool
 from faultnet.sockopts import tcp_state
 
@@ -203,31 +203,17 @@ class Lane:
         return self.open and (self.held is not None or self.piped > 0)
 
 
-class Link:
+class Link(LinkBase["Plane", Lane]):
     """One connection in the plane: two lanes, ``upstream`` (client to server) and
     ``downstream``. Made by :meth:`Plane.add`; every method acts under the lock and
     returns at once."""
 
-    def __init__(
-        self,
-        plane: Plane,
-        client: socket.socket,
-        server: socket.socket,
-        on_event: Callable[[str, str | None], None],
-    ) -> None:
-        self.plane = plane
-        self.on_event = on_event
-        self.lanes = {
-            "upstream": Lane("upstream", client, server),
-            "downstream": Lane("downstream", server, client),
-        }
-        self.fds = (client.fileno(), server.fileno())
-        #: The upstream connect is under way: nothing is read, the upstream socket waits
-        #: for EPOLLOUT (see "Setting up" in the module docstring).
-        self.connecting = False
-        self.ended = False
-        self.errno = 0
-        self.error: Exception | None = None
+    # Each starts as the class's, and is set on the link (under the lock) when it changes.
+    #: The upstream connect is under way: nothing is read, the upstream socket waits
+    #: for EPOLLOUT (see "Setting up" in the module docstring).
+    connecting = False
+    ended = False
+    errno = 0
 
     def _lanes_of(self, fd: int) -> tuple[Lane, Lane]:
         """(the lane reading fd, the lane writing to it)."""
@@ -444,7 +430,7 @@ class Plane:
         returned EINPROGRESS): forwarding starts once it completes; if it fails, or has
         not completed within the timeout, the link ends with UPSTREAM_FAILED (errno
         ETIMEDOUT for the timeout). Without it, both sockets are connected."""
-        link = Link(self, client, server, on_event)
+        link = Link(self, client, server, on_event, Lane)
         with self.lock:
             for s in frozen:
                 link.lanes[s].open = False
@@ -830,12 +816,10 @@ class Plane:
         not cover: pass them on, and go on reading if the socket may have more."""
         try:
             self._took(link, lane, n)
-            if not link.ended and lane.wants_read():
-                self._read(link, lane)
         except _Failed as exc:
             self._fail(link, lane, exc.args[0])
             return
-        self._rearm(link)
+        self._read_on(link, lane)
 
     def _handle(self, entry: tuple[Link, Lane, Lane]) -> None:
         """One ready socket, in general: *reading* reads it, *writing* writes to it
@@ -844,13 +828,20 @@ class Plane:
         if link.connecting:
             self._connected(link)
             return
-        lane = writing
-        try:
-            if writing.wants_write():
+        if writing.wants_write():
+            try:
                 self._flush(link, writing)
-            lane = reading
-            if not link.ended and reading.wants_read():
-                self._read(link, reading)
+            except _Failed as exc:
+                self._fail(link, writing, exc.args[0])
+                return
+        self._read_on(link, reading)
+
+    def _read_on(self, link: Link, lane: Lane) -> None:
+        """Read *lane* while it may (its link still in the plane), then re-arm the link's
+        interest; a failed syscall fails the lane instead (lock held)."""
+        try:
+            if not link.ended and lane.wants_read():
+                self._read(link, lane)
         except _Failed as exc:
             self._fail(link, lane, exc.args[0])
             return

@@ -127,3 +127,36 @@ def test_without_a_compiler_the_build_warns_and_installs_the_fallback(tmp_path) 
     assert done.returncode == 0, done.stderr
     assert "native data plane was not built" in done.stderr
     assert not list((tmp_path / "faultnet" / "planes").glob("_native*.so"))
+
+
+# A link the core refuses (its plane stopped) never reached the core's add, so its lanes
+# must still say "no pipe" (-1) when it is freed: with the compiled Link's own init
+# skipped they said fd 0, and freeing the link closed the process's standard input.
+_REFUSED_LINK = """
+import gc, os, socket
+from faultnet.planes import native
+os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+plane = native.Plane()
+plane._core.start()
+plane._core.stop()
+a, b = socket.socketpair()
+try:
+    plane.add(a, b, lambda kind, stream: None)
+except RuntimeError as exc:
+    print("refused:", exc)
+gc.collect()
+os.fstat(0)  # EBADF if the freed link closed it
+print("stdin open")
+"""
+
+
+def test_a_link_the_stopped_core_refuses_closes_no_descriptor_when_freed() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _REFUSED_LINK],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["refused: the plane has stopped", "stdin open"]
