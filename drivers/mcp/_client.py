@@ -36,7 +36,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import trio
 from jsonrpcclient import Error, Ok, notification, parse
@@ -71,6 +71,7 @@ __all__ = [
     "LATEST_HANDSHAKE_VERSION",
     "MCPDriver",
     "Notification",
+    "RequestOptions",
     "StdoutProblem",
     "ToolResult",
     "open_mcp",
@@ -96,6 +97,16 @@ EXIT_DRAIN_S = 0.5
 #: Bound on sending notifications/cancelled (the pipe may be full if the server stopped
 #: reading).
 CANCEL_SEND_S = 1.0
+
+
+class RequestOptions(TypedDict, total=False):
+    """The keywords of one request (:meth:`MCPDriver.request`, :meth:`MCPDriver.call_tool`),
+    each optional."""
+
+    #: Seconds to wait for the answer, writing the request included (None: the driver's).
+    timeout: float | None
+    #: Called with each progress notification's params (MCP progress).
+    on_progress: Callable[[dict[str, Any]], None] | None
 
 
 @dataclass(frozen=True)
@@ -467,14 +478,10 @@ class MCPDriver:
     # -- requests -------------------------------------------------------------------
 
     async def request(
-        self,
-        method: str,
-        params: dict[str, Any] | None = None,
-        *,
-        timeout: float | None = None,
-        on_progress: Callable[[dict[str, Any]], None] | None = None,
+        self, method: str, params: dict[str, Any] | None = None, **options: Unpack[RequestOptions]
     ) -> Any:
-        """Send one request and return its ``result``.
+        """Send one request and return its ``result`` (*options*: ``timeout``,
+        ``on_progress``, see :class:`RequestOptions`).
 
         Raises :class:`RPCError` (a JSON-RPC error answer), :class:`CallTimeout` (no answer
         within ``timeout`` seconds, default the driver's; the timeout covers writing the
@@ -486,7 +493,9 @@ class MCPDriver:
         reading and the pipe is full) may leave a partial line on the server's stdin;
         a pipe with room takes a line in one write.
         """
+        timeout = options.get("timeout")
         timeout = self.timeout if timeout is None else timeout
+        on_progress = options.get("on_progress")
         params, token = self._with_progress_token(params, on_progress)
         call = _CallRecord.of(method, params)
         req = request_impure(self._ids, method, params or None)
@@ -647,12 +656,12 @@ class MCPDriver:
         self,
         tool: str,
         arguments: Mapping[str, Any] | None = None,
-        *,
-        timeout: float | None = None,
-        on_progress: Callable[[dict[str, Any]], None] | None = None,
+        **options: Unpack[RequestOptions],
     ) -> ToolResult:
-        """Call ``tool``; see :meth:`call`. ``on_progress`` gets each progress params dict."""
+        """Call ``tool``; see :meth:`call`. *options* as :meth:`request`'s; ``on_progress``
+        gets each progress params dict."""
         progress: list[dict[str, Any]] = []
+        on_progress = options.get("on_progress")
 
         def collect(params: dict[str, Any]) -> None:
             progress.append(params)
@@ -663,7 +672,7 @@ class MCPDriver:
         result = await self.request(
             "tools/call",
             {"name": tool, "arguments": dict(arguments or {})},
-            timeout=timeout,
+            timeout=options.get("timeout"),
             on_progress=collect,
         )
         if not isinstance(result, dict) or not isinstance(result.get("content", []), list):

@@ -23,7 +23,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict, Unpack
 
 from drivers.irc import IrcLine, LineTooLong, casefold, format_line, parse_line
 from harness.enclave._registry import SERVICE_NICK, BotRecord, RegistryError, valid_nick
@@ -31,6 +31,7 @@ from harness.enclave._registry import SERVICE_NICK, BotRecord, RegistryError, va
 __all__ = [
     "SERVER_NAME",
     "Close",
+    "Closing",
     "Credentials",
     "Engine",
     "Event",
@@ -97,6 +98,17 @@ class Event:
 
 
 Output = Send | Close | Event
+
+
+class Closing(TypedDict, total=False):
+    """How a connection is closed (:meth:`Engine.close`), declared once for the engine
+    and the server that passes it on: *error* (default True) queues ``ERROR :Closing
+    Link`` first; *flush* (default True) closes after what was queued, else at once;
+    *quit_message* (default: the reason) is what its peers see in its QUIT."""
+
+    error: bool
+    flush: bool
+    quit_message: str | None
 
 
 class Credentials(Protocol):
@@ -191,19 +203,11 @@ class Engine:
             self._dispatch(c, item)
         return self._take()
 
-    def close_conn(
-        self,
-        conn: int,
-        reason: str,
-        *,
-        error: bool = True,
-        flush: bool = True,
-        quit_message: str | None = None,
-    ) -> list[Output]:
+    def close_conn(self, conn: int, reason: str, **how: Unpack[Closing]) -> list[Output]:
         """Close *conn* (idempotent): see :meth:`close`."""
         c = self.sessions.get(conn)
         if c is not None:
-            self.close(c, reason, error=error, flush=flush, quit_message=quit_message)
+            self.close(c, reason, **how)
         return self._take()
 
     def forget(self, conn: int) -> None:
@@ -236,25 +240,18 @@ class Engine:
             ),
         )
 
-    def close(
-        self,
-        c: Session,
-        reason: str,
-        *,
-        error: bool = True,
-        flush: bool = True,
-        quit_message: str | None = None,
-    ) -> None:
+    def close(self, c: Session, reason: str, **how: Unpack[Closing]) -> None:
         """Start closing *c* (idempotent): queue ``ERROR :Closing Link`` (if *error*),
         leave its channels and tell its peers, then :class:`Close` it (after what was
-        queued for it if *flush*, else at once)."""
+        queued for it if *flush*, else at once). See :class:`Closing` for the defaults."""
         if c.closing:
             return
-        if error:
+        flush = how.get("flush", True)
+        if how.get("error", True):
             self.send(c, format_line("ERROR", f"Closing Link: {c.host} ({reason})"))
         c.closing = True
         c.close_reason = reason
-        self._detach(c, quit_message or reason)
+        self._detach(c, how.get("quit_message") or reason)
         self._out.append(Close(c.id, flush))
 
     def _detach(self, c: Session, quit_message: str) -> None:

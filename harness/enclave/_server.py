@@ -49,13 +49,13 @@ from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import trio
 
 from drivers.irc import LineBuffer, encode, format_line
 from faultnet.addresses import is_loopback
-from harness.enclave._engine import Close, Engine, Event, Output, Send, Session
+from harness.enclave._engine import Close, Closing, Engine, Event, Output, Send, Session
 from harness.enclave._events import EventSink, make_record, stderr_sink
 from harness.enclave._flood import ExcessFlood, FloodBucket, FloodLimits
 from harness.enclave._registry import Registry
@@ -362,23 +362,11 @@ class EnclaveServer:
         except trio.ClosedResourceError:
             pass
 
-    def close(
-        self,
-        c: Client,
-        reason: str,
-        *,
-        error: bool = True,
-        flush: bool = True,
-        quit_message: str | None = None,
-    ) -> None:
+    def close(self, c: Client, reason: str, **how: Unpack[Closing]) -> None:
         """Start closing *c* (idempotent, never blocks): the engine leaves its channels,
         tells its peers and queues ``ERROR :Closing Link`` (if *error*); then the writer
         finishes."""
-        self._apply(
-            self.engine.close_conn(
-                c.id, reason, error=error, flush=flush, quit_message=quit_message
-            )
-        )
+        self._apply(self.engine.close_conn(c.id, reason, **how))
 
     def _end(self, c: Client, *, flush: bool) -> None:
         """End *c*'s writer: after what is queued (at most ``close_grace`` on), or now."""
