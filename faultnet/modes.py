@@ -37,7 +37,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from faultnet.addresses import parse_peer
 
@@ -52,6 +52,7 @@ __all__ = [
     "FaultRequest",
     "ModeArgumentError",
     "ModeArgumentTypeError",
+    "ModeArguments",
     "markdown_table",
     "mode",
     "modes_that",
@@ -253,6 +254,19 @@ PEER = Argument(
     doc="act only on the client at this address, HOST or HOST:PORT",
 )
 TCP_ARGUMENTS = (PEER, STREAM, INCLUDE_NEW, ONLY, PERCENT, BOTH_WAYS)
+
+
+class ModeArguments(TypedDict, total=False):
+    """:data:`TCP_ARGUMENTS` as Python keywords (``Proxy.apply(name, **arguments)``),
+    for the type checker; tests/faultnet/test_modes.py holds the two names alike. What
+    one may be and what it means is its :class:`Argument`'s."""
+
+    stream: str
+    include_new: bool
+    only: Iterable[int] | None
+    percent: float | None
+    peer: str | None
+    both_ways: bool
 
 
 @dataclass(frozen=True)

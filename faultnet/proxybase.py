@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 
-from faultnet.addresses import Address
+from faultnet.addresses import Address, format_address
 from faultnet.eventlog import JsonlWriter
 from faultnet.events import EVENTS
 from faultnet.sockopts import raise_fd_limit
@@ -40,3 +40,15 @@ class ProxyBase:
         #: The bound address, once listening (port 0 becomes the real port).
         self.address: Address | None = None
         self.fd_limit = raise_fd_limit()
+
+    def log_listening(self, **knobs: object) -> None:
+        """The ``listening`` record, once bound: the address, the upstream and the seed
+        (what replays the run), then *knobs*, the proxy's own."""
+        assert self.address is not None
+        self.log.write(
+            "listening",
+            listen=format_address(self.address),
+            upstream=format_address(self.upstream),
+            seed=self.seed,
+            **knobs,
+        )

@@ -15,14 +15,14 @@ import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Unpack
 
 import trio
 
 from faultnet import bpf, planes
 from faultnet.addresses import format_address, peer_matches
 from faultnet.eventlog import JsonlWriter
-from faultnet.modes import FaultRequest, request
+from faultnet.modes import FaultRequest, ModeArguments, request
 from faultnet.proxy import _sharedplane
 from faultnet.proxy._connection import Connection, ConnectionInfo
 from faultnet.proxy._errors import listen_error
@@ -208,13 +208,7 @@ class Proxy(ProxyBase):
         if self._listener is None:
             await self._bind()
         assert self.address is not None
-        self.log.write(
-            "listening",
-            listen=format_address(self.address),
-            upstream=format_address(self.upstream),
-            seed=self.seed,
-            dataplane=self.dataplane,
-        )
+        self.log_listening(dataplane=self.dataplane)
         # The run's plane of this kind, shared with every other proxy that chose it.
         self._plane = _sharedplane.acquire(self.dataplane, splice=self._splice)
         try:
@@ -372,35 +366,16 @@ class Proxy(ProxyBase):
 
     # -- faults --
 
-    async def apply(
-        self,
-        name: str,
-        *,
-        stream: str = "both",
-        include_new: bool = False,
-        only: Iterable[int] | None = None,
-        percent: float | None = None,
-        peer: str | None = None,
-        both_ways: bool = False,
-    ) -> int | None:
+    async def apply(self, name: str, **arguments: Unpack[ModeArguments]) -> int | None:
         """Apply the mode (or undo) *name* from :data:`faultnet.modes.MODES` with the
-        arguments its row says it takes (a percent it is not given is the row's default);
-        return how many connections it acted on (None for the listener modes).
+        arguments its row says it takes (stream, include_new, only, percent, peer,
+        both_ways: one not given is the row's default); return how many connections it
+        acted on (None for the listener modes).
         :class:`~faultnet.modes.ModeArgumentError` (a ValueError) for an unknown mode, an
         argument it does not take or a bad value, *peer* included.
 
         The same as calling the method of that name: total on return too."""
-        return await self.apply_request(
-            request(
-                name,
-                stream=stream,
-                include_new=include_new,
-                only=only,
-                percent=percent,
-                peer=peer,
-                both_ways=both_ways,
-            )
-        )
+        return await self.apply_request(request(name, **arguments))
 
     async def apply_request(self, req: FaultRequest) -> int | None:
         """Apply a request :func:`faultnet.modes.request` has validated (the one check);

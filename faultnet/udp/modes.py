@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Literal
 
-from faultnet.modes import STREAM_CHOICES, TCP, Argument, Mode, ModeTable
+from faultnet import modes as tcp_modes
+from faultnet.modes import TCP, Argument, Mode, ModeTable
 from faultnet.udp.impairments import SIZE_ACTIONS
 
 __all__ = ["UDP", "UDP_MODES", "UDP_ONLY_ARGUMENTS", "udp_markdown_table"]
@@ -21,14 +22,10 @@ __all__ = ["UDP", "UDP_MODES", "UDP_ONLY_ARGUMENTS", "udp_markdown_table"]
 # The arguments, each named in its messages by the impairment attribute it sets (the
 # messages are the impairment's own: faultnet.udp.impairments.Impairment checks the
 # same again for a direct call of UdpProxy.impair).
-STREAM = Argument(
-    "stream",
-    "choice",
-    "udp",
-    absent="both",
-    default="both",
-    choices=STREAM_CHOICES,
-    echo=False,  # the result always says it
+# The TCP table's stream argument, said as a direction.
+STREAM = replace(
+    tcp_modes.STREAM,
+    protocol="udp",
     wrong_type="stream must be one of {choices}, not {value!r}",
     doc="the direction it acts on",
 )

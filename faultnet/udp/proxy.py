@@ -492,12 +492,8 @@ class UdpProxy(ProxyBase):
         if self._sock is None:
             self._bind()
         assert self.address is not None and self._sock is not None
-        self.log.write(
-            "listening",
+        self.log_listening(
             protocol="udp",
-            listen=format_address(self.address),
-            upstream=format_address(self.upstream),
-            seed=self.seed,
             idle_timeout=self.idle_timeout,
             hold_limit=self.hold_limit,
             session_bytes=self.session_bytes,
@@ -666,13 +662,16 @@ class UdpProxy(ProxyBase):
         operation: Callable[..., Awaitable[object]] = getattr(self, req.mode.name)
         return await operation(**req.arguments)
 
+    def _log_fault(self, event: str, mode: str, stream: str, **fields: Any) -> None:
+        """The one record of a fault applied or removed on this proxy (``fault_applied``
+        or ``fault_removed``, as the TCP proxy's, marked ``protocol: udp``)."""
+        self.log.write(event, protocol="udp", mode=mode, stream=stream, **fields)
+
     def _set_gate(self, mode: str, gate: str, stream: str) -> int:
         streams = _streams(stream)
         for s in streams:
             self._gates[s] = gate
-        self.log.write(
-            "fault_applied", protocol="udp", mode=mode, stream=stream, sessions=len(self._sessions)
-        )
+        self._log_fault("fault_applied", mode, stream, sessions=len(self._sessions))
         return len(self._sessions)
 
     async def freeze(self, stream: str = "both") -> int:
@@ -698,9 +697,7 @@ class UdpProxy(ProxyBase):
         released = sum(session.release(s) for session in self._sessions.values() for s in streams)
         # What went out at once is freed now; what waits for socket room, once sent.
         self._give_memory_back()
-        self.log.write(
-            "fault_removed", protocol="udp", mode="thaw", stream=stream, released=released
-        )
+        self._log_fault("fault_removed", "thaw", stream, released=released)
         return released
 
     async def impair(self, stream: str = "both", **attributes: Any) -> dict[str, Any]:
@@ -710,14 +707,7 @@ class UdpProxy(ProxyBase):
         streams = _streams(stream)
         new = {s: self._impairments[s].with_(**attributes) for s in streams}
         self._impairments.update(new)
-        self.log.write(
-            "fault_applied",
-            protocol="udp",
-            mode="impair",
-            stream=stream,
-            attributes=attributes,
-            seed=self.seed,
-        )
+        self._log_fault("fault_applied", "impair", stream, attributes=attributes, seed=self.seed)
         return new[streams[0]].to_json()
 
     async def loss(self, percent: float, stream: str = "both") -> dict[str, Any]:
@@ -774,14 +764,7 @@ class UdpProxy(ProxyBase):
         except ValueError as exc:
             raise DnsRuleError(str(exc)) from None
         self._dns.add(rule)
-        self.log.write(
-            "fault_applied",
-            protocol="udp",
-            mode="dns",
-            stream=stream,
-            attributes=rule.to_json(),
-            seed=self.seed,
-        )
+        self._log_fault("fault_applied", "dns", stream, attributes=rule.to_json(), seed=self.seed)
         return rule.to_json()
 
     async def clear(self, stream: str = "both") -> None:
@@ -791,7 +774,7 @@ class UdpProxy(ProxyBase):
             self._impairments[s] = Impairment()
         if "upstream" in _streams(stream):
             self._dns.clear()
-        self.log.write("fault_removed", protocol="udp", mode="clear", stream=stream)
+        self._log_fault("fault_removed", "clear", stream)
 
     # -- observation --
 

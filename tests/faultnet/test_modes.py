@@ -16,7 +16,15 @@ import trio
 import faultnet
 import faultnet.controls
 from faultnet.controltest import BREAKAGES, NEGATIVE, REAL_ARGS, variant_key
-from faultnet.modes import MODES, Mode, ModeArgumentError, markdown_table, mode
+from faultnet.modes import (
+    MODES,
+    TCP_ARGUMENTS,
+    Mode,
+    ModeArgumentError,
+    ModeArguments,
+    markdown_table,
+    mode,
+)
 from faultnet.proxy import Proxy
 from faultnet.server import ApiError
 from faultnet.server.cli import _mode_name
@@ -57,6 +65,10 @@ def test_proxy_has_one_method_per_mode_taking_what_the_row_says() -> None:
         assert ("only" in params) == m.per_connection, m.name
         assert ("percent" in params) == m.takes_percent, m.name
         assert ("peer" in params) == m.takes_peer, m.name
+
+
+def test_apply_s_typed_keywords_are_the_table_s_arguments() -> None:
+    assert set(ModeArguments.__annotations__) == {a.name for a in TCP_ARGUMENTS}
 
 
 def test_the_controls_list_is_the_table_s_controls() -> None:
