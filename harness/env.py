@@ -676,6 +676,26 @@ def _state_arg(text: str) -> Path:
     return Path(text)
 
 
+#: The subcommands: name -> (help, description, example), in the order help lists them.
+_COMMANDS = {
+    "up": (
+        "start a fresh environment",
+        "Start a fresh environment; print its state directory (alone on stdout).",
+        "python -m harness.env up --state /tmp/enclave --ping-interval 5",
+    ),
+    "down": (
+        "stop exactly the recorded server",
+        "Stop exactly the server recorded in the state directory.",
+        "python -m harness.env down --state /tmp/enclave --json",
+    ),
+    "status": (
+        "is the recorded server running?",
+        "Is the recorded server running? Exit 0 if it is, 1 if not.",
+        "python -m harness.env status --state /tmp/enclave",
+    ),
+}
+
+
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -693,13 +713,12 @@ def _parser() -> argparse.ArgumentParser:
             'python -m harness.env down --state "$state"',
         ),
     )
-    sub = p.add_subparsers(dest="command", metavar="{up,down,status}")
-    u = sub.add_parser(
-        "up",
-        parents=[common],
-        help="start a fresh environment",
-        description="Start a fresh environment; print its state directory (alone on stdout).",
-        epilog=examples("python -m harness.env up --state /tmp/enclave --ping-interval 5"),
+    sub = p.add_subparsers(dest="command", metavar="{" + ",".join(_COMMANDS) + "}")
+    u, d, _ = (
+        sub.add_parser(
+            name, parents=[common], help=short, description=long, epilog=examples(example)
+        )
+        for name, (short, long, example) in _COMMANDS.items()
     )
     u.add_argument("--ping-interval", type=positive_number, default=90.0)
     u.add_argument("--ping-timeout", type=positive_number, default=60.0)
@@ -710,13 +729,6 @@ def _parser() -> argparse.ArgumentParser:
         type=positive_number,
         default=15.0,
         help="seconds to wait for the server to accept (default 15)",
-    )
-    d = sub.add_parser(
-        "down",
-        parents=[common],
-        help="stop exactly the recorded server",
-        description="Stop exactly the server recorded in the state directory.",
-        epilog=examples("python -m harness.env down --state /tmp/enclave --json"),
     )
     d.add_argument(
         "--by-port",
@@ -730,13 +742,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     d.add_argument("--term-timeout", type=positive_number, default=5.0)
     d.add_argument("--kill-timeout", type=positive_number, default=5.0)
-    sub.add_parser(
-        "status",
-        parents=[common],
-        help="is the recorded server running?",
-        description="Is the recorded server running? Exit 0 if it is, 1 if not.",
-        epilog=examples("python -m harness.env status --state /tmp/enclave"),
-    )
     keep_examples(p)
     return p
 

@@ -36,6 +36,14 @@ def armed(tmp_path: Path) -> dict[str, Any]:
     return {"armed": True, "marker": marker}
 
 
+def listed(tmp_path: Path, **processes: Any) -> Path:
+    """An allowlist file naming each of *processes* (name=Popen), pinned as chaos pins."""
+    pids = tmp_path / "pids"
+    for name, proc in processes.items():
+        register_process(pids, name, proc.pid)
+    return pids
+
+
 async def _open_links(address, n: int = 2) -> list[trio.SocketStream]:
     links = []
     for _ in range(n):
@@ -214,9 +222,7 @@ async def test_a_once_per_run_fault_is_spent_when_it_fires_not_when_planned(
     sleepers, tmp_path: Path
 ) -> None:
     a, b = sleepers(), sleepers()
-    pids = tmp_path / "pids"
-    register_process(pids, "a", a.pid)
-    register_process(pids, "b", b.pid)
+    pids = listed(tmp_path, a=a, b=b)
     plan = process_plan(
         "process:kill",
         (0.0, "ghost", 0.0),  # not listed: a rail skips it
@@ -249,8 +255,7 @@ async def test_sigstop_is_undone_by_sigcont_at_its_time_and_on_cancel(
     sleepers, tmp_path: Path
 ) -> None:
     a, b = sleepers(), sleepers()
-    pids = tmp_path / "pids"
-    register_process(pids, "a", a.pid)
+    pids = listed(tmp_path, a=a)
     # A two-column line, as a shell spawner writes it: pinned at first sight.
     append_line(pids, f"{b.pid}\tb")
     plan = process_plan("process:stop", (0.0, "a", 20.0), (1.0, "b", 1e6))
