@@ -17,6 +17,7 @@ or environment.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shlex
 import sys
@@ -146,8 +147,12 @@ def _run(args: argparse.Namespace) -> int:
         )
         return 0
 
-    # A signal cancels the pair cleanly: bots closed, environments down by PID.
-    code = runner.run_cancellable(both_arms)
+    # A signal cancels the pair cleanly: bots closed, environments down by PID. Under a
+    # supervisor, as every runner: even a SIGKILL of this process leaves none of them.
+    # The runner (the supervisor's child) returns here with the outcome and goes on to
+    # report it; the supervisor returns with none, once the runner has exited, and exits
+    # with its status.
+    code = runner.supervised(functools.partial(runner.run_cancellable, both_arms))
     if not done:
         return code
     outcome = done[0]

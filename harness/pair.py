@@ -318,7 +318,9 @@ async def amain(argv: Sequence[str] | None = None) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return runner.run_cancellable(amain, argv)
+    """The pair command under a supervisor, as every experiment runner: nothing it starts
+    (servers, bots) outlives it, even killed with SIGKILL (:func:`runner.supervised`)."""
+    return runner.supervised(functools.partial(runner.run_cancellable, amain, argv))
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ above :mod:`harness.experiment` (the API experiments are written against) and
 * :mod:`._attempts` -- an attempt, the repeat loop, the run directory, the result
   document, exit codes, and the command an experiment module gets.
 * :mod:`._supervisor` -- a command whose children cannot outlive it, even after a
-  SIGKILL (:func:`supervised`; the pair runner's and the demo's ``main`` can take it too).
+  SIGKILL (:func:`supervised`: every command that starts a server or bots runs under
+  it, the experiments', the pair's, the fleet's and the demo's).
 """
 
 from harness.runner._arguments import add_common_arguments, build_parser, environment

@@ -6,6 +6,7 @@ enclave server, real reference bots."""
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -36,31 +37,52 @@ GONE_WITHIN_S = 30.0
 STARTED_WITHIN_S = 90.0
 
 
-def _recorded(events: Path, env_dir: Path) -> list[ProcessIdentity]:
-    """The server and the bots the run recorded, once both are there (else [])."""
-    if not (env_dir / env.STATE_FILE).exists() or not events.exists():
-        return []
-    bots = [
-        ProcessIdentity.from_json(r["identity"])
-        for r in read_jsonl(events).records
-        if r["event"] == "bot_started"
-    ]
-    return [env.read_state(env_dir).identity, *bots] if bots else []
+def _recorded(run: Path) -> list[ProcessIdentity]:
+    """The server and the bots a run (an experiment's, or an arm of a pair's, anywhere
+    below *run*) recorded, once both are there (else [])."""
+    for events in run.rglob("events.jsonl"):
+        env_dir = events.parent / "env"
+        if not (env_dir / env.STATE_FILE).exists():
+            continue
+        bots = [
+            ProcessIdentity.from_json(r["identity"])
+            for r in read_jsonl(events).records
+            if r["event"] == "bot_started"
+        ]
+        if bots:
+            return [env.read_state(env_dir).identity, *bots]
+    return []
+
+
+BOT = [sys.executable, "-m", "harness.bot"]
+#: Each command that starts an enclave server and bots, as the user runs it.
+COMMANDS = {
+    "harness.fleet": ["-m", "harness.fleet", "--env", "auto", "--bots", "1"],
+    "harness.exp_silent_loss": ["-m", "harness.exp_silent_loss", "--env", "auto"],
+    "harness.pair": [
+        *("-m", "harness.pair", "silent_loss", "--a", shlex.join([*BOT, "--defect", "no-confirm"])),
+        *("--b", shlex.join(BOT), "--names", "no-confirm,fixed"),
+    ],
+    "faultnet demo": ["-m", "faultnet", "demo"],
+}
 
 
 @pytest.mark.parametrize(
     ("command", "kill"),
-    [("harness.fleet", "the command"), ("harness.exp_silent_loss", "the runner under it")],
+    [
+        ("harness.fleet", "the command"),
+        ("harness.exp_silent_loss", "the runner under it"),
+        ("harness.pair", "the command"),
+        ("faultnet demo", "the command"),
+    ],
 )
 def test_a_killed_runner_leaves_nothing_it_started_running(
     tmp_path: Path, command: str, kill: str
 ) -> None:
     run = tmp_path / "run"
-    argv = [sys.executable, "-m", command, "--env", "auto", "--time-scale", "0.05"]
+    argv = [sys.executable, *COMMANDS[command], "--time-scale", "0.05"]
     argv += ["--run-dir", str(run), "--seed", "1"]
-    if command == "harness.fleet":
-        argv += ["--bots", "1"]
-    environ = dict(os.environ, BOT_BIN=f"{sys.executable} -m harness.bot")
+    environ = dict(os.environ, BOT_BIN=shlex.join(BOT))
     proc = subprocess.Popen(
         argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=environ, cwd=REPO
     )
@@ -70,8 +92,7 @@ def test_a_killed_runner_leaves_nothing_it_started_running(
         while not recorded:
             assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
             assert time.monotonic() < deadline, "no server and bot recorded in time"
-            where = run if command == "harness.fleet" else next(run.glob("attempt-*"), run)
-            recorded = _recorded(where / "events.jsonl", where / "env")
+            recorded = _recorded(run)
             time.sleep(0.05)  # polling another process's files, bounded by the deadline
         assert all(p.is_alive() for p in recorded)
         if kill == "the command":
