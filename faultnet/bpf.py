@@ -17,6 +17,8 @@ The programs, all built here and nowhere else:
 * :func:`drop_fraction` -- each segment independently with probability *fraction*, from
   the kernel's random (``ld rand``, SKF_AD_RANDOM; it cannot be seeded, so what happened
   is measured, not assumed);
+* :func:`drop_bare_fraction` -- each bare segment (a keepalive or window probe, a bare
+  ACK) with probability *fraction*, every other segment kept: two-way loss's client leg;
 * :func:`listener_program` -- the listener's: peers whose SYNs are dropped (partition),
   then a random fraction (syn_loss), or everything (drop_syn).
 
@@ -38,6 +40,7 @@ __all__ = [
     "Program",
     "attach",
     "drop_all",
+    "drop_bare_fraction",
     "drop_fraction",
     "listener_program",
     "pure_acks_only",
@@ -105,22 +108,30 @@ def pure_acks_only() -> Program:
     (delayed) ACK to arrive, not longer."""
     return Program(
         (
-            # X = the TCP header's length in bytes: (byte 12 & 0xf0) >> 2.
-            (_LD_B_ABS, 0, 0, _TCP_DOFF),
-            (_AND_K, 0, 0, 0xF0),
-            (_RSH_K, 0, 0, 2),
-            (_TAX, 0, 0, 0),
-            # A = the segment's length (from the TCP header on) less the header: payload.
-            (_LD_W_LEN, 0, 0, 0),
-            (_SUB_X, 0, 0, 0),
-            (_JEQ_K, 0, 3, 0),  # a payload: drop
-            (_LD_B_ABS, 0, 0, _TCP_FLAGS),
-            (_JSET_K, 1, 0, _FIN_SYN_RST),  # SYN, FIN or RST: drop
+            *_bare_or_jump(1),  # a payload, a SYN, FIN or RST: drop
             (_RET_K, 0, 0, _ACCEPT),
             (_RET_K, 0, 0, _DROP),
         ),
         "every segment but bare ACKs",
     )
+
+
+def _bare_or_jump(skip: int) -> list[Instruction]:
+    """Fall through on a bare segment (no payload, no SYN, FIN or RST); else jump over
+    the next *skip* instructions."""
+    return [
+        # X = the TCP header's length in bytes: (byte 12 & 0xf0) >> 2.
+        (_LD_B_ABS, 0, 0, _TCP_DOFF),
+        (_AND_K, 0, 0, 0xF0),
+        (_RSH_K, 0, 0, 2),
+        (_TAX, 0, 0, 0),
+        # A = the segment's length (from the TCP header on) less the header: payload.
+        (_LD_W_LEN, 0, 0, 0),
+        (_SUB_X, 0, 0, 0),
+        (_JEQ_K, 0, skip + 2, 0),  # a payload
+        (_LD_B_ABS, 0, 0, _TCP_FLAGS),
+        (_JSET_K, skip, 0, _FIN_SYN_RST),  # SYN, FIN or RST
+    ]
 
 
 def _random_tail(fraction: float) -> list[Instruction]:
@@ -143,6 +154,20 @@ def drop_fraction(fraction: float) -> Program:
     if not 0.0 <= fraction <= 1.0:
         raise ValueError(f"fraction must be between 0 and 1, not {fraction}")
     return Program(tuple(_random_tail(fraction)), f"{fraction * 100:g} % of segments")
+
+
+def drop_bare_fraction(fraction: float) -> Program:
+    """Drop each bare segment (no payload, no SYN, FIN or RST: a keepalive or window
+    probe, a bare ACK) independently with probability *fraction* (0 to 1); keep the
+    rest. On a client-facing socket under two-way loss (see
+    faultnet/proxy/_faultstate.py) it is what loses a client's probes."""
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"fraction must be above 0 and at most 1, not {fraction}")
+    tail = _random_tail(fraction)
+    return Program(
+        (*_bare_or_jump(len(tail)), *tail, (_RET_K, 0, 0, _ACCEPT)),
+        f"{fraction * 100:g} % of bare segments",
+    )
 
 
 def _peer_rule(host: str, port: int | None) -> list[Instruction]:

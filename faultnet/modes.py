@@ -622,7 +622,9 @@ MODES: dict[str, Mode] = {
             effect="one way: each segment arriving at the proxy dropped with p = percent "
             "(a random socket filter), the proxy's own never; `both_ways=True`: the "
             "bytes cross an internal hop losing p of the segments each way, ACKs "
-            "included, as a lossy route; retransmits reported",
+            "included, as a lossy route, and the client's probes and bare ACKs are lost "
+            "on its own leg as round trips (1 - (1 - p)^2), so its keepalive can give "
+            "up; retransmits reported",
             new_connections="unchanged (`include_new`)",
         ),
         Mode(

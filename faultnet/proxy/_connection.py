@@ -131,7 +131,7 @@ class ConnectionInfo:
     age_s: float
     #: Segments faultnet's filters (``loss``, blackhole) dropped on their way into the
     #: proxy's client-side socket: each data segment among them the client
-    #: retransmitted. The kernel's counter, read only while a filter is on: its drops
+    #: retransmitted (under two-way loss: the client's bare segments, probes and ACKs). The kernel's counter, read only while a filter is on: its drops
     #: for want of receive buffer are not counted outside those windows.
     dropped_upstream: int = 0
     #: The same on the proxy's upstream socket: segments the server had to retransmit.

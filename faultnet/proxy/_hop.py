@@ -11,9 +11,13 @@ loopback TCP connection of its own, whose two ends are both the proxy's::
 Upstream bytes are written into A and read from B, downstream bytes written into B and
 read from A; both ends carry the random-drop filter (:func:`faultnet.bpf.drop_fraction`),
 so the hop's own TCP loses data and ACKs alike, in both directions, and retransmits and
-backs off as on a lossy route, while the client-facing and upstream sockets carry no
-loss filter and their peers see the route's delays, not its drops. One hop carries both
-streams, as a route does (ACKs ride on the other way's data).
+backs off as on a lossy route, while the upstream socket carries no loss filter and the
+server sees the route's delays, not its drops. One hop carries both streams, as a route
+does (ACKs ride on the other way's data). The client's own connection is not spared:
+the client-facing socket loses the client's bare segments (its keepalive probes, its
+ACKs) as a route loses round trips, so its keepalive and TCP_USER_TIMEOUT can give up
+(which directions, and how that matches the kernel's drop:
+faultnet/proxy/_faultstate.py).
 
 In the toxic chains (:mod:`faultnet.toxics.chain`) the hop is the innermost layer
 (:data:`HOP_LAYER`, nearest the server): the last link of the upstream chain, the first

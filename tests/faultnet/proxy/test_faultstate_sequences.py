@@ -53,8 +53,9 @@ MAX_LIVE = 3
 #: up to the sender's backed-off retransmission timer for bytes written while a filter
 #: dropped the ACKs (a few hundred ms in these short examples).
 ARRIVAL_BOUND_S = 10.0
-#: Instruction counts of faultnet.bpf's programs: drop_all, drop_fraction.
-DROP_ALL_LEN, LOSS_LEN = 1, 4
+#: Instruction counts of faultnet.bpf's programs: drop_all, drop_fraction,
+#: drop_bare_fraction (two-way loss's client leg).
+DROP_ALL_LEN, LOSS_LEN, BARE_LEN = 1, 4, 14
 
 ORDER = {"open": 0, "frozen": 1, "blackholed": 2}
 
@@ -136,8 +137,10 @@ class Pair:
         one_way = {s: self.loss[s] and not self.both_ways[s] for s in STREAMS}
         if "blackholed" in self.condition.values():
             client = DROP_ALL_LEN
+        elif one_way["upstream"]:
+            client = LOSS_LEN
         else:
-            client = LOSS_LEN if one_way["upstream"] else 0
+            client = BARE_LEN if any(self.loss[s] and self.both_ways[s] for s in STREAMS) else 0
         return client, LOSS_LEN if one_way["downstream"] else 0
 
     def hop_filter(self) -> int | None:

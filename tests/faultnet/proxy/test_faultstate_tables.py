@@ -79,6 +79,20 @@ def test_a_sequence_of_transitions_ends_in_the_state_the_table_says(
     assert (filters["server"] and filters["server"].what) == server
 
 
+def test_two_way_loss_loses_the_client_s_bare_segments_as_round_trips_on_its_leg() -> None:
+    state = FaultState().apply("loss", BOTH, 0.2, both_ways=True)
+    filters = state.filters()
+    assert filters["hop"] is not None and filters["hop"].what == "20 % of segments"
+    # A probe or its answer lost on a route losing 20 % each way: 1 - 0.8 ** 2.
+    assert filters["client"] is not None and filters["client"].what == "36 % of bare segments"
+    assert filters["server"] is None
+    assert state.apply("blackhole", UP).filters()["client"] == bpf.drop_all()
+    # One-way upstream loss beside it keeps its own filter (it loses probes too).
+    mixed = FaultState().apply("loss", DOWN, 0.2, both_ways=True).apply("loss", UP, 0.1)
+    assert mixed.filters()["client"] == bpf.drop_fraction(0.1)
+    assert state.apply("thaw", BOTH).filters()["client"] is None
+
+
 def test_thawing_the_streams_one_at_a_time_equals_thawing_both_from_any_state() -> None:
     modes = [m for m in TRANSITIONS if m != "thaw"]
     for a, b in itertools.product(modes, repeat=2):

@@ -6,6 +6,7 @@ still act through it; new connections get it with include_new."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 from collections.abc import AsyncIterator
@@ -15,14 +16,18 @@ from typing import Any
 import pytest
 import trio
 
+from faultnet import bpf
 from faultnet.controls import LOSS_MARGIN
 from faultnet.eventlog import read_jsonl
 from faultnet.modes import ModeArgumentError, request
 from faultnet.proxy import Proxy, _hop, open_proxy
 from faultnet.proxy._connection import Connection
+from faultnet.proxy._faultstate import client_leg_loss
 from faultnet.sockopts import (
     filter_length,
+    set_keepalive,
     set_linger_reset,
+    set_user_timeout,
     socket_drops,
     tcp_retransmits_needed,
     tcp_unacked,
@@ -34,6 +39,8 @@ pytestmark = pytest.mark.usefixtures("each_plane")
 
 #: 8 MiB is 128 loopback segments: at 10 % the chance that not one is dropped is 1e-6.
 DOWNLOAD = os.urandom(8 << 20)
+#: The client-facing socket's filter under two-way loss of 10 % (the probes' share).
+CLIENT_LEG = bpf.drop_bare_fraction(client_leg_loss(0.10))
 #: A lossy route has tails (the kernel's own: 27.6 s for 16 MB at 20 %, issue 21), and
 #: this bounds them, not the typical transfer (about a second).
 LOSSY_BOUND_S = 120
@@ -113,14 +120,15 @@ async def test_two_way_loss_loses_what_the_proxy_sends_toward_the_client() -> No
         assert_lost_toward_client(seen)
         # ...and the ACKs the client's side sends back are lost too (dropped into B).
         assert seen["dropped_at_b"] > 0, seen
-        # The client-facing socket loses nothing and has nothing to resend.
+        # The client-facing socket loses only the client's bare segments (its ACKs
+        # here), never its data, and the proxy has nothing toward the client to resend.
         assert tcp_retransmits_needed(conn.client) <= LOSS_MARGIN
-        assert socket_drops(conn.client) == 0
+        assert filter_length(conn.client) == len(CLIENT_LEG.instructions)
         (info,) = proxy.connections()
         assert info.on_hop and info.loss_both_ways == ["downstream", "upstream"]
         assert info.hop_dropped >= seen["dropped_at_a"] + seen["dropped_at_b"] > 0
         assert info.hop_retransmits > 0
-        assert info.dropped_upstream == info.dropped_downstream == 0
+        assert info.dropped_upstream > 0 and info.dropped_downstream == 0
         await stream.aclose()
 
 
@@ -147,7 +155,8 @@ async def test_the_detector_goes_red_when_the_hop_loses_one_way_only(
     attach = _hop.bpf.attach
 
     def on_b_only(sock: Any, program: Any) -> None:
-        if sock is only_connection(proxy).hop.b:  # type: ignore[union-attr]
+        hop = only_connection(proxy).hop
+        if hop is None or sock is not hop.a:  # the client-facing socket's, and B's
             attach(sock, program)
 
     monkeypatch.setattr(_hop.bpf, "attach", on_b_only)
@@ -158,6 +167,76 @@ async def test_the_detector_goes_red_when_the_hop_loses_one_way_only(
         seen = lost_toward_client(only_connection(proxy))
         with pytest.raises(AssertionError):
             assert_lost_toward_client(seen)
+        await stream.aclose()
+
+
+async def _keepalive_client(proxy: Proxy) -> trio.SocketStream:
+    """A client with keepalive 1/1/1 and TCP_USER_TIMEOUT 1 s, after one round trip: on
+    a route that answers none of its probes its kernel gives up about 2 s later."""
+    stream = await trio.open_tcp_stream(*proxy.address)
+    set_keepalive(stream.socket, 1, 1, 1)
+    set_user_timeout(stream.socket, 1000)
+    await stream.send_all(b"ping")
+    assert await read_exactly(stream, 4) == b"ping"
+    return stream
+
+
+async def _gives_up(stream: trio.SocketStream, within: float) -> bool:
+    """Whether the client's kernel gives up on its connection (ETIMEDOUT) within
+    *within* seconds, the client parked in receive."""
+    with trio.move_on_after(within):
+        try:
+            while await stream.receive_some(100):
+                pass
+        except trio.BrokenResourceError as exc:
+            return getattr(exc.__cause__, "errno", None) == errno.ETIMEDOUT
+        return False  # EOF
+    return False
+
+
+# Measured (10 runs, load 10): the client gave up 2.03-2.06 s after the loss (kernel
+# timers: idle 1 s, one probe, then the user timeout), so 10 s is about 5x.
+GIVE_UP_BOUND_S = 10.0
+
+
+async def test_under_two_way_loss_a_client_s_keepalive_gives_up_as_on_a_lossy_route() -> None:
+    # All lost both ways: a route that answers none of the client's probes. Through the
+    # hop alone the proxy's kernel answered every one and the client never gave up.
+    async with echo_server() as up, open_proxy(up) as proxy:
+        stream = await _keepalive_client(proxy)
+        await proxy.loss(100, both_ways=True)
+        assert await _gives_up(stream, GIVE_UP_BOUND_S)
+        await stream.aclose()
+
+
+async def test_the_client_leg_s_detector_goes_red_without_the_client_leg_filter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Broken on purpose: the client-facing socket gets no filter (the loss on the hop
+    # only, as before): the proxy's kernel answers the probes and the client lives on.
+    attach = _hop.bpf.attach
+
+    def not_on_the_client(sock: Any, program: Any) -> None:
+        if sock is not only_connection(proxy).client:
+            attach(sock, program)
+
+    monkeypatch.setattr(_hop.bpf, "attach", not_on_the_client)
+    async with echo_server() as up, open_proxy(up) as proxy:
+        stream = await _keepalive_client(proxy)
+        await proxy.loss(100, both_ways=True)
+        assert not await _gives_up(stream, GIVE_UP_BOUND_S / 2)  # 2.5x the usual time
+        await stream.aclose()
+
+
+async def test_the_client_leg_loses_no_data_of_the_client_s() -> None:
+    # Only bare segments are lost on the client's leg: its data is acknowledged by the
+    # proxy's kernel even when the hop loses everything (the hop loses the data, once).
+    async with echo_server() as up, open_proxy(up) as proxy:
+        stream = await trio.open_tcp_stream(*proxy.address)
+        await proxy.loss(100, both_ways=True)
+        await stream.send_all(b"x" * 100_000)
+        await wait_until(lambda: tcp_unacked(stream.socket) == 0, 5.0, what="the data acked")
+        assert only_connection(proxy).hop is not None
         await stream.aclose()
 
 
