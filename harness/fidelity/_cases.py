@@ -61,6 +61,12 @@ LOSS_TRY_BYTES, LOSS_GIVEN_S = 512 * 1024, 3.0
 #: 94-95 % against 76-82 % beside two busy loops; the same when quiet), while "backed
 #: off" held in all of them (33 vs 40 %, 42 vs 41 %, 44 vs 38 %).
 LOSS_SHARES: Mapping[str, float] = MappingProxyType({"backed off": 0.5})
+#: The lossy lives (:func:`lossy_lives`): how many connections a side makes, how many at
+#: once, the upload each makes and how long each is given (see the function for why).
+LIVE_TRIES, LIVE_AT_ONCE = 64, 32
+LIVE_UPLOAD_BYTES, LIVE_GIVEN_S = 64 * 1024, 4.0
+#: The lossy lives' timers: keepalive (idle, interval, probes) and TCP_USER_TIMEOUT.
+LIVE_KEEPALIVE, LIVE_USER_TIMEOUT_MS = (1, 1, 2), 1000
 #: syn_loss's connects: how many a side makes, and how many at once (each is a fresh
 #: connect that waits 1 s per dropped SYN; 32 at once stay far below either listener's
 #: backlog, 64 and 4096, so the kernel drops no SYN of its own). 128 a side at 50 %
@@ -406,6 +412,33 @@ def curl_download(side: Side, servers: Servers) -> Observation:
                 proc.wait()
 
 
+def _turns(
+    side: Side,
+    one: Callable[[socket.socket], tuple[str, float]],
+    tries: int,
+    at_once: int,
+    prepare: Callable[[socket.socket], None] = lambda s: None,
+) -> Generator[None, None, list[tuple[str, float]]]:
+    """*tries* of *one* (each a kind and a time), *at_once* at a time, each on a
+    connection of its own made (and *prepare*d) before the fault; after each turn the
+    fault is undone, the turn's connections closed, and the scenario yields."""
+    done: list[tuple[str, float]] = []
+    with ThreadPoolExecutor(at_once) as pool:
+        while len(done) < tries:
+            socks = [_connect(side.port) for _ in range(at_once)]
+            try:
+                for s in socks:
+                    prepare(s)
+                side.fault()
+                done += pool.map(one, socks)
+            finally:
+                side.undo()
+                for s in socks:
+                    s.close()
+            yield
+    return done
+
+
 def lossy_downloads(side: Side, servers: Servers) -> Generator[None, None, Observation]:
     """:data:`LOSS_TRIES` downloads of :data:`LOSS_TRY_BYTES`, :data:`LOSS_AT_ONCE` at a
     time on fresh connections, the fault made once they are all connected and undone
@@ -442,18 +475,7 @@ def lossy_downloads(side: Side, servers: Servers) -> Generator[None, None, Obser
             return classify(exc), time.monotonic() - t0
         return ("intact" if h.hexdigest() == want else "corrupted"), time.monotonic() - t0
 
-    tries: list[tuple[str, float]] = []
-    with ThreadPoolExecutor(LOSS_AT_ONCE) as pool:
-        while len(tries) < LOSS_TRIES:
-            socks = [_connect(side.port) for _ in range(LOSS_AT_ONCE)]
-            try:
-                side.fault()
-                tries += pool.map(one, socks)
-            finally:
-                side.undo()
-                for s in socks:
-                    s.close()
-            yield
+    tries = yield from _turns(side, one, LOSS_TRIES, LOSS_AT_ONCE)
     times = tuple(t for _, t in tries)
     return Observation(
         " or ".join(sorted({kind for kind, _ in tries} - {"unfinished"})) or "unfinished",
@@ -468,6 +490,66 @@ def lossy_downloads(side: Side, servers: Servers) -> Generator[None, None, Obser
         times=times,
         batch=LOSS_AT_ONCE,
         detail=f"{LOSS_TRY_BYTES // 1024} KiB each, {LOSS_AT_ONCE} at once, given {LOSS_GIVEN_S:g} s",
+    )
+
+
+def _live(s: socket.socket, payload: bytes) -> tuple[str, float]:
+    """One lossy life (:func:`lossy_lives`): the upload, its ``ok``, then idle in recv
+    until :data:`LIVE_GIVEN_S`: (``lived`` or how it ended, how long it lasted)."""
+    t0 = time.monotonic()
+    try:
+        s.settimeout(LIVE_GIVEN_S)
+        s.sendall(payload)
+        while True:
+            s.settimeout(max(0.001, t0 + LIVE_GIVEN_S - time.monotonic()))
+            if not s.recv(64):
+                return "EOF", time.monotonic() - t0
+    except TimeoutError as exc:
+        if exc.errno is None:  # the socket's own timeout: alive when its time was up
+            return "lived", LIVE_GIVEN_S
+        return classify(exc), time.monotonic() - t0
+    except OSError as exc:
+        return classify(exc), time.monotonic() - t0
+
+
+def lossy_lives(side: Side, servers: Servers) -> Generator[None, None, Observation]:
+    """:data:`LIVE_TRIES` connections, :data:`LIVE_AT_ONCE` at a time, each with keepalive
+    and TCP_USER_TIMEOUT on (:data:`LIVE_KEEPALIVE`, :data:`LIVE_USER_TIMEOUT_MS`):
+    connected, the fault, then an upload of :data:`LIVE_UPLOAD_BYTES` (answered ``ok``)
+    and idle in recv, given :data:`LIVE_GIVEN_S`. Counted: the share that lived (still
+    open when its time was up); the rest died, of ETIMEDOUT (their own retransmissions
+    or keepalive probes unanswered) or of anything else the outcome names.
+
+    Why: a lossy route kills some connections outright. Their kernel's retransmissions
+    of the upload, and the keepalive probes of an idle one, are lost or go unanswered
+    often enough in a row that its timers give up. A fault that spares the client's own
+    segments and the answers to them (the loss on an internal hop) kills none."""
+    payload = f"PUT {LIVE_UPLOAD_BYTES}\n".encode() + pattern(LIVE_UPLOAD_BYTES)
+
+    def timers(s: socket.socket) -> None:
+        set_keepalive(s, *LIVE_KEEPALIVE)
+        set_user_timeout(s, LIVE_USER_TIMEOUT_MS)
+
+    tries = yield from _turns(
+        side, partial(_live, payload=payload), LIVE_TRIES, LIVE_AT_ONCE, timers
+    )
+    times = tuple(t for _, t in tries)
+    died = [t for kind, t in tries if kind != "lived"]
+    # No time is judged: the times to die are two clusters (the user timeout's, about
+    # 1 s; keepalive's, 3 s on), so a median of a few flips between them.
+    return Observation(
+        " or ".join(sorted({kind for kind, _ in tries} - {"lived", "ETIMEDOUT"}))
+        or "lived or ETIMEDOUT",
+        None,
+        tries=len(tries),
+        counts={"lived": sum(1 for kind, _ in tries if kind == "lived")},
+        tries_of="connections",
+        seconds_of="time (not judged)",
+        times=times,
+        batch=LIVE_AT_ONCE,
+        detail=f"{len(died)} died"
+        + (f" after {statistics.median(died):.2f} s (median)" if died else "")
+        + f"; upload {LIVE_UPLOAD_BYTES // 1024} KiB, given {LIVE_GIVEN_S:g} s",
     )
 
 
@@ -611,6 +693,13 @@ LOSSY_DOWNLOADS = Client(
     "",
     "echo",
     lossy_downloads,
+)
+LOSSY_LIVES = Client(
+    f"{LIVE_TRIES} raw sockets, keepalive {'/'.join(map(str, LIVE_KEEPALIVE))},"
+    f" TCP_USER_TIMEOUT {LIVE_USER_TIMEOUT_MS / 1000:g} s, {LIVE_AT_ONCE} at a time",
+    "20 % both ways (both_ways=True); an upload, then idle",
+    "echo",
+    lossy_lives,
 )
 #: Two clients, one of them cut off: the peer= rows.
 TWO_RAW = Client("two raw sockets", "", "echo", one_peer_cut_off)
@@ -789,6 +878,7 @@ CASES: tuple[Case, ...] = (
     _row("loss", {"percent": 20, "stream": "downstream"}, LOSS_FROM_SERVER, SERVER_LOSS),
     _row("loss", {"percent": 20, "both_ways": True}, LOSS_BOTH_WAYS, ROUTE_LOSS),
     _row("loss", {"percent": 20}, LOSS_EACH_LEG, ROUTE_LOSS, contrast=LOSS_WORDS),
+    _row("loss", {"percent": 20, "both_ways": True}, LOSSY_LIVES, ROUTE_LOSS),
     _row("sever", {}, RAW_PARKED, FIN),
     _row("freeze", {}, REDIS_FROZEN, SIGSTOP),
     _row("freeze", {"include_new": True}, REDIS_NEW_CLIENT, SIGSTOP),

@@ -173,8 +173,9 @@ class KernelFault:
 
 
 class EchoServer:
-    """A blocking echo server on a thread; ``serve_bytes(n)`` requests (a line
-    ``GET n``) get *n* bytes of a fixed pattern back instead."""
+    """A blocking echo server on a thread; a request ``GET n`` (a line) gets *n* bytes of
+    a fixed pattern back instead, and ``PUT n`` (a line, then *n* bytes: an upload) is
+    read to its end and answered ``ok``."""
 
     def __init__(self) -> None:
         self.listener = socket.create_server((HOST, 0), backlog=64)
@@ -198,6 +199,10 @@ class EchoServer:
                 if data.startswith(b"GET "):
                     n = int(data.split()[1])
                     conn.sendall(pattern(n))
+                elif data.startswith(b"PUT "):
+                    head, _, body = data.partition(b"\n")
+                    _sink(conn, int(head.split()[1]) - len(body))
+                    conn.sendall(b"ok\n")
                 else:
                     conn.sendall(data)
         except OSError:
@@ -218,6 +223,15 @@ class EchoServer:
         for c in self._conns:
             with contextlib.suppress(OSError):
                 c.close()
+
+
+def _sink(conn: socket.socket, n: int) -> None:
+    """Read and drop *n* bytes of an upload (OSError on EOF before them: the client died)."""
+    while n > 0:
+        data = conn.recv(min(n, 262144))
+        if not data:
+            raise ConnectionError("EOF in an upload")
+        n -= len(data)
 
 
 def _peer_host(conn: socket.socket) -> str | None:

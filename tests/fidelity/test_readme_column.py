@@ -46,7 +46,7 @@ def test_the_loss_judge_tells_the_kernel_s_one_way_loss_from_its_two_way_loss() 
     (one_way,) = [
         c for c in CASES if c.faultnet[1].get("stream") == "downstream" and c.mode == "loss"
     ]
-    (two_way,) = [c for c in CASES if c.faultnet[1].get("both_ways")]
+    (two_way,) = [c for c in CASES if c.faultnet[1].get("both_ways") and c.client == one_way.client]
     kernel_one_way = _observed(rows[_key(one_way)]["kernel"])
     kernel_two_way = _observed(rows[_key(two_way)]["kernel"])
     assert not judge(kernel_two_way, kernel_one_way).same
