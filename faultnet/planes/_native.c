@@ -64,6 +64,18 @@
  * latency L moves at most INBOX_BYTES per L (1 MiB / 5 ms: ~200 MB/s). */
 #define INBOX_BYTES (1024 * 1024)
 #define CHUNK_COST 64
+/* A compiled latency stage holds what is in flight for its delay: a steady stream at
+ * rate R through latency L has R x L bytes queued, so a bound of INBOX_BYTES caps it at
+ * INBOX_BYTES / L (1 MiB / 5 ms: ~200 MB/s, 0.16x socat's here). The stage's bound is
+ * (latency + jitter) x STAGE_RATE, at least INBOX_BYTES and at most STAGE_MAX_BYTES.
+ * STAGE_RATE, 2 GB/s: above what one CPU here copies through a relay (socat's bulk
+ * measured 1.2-1.7 GB/s), so up to STAGE_MAX_BYTES / STAGE_RATE (16 ms) of latency the
+ * bound does not limit the rate below the machine's own; beyond it the stream moves at
+ * most STAGE_MAX_BYTES per latency (32 MiB / 100 ms: 335 MB/s), as a TCP window would
+ * limit it. Memory stays bounded in bytes: at most STAGE_MAX_BYTES (+ one read and its
+ * CHUNK_COST) per lane. */
+#define STAGE_RATE 2e9
+#define STAGE_MAX_BYTES (32 * 1024 * 1024)
 #define MAX_EVENTS 256
 /* Idle pipes kept for the next burst. */
 #define PIPE_KEEP 64
@@ -112,6 +124,7 @@ typedef struct {
     double head_due;  /* when the inbox's first chunk is due, once head_set */
     int head_set, head_drew;
     int listed;       /* in the core's timed list */
+    size_t bound;     /* the inbox's bound in bytes (INBOX_BYTES, or a stage's: stage_bound) */
 } lane_t;
 
 /* STAGE_DRAIN: no stage, but what the removed one queued still leaves (at once, in
@@ -189,13 +202,21 @@ static double now_s(void) {
     return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
+/* A latency stage's inbox bound (see STAGE_RATE): what it holds in flight at that rate. */
+static size_t stage_bound(double lat_ms, double jit_ms) {
+    double ms = lat_ms + (jit_ms > 0 ? jit_ms : 0), want = STAGE_RATE * ms / 1000;
+    if (!(want > INBOX_BYTES)) /* also NaN */
+        return INBOX_BYTES;
+    return want < STAGE_MAX_BYTES ? (size_t)want : STAGE_MAX_BYTES;
+}
+
 /* Chunks read on this lane go to its inbox: for trio, or for a compiled stage. */
 static int queued(const lane_t *l) { return l->to_trio || l->stage; }
 
 static int wants_read(const lane_t *l) {
     if (!l->open || l->eof_read || l->held || l->piped)
         return 0;
-    return l->inbox_bytes < INBOX_BYTES; /* 0 unless queued: the bound in bytes */
+    return l->inbox_bytes < l->bound; /* 0 unless queued: the bound in bytes */
 }
 
 /* ---- the seeded generator (faultnet/toxics/draws.py is the same, bit for bit) ---- */
@@ -651,7 +672,7 @@ static int for_trio(CoreObject *c, LinkObject *k, int li, size_t n) {
     }
     if (!n)
         return 0;
-    return (n == COPY_CHUNK || l->rdhup) && l->inbox_bytes < INBOX_BYTES;
+    return (n == COPY_CHUNK || l->rdhup) && l->inbox_bytes < l->bound;
 }
 
 /* Pass on the n bytes just read into the buffer (0: the EOF). As for_trio. */
@@ -1079,6 +1100,7 @@ static int grow_byfd(CoreObject *c, int fd) {
 
 static void lane_init(lane_t *l, int src, int dst) {
     memset(l, 0, sizeof *l);
+    l->bound = INBOX_BYTES;
     l->src = src;
     l->dst = dst;
     l->open = 1;
@@ -1473,6 +1495,7 @@ static PyObject *link_to_trio(LinkObject *k, PyObject *arg) {
              * times; the head's draw, if one was made, is undone (trio draws it again). */
             l->to_trio = 1;
             l->stage = STAGE_NONE;
+            l->bound = INBOX_BYTES; /* trio's chain: the toxic path's bound */
             if (l->head_set && l->head_drew)
                 l->draws -= DRAW_GAMMA;
             l->head_set = 0;
@@ -1513,6 +1536,7 @@ static PyObject *link_set_stage(LinkObject *k, PyObject *args) {
             l->lat_ms = lat;
             l->jit_ms = jit;
         }
+        l->bound = kind == STAGE_LATENCY ? stage_bound(lat, jit) : INBOX_BYTES;
         if (!k->ended && !l->to_trio && l->inbox) {
             if (list_timed(c, k, li) < 0)
                 contain(c, k, "realloc", ENOMEM);
@@ -1523,7 +1547,7 @@ static PyObject *link_set_stage(LinkObject *k, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* _queued(lane): the bytes the lane's inbox holds, as counted against INBOX_BYTES. */
+/* _queued(lane): the bytes the lane's inbox holds, as counted against its bound. */
 static PyObject *link_queued(LinkObject *k, PyObject *arg) {
     NEED_CORE(k);
     int li = lane_arg(arg);
@@ -1531,6 +1555,17 @@ static PyObject *link_queued(LinkObject *k, PyObject *arg) {
         return NULL;
     size_t n;
     LOCKED(k->core, n = k->lanes[li].inbox_bytes);
+    return PyLong_FromSize_t(n);
+}
+
+/* _bound(lane): the lane's inbox bound in bytes (INBOX_BYTES, or its stage's). */
+static PyObject *link_bound(LinkObject *k, PyObject *arg) {
+    NEED_CORE(k);
+    int li = lane_arg(arg);
+    if (li < 0)
+        return NULL;
+    size_t n;
+    LOCKED(k->core, n = k->lanes[li].bound);
     return PyLong_FromSize_t(n);
 }
 
@@ -1746,6 +1781,7 @@ static PyMethodDef link_methods[] = {
     {"_set_stage", (PyCFunction)link_set_stage, METH_VARARGS, ""},
     {"_stage_draws", (PyCFunction)link_stage_draws, METH_VARARGS, ""},
     {"_queued", (PyCFunction)link_queued, METH_O, "Bytes queued in the lane's inbox."},
+    {"_bound", (PyCFunction)link_bound, METH_O, "The lane's inbox bound in bytes."},
     {"_fail_next", (PyCFunction)link_fail_next, METH_NOARGS,
      "Debug: the next handling of this link meets a bug (ERROR)."},
     {NULL}};
@@ -1818,6 +1854,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "COPY_CHUNK", COPY_CHUNK);
     PyModule_AddIntConstant(m, "INBOX_BYTES", INBOX_BYTES);
     PyModule_AddIntConstant(m, "CHUNK_COST", CHUNK_COST);
+    PyModule_AddIntConstant(m, "STAGE_MAX_BYTES", STAGE_MAX_BYTES);
+    PyModule_AddObject(m, "STAGE_RATE", PyFloat_FromDouble(STAGE_RATE));
     PyModule_AddIntConstant(m, "STAGE_NONE", STAGE_NONE);
     PyModule_AddIntConstant(m, "STAGE_LATENCY", STAGE_LATENCY);
     PyModule_AddIntConstant(m, "STAGE_BANDWIDTH", STAGE_BANDWIDTH);

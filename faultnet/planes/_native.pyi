@@ -10,6 +10,8 @@ UPSTREAM_FAILED: int
 COPY_CHUNK: int
 INBOX_BYTES: int
 CHUNK_COST: int
+STAGE_MAX_BYTES: int
+STAGE_RATE: float
 STAGE_NONE: int
 STAGE_LATENCY: int
 STAGE_BANDWIDTH: int
@@ -42,6 +44,7 @@ class Link:
     def _set_stage(self, lane: int, kind: int, latency_ms: float, jitter_ms: float, /) -> None: ...
     def _stage_draws(self, lane: int, state: int = ..., /) -> int: ...
     def _queued(self, lane: int, /) -> int: ...
+    def _bound(self, lane: int, /) -> int: ...
     def _fail_next(self) -> None: ...
 
 class Core:

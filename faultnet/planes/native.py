@@ -42,7 +42,10 @@ thread when a stream's chain is that one toxic (:meth:`Link.set_stage`): the lan
 queue, each chunk due at its read time plus its delay (drawn when it comes to the head,
 from the same splitmix64 as :mod:`faultnet.toxics.draws`); one timerfd in the epoll is
 armed at the earliest due time among the lanes that wait (timer slack 1 us: epoll_wait's
-own timeout has millisecond steps). Reading stops at INBOX_BYTES, as for trio.
+own timeout has millisecond steps). Reading stops at the lane's bound in bytes: a
+latency stage's is what a stream at STAGE_RATE (2 GB/s) has in flight for its latency
++ jitter, between INBOX_BYTES and STAGE_MAX_BYTES (32 MiB; see the C); any other lane's
+is INBOX_BYTES, as for trio.
 
 **The toxic path** stays in Python for every other chain: :class:`faultnet.proxy._toxiclink.ToxicLink` drives it
 through :meth:`Link.take_timed` / :meth:`Link.offer` / :meth:`Link.offer_eof`, which are C

@@ -142,17 +142,35 @@ async def test_an_update_reaches_the_stage_and_removal_returns_the_fast_path() -
         assert await carried(client, server, b"twice") >= 0.060
 
 
+async def test_a_latency_stage_holds_its_delay_at_the_stage_rate() -> None:
+    # The bound is what a stream at STAGE_RATE has in flight for the delay (5 ms: 10 MB,
+    # so bulk through latency=5 ms is not capped at 1 MiB per 5 ms), clamped.
+    from faultnet.planes import _native
+
+    async with latency_on_plane(5) as (proxy, conn, client, server):
+        assert conn.link._bound(0) == int(_native.STAGE_RATE * 0.005)
+        proxy.update_toxic("lat", {"jitter": 2})  # the most a chunk waits: 7 ms
+        assert conn.link._bound(0) == int(_native.STAGE_RATE * 0.007)
+        proxy.update_toxic("lat", {"latency": 0, "jitter": 0})
+        assert conn.link._bound(0) == _native.INBOX_BYTES
+        proxy.update_toxic("lat", {"latency": 10**6})
+        assert conn.link._bound(0) == _native.STAGE_MAX_BYTES
+        proxy.remove_toxic("lat")
+        assert conn.link._bound(0) == _native.INBOX_BYTES
+        assert conn.link._bound(1) == _native.INBOX_BYTES  # the other way never had one
+
+
 async def test_the_queue_is_bounded_in_bytes() -> None:
     from faultnet.planes import _native
 
     async with latency_on_plane(1000) as (proxy, conn, client, server):
-        payload = bytes(4 * 1024 * 1024)
-        bound = _native.INBOX_BYTES + _native.COPY_CHUNK + _native.CHUNK_COST
+        limit = conn.link._bound(0)
+        assert limit == _native.STAGE_MAX_BYTES
+        payload = bytes(limit + 8 * 1024 * 1024)
+        bound = limit + _native.COPY_CHUNK + _native.CHUNK_COST
         async with trio.open_nursery() as nursery:
             nursery.start_soon(client.send_all, payload)
-            await wait_until(
-                lambda: conn.link._queued(0) >= _native.INBOX_BYTES, 5, what="the queue full"
-            )
+            await wait_until(lambda: conn.link._queued(0) >= limit, 10, what="the queue full")
             await trio.sleep(0.1)  # the reader would go on here, were it not stopped
             assert conn.link._queued(0) <= bound
             proxy.update_toxic("lat", {"latency": 0})  # the rest at once
