@@ -27,7 +27,7 @@ The contract every plane keeps (and every plane runs the same tests):
   out). :meth:`Link.to_plane` hands the lane back once trio has taken every chunk
   (its toxics were removed).
 * **Compiled stages.** A plane may run a chain of toxics itself (:meth:`Link.set_stage`:
-  the native plane runs latency and bandwidth on its thread): the lane's chunks then queue
+  the native plane runs latency, bandwidth and slicer on its thread): the lane's chunks then queue
   in the plane with their read times and leave when due, in order, the EOF after them,
   under the same gate, bounded by the same bytes. A plane without that stage says so,
   and the chain runs in trio. The trio side of that path is the core's (:mod:`faultnet.proxy`), not a plane's.
@@ -123,10 +123,11 @@ class Link(Protocol):
         link now would lose."""
 
     def set_stage(
-        self, stream: str, stage: tuple[str, float, float] | None, draws: int | None = None
+        self, stream: str, stage: tuple[str, float, float, float] | None, draws: int | None = None
     ) -> bool:
         """Run *stream*'s toxics as a compiled stage of the plane (``("latency",
-        latency_ms, jitter_ms)``, ``("bandwidth", rate_kbps, 0)``), its generator at *draws* if given (see
+        latency_ms, jitter_ms, 0)``, ``("bandwidth", rate_kbps, 0, 0)``, ``("slicer",
+        average_size, size_variation, delay_us)``), its generator at *draws* if given (see
         :mod:`faultnet.toxics.draws`): in force at once, and on its own once
         :meth:`to_plane` takes the lane back from trio, which it then does even with
         chunks untaken (they are the stage's). ``None``: no stage (what it queued goes

@@ -39,6 +39,7 @@
 #include <netinet/tcp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -115,7 +116,9 @@ typedef struct {
      * the lane is not to_trio. stage: STAGE_NONE (none: the plain path), STAGE_LATENCY
      * (lat_ms + a uniform draw of +- jit_ms), STAGE_BANDWIDTH (rate_kbps: pieces of at
      * most PIECE_SECONDS' worth, each due when the stream's virtual clock has
-     * "transmitted" it), STAGE_DRAIN (what a removed stage queued leaves at once). */
+     * "transmitted" it), STAGE_SLICER (pieces of slice_avg +- a draw of slice_var bytes,
+     * each due slice_delay after the one before was due: see release_due),
+     * STAGE_DRAIN (what a removed stage queued leaves at once). */
     int stage;
     double lat_ms, jit_ms, rate_kbps;
     double clock;     /* bandwidth: when the last piece was due (0: idle, no credit) */
@@ -123,13 +126,20 @@ typedef struct {
     uint64_t draws;   /* the splitmix64 state (faultnet/toxics/draws.py: the same) */
     double head_due;  /* when the inbox's first chunk is due, once head_set */
     int head_set, head_drew;
+    long long slice_avg, slice_var; /* slicer: bytes */
+    double slice_delay;             /* slicer: seconds between two pieces' due times */
+    double next_due;                /* slicer: when the next piece is due, once next_set */
+    int next_set;
     int listed;       /* in the core's timed list */
     size_t bound;     /* the inbox's bound in bytes (INBOX_BYTES, or a stage's: stage_bound) */
 } lane_t;
 
 /* STAGE_DRAIN: no stage, but what the removed one queued still leaves (at once, in
  * order) before the lane is plain again; never set from Python. */
-enum { STAGE_NONE = 0, STAGE_LATENCY = 1, STAGE_BANDWIDTH = 2, STAGE_DRAIN = 3 };
+enum { STAGE_NONE = 0, STAGE_LATENCY = 1, STAGE_BANDWIDTH = 2, STAGE_DRAIN = 3, STAGE_SLICER = 4 };
+/* The slicer's schedule restarts from now when it fell further behind than this
+ * (faultnet/toxics/slicer.py's _MAX_LAG, where the figure is measured). */
+#define SLICE_MAX_LAG 0.002
 /* Bandwidth's pieces: at most this much transmission time each (as bandwidth.py). */
 #define PIECE_SECONDS 0.1
 
@@ -234,6 +244,12 @@ static uint64_t draw64(uint64_t *state) {
 static double draw_uniform(uint64_t *state, double a, double b) {
     double u = (double)(draw64(state) >> 11) * (1.0 / 9007199254740992.0);
     return a + (b - a) * u;
+}
+
+/* Uniform integer in [lo, hi] (hi >= lo): lo + the draw modulo the range's size, as
+ * Draws.integer (the modulo's bias is below 2^-40 for any slice size). */
+static long long draw_int(uint64_t *state, long long lo, long long hi) {
+    return lo + (long long)(draw64(state) % (uint64_t)(hi - lo + 1));
 }
 
 static int wants_write(const lane_t *l) { return l->open && (l->held || l->piped); }
@@ -483,14 +499,43 @@ static int send_fresh(CoreObject *c, LinkObject *k, int li, const char *p, size_
     return 0;
 }
 
+/* The slicer's head piece: its size (l->piece, drawn as faultnet/toxics/slicer.py
+ * draws it) and its due time: the chunk's read time, or the schedule's next_due if later
+ * (with a delay), restarted from *now* if more than SLICE_MAX_LAG behind. */
+static double slice_head(lane_t *l, const chunk *ch, double now) {
+    double due = ch->t;
+    if (l->slice_avg > 0) {
+        long long size = l->slice_avg;
+        if (l->slice_var > 0) {
+            size += draw_int(&l->draws, -l->slice_var, l->slice_var);
+            l->head_drew = 1;
+            if (size < 1)
+                size = 1;
+        }
+        if ((unsigned long long)size < l->piece)
+            l->piece = (size_t)size;
+    }
+    if (l->next_set && l->slice_delay > 0) {
+        if (l->next_due > due)
+            due = l->next_due;
+        if (due <= now && now - due > SLICE_MAX_LAG)
+            due = now; /* too far behind to catch up: the schedule restarts */
+    }
+    return due;
+}
+
 /* A compiled stage's writer: the staged chunks due by *now* go out in order (gate open,
  * nothing held), the EOF (a chunk of length 0) after the last of them; the first not
  * yet due stays, its due time in head_due. A chunk's delay is drawn when it comes to
  * the head, as the Python toxic draws when the chunk's turn comes: the same generator
  * in the same order. A due time within 1 us counts as come (the timer's own slack and
- * the rounding to its nanoseconds). -1: the link ended. */
+ * the rounding to its nanoseconds). At most FAIR_OPS writes per call: a stage with
+ * pieces due back to back (a slicer with delay 0 and size 1) yields the thread to the
+ * other sockets, its head due in the past so that run_timers' timerfd fires at once.
+ * -1: the link ended. */
 static int release_due(CoreObject *c, LinkObject *k, int li, double now) {
     lane_t *l = &k->lanes[li];
+    int ops = 0;
     while (!l->to_trio && l->inbox && l->open && !l->held && !l->piped) {
         chunk *ch = l->inbox;
         if (!l->head_set) {
@@ -504,6 +549,8 @@ static int release_due(CoreObject *c, LinkObject *k, int li, double now) {
                     l->head_drew = 1;
                 }
                 due += (ms > 0 ? ms : 0) / 1000;
+            } else if (ch->len && l->stage == STAGE_SLICER) {
+                due = slice_head(l, ch, now);
             } else if (ch->len && l->stage == STAGE_BANDWIDTH && l->rate_kbps > 0) {
                 double bps = l->rate_kbps * 1000;
                 size_t most = (size_t)(bps * PIECE_SECONDS);
@@ -516,14 +563,19 @@ static int release_due(CoreObject *c, LinkObject *k, int li, double now) {
             l->head_due = due;
             l->head_set = 1;
         }
-        if (l->head_due > now + 1e-6)
-            return 0;
+        if (l->head_due > now + 1e-6 || ops == FAIR_OPS)
+            return 0; /* not due; or due, after this lane's turn (run_timers: at once) */
         l->head_set = 0;
         if (ch->len) {
             int r = send_fresh(c, k, li, ch->data + ch->off, l->piece);
+            ops++;
             ch->off += l->piece;
             if (l->stage == STAGE_BANDWIDTH && l->rate_kbps > 0)
                 l->clock = l->head_due;
+            if (l->stage == STAGE_SLICER) {
+                l->next_due = l->head_due + l->slice_delay;
+                l->next_set = 1;
+            }
             if (r < 0)
                 return -1;
             if (ch->off < ch->len)
@@ -1508,17 +1560,18 @@ static PyObject *link_to_trio(LinkObject *k, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-/* _set_stage(lane, kind, a, b): the lane's compiled stage from now on: latency (a ms,
- * jitter b ms) or bandwidth (a KB/s, b unused)
+/* _set_stage(lane, kind, a, b[, c]): the lane's compiled stage from now on: latency (a
+ * ms, jitter b ms), bandwidth (a KB/s, b unused) or slicer (average_size a, size_variation
+ * b bytes, delay c us)
  * (kind STAGE_NONE: none; what it queued then leaves at once, in order). A chunk whose
  * delay was drawn keeps it, as in the Python toxic (where that chunk is asleep). */
 static PyObject *link_set_stage(LinkObject *k, PyObject *args) {
     NEED_CORE(k);
     int li, kind;
-    double lat, jit;
-    if (!PyArg_ParseTuple(args, "iidd", &li, &kind, &lat, &jit))
+    double lat, jit, third = 0;
+    if (!PyArg_ParseTuple(args, "iidd|d", &li, &kind, &lat, &jit, &third))
         return NULL;
-    if ((li != 0 && li != 1) || kind < STAGE_NONE || kind > STAGE_BANDWIDTH) {
+    if ((li != 0 && li != 1) || kind < STAGE_NONE || kind == STAGE_DRAIN || kind > STAGE_SLICER) {
         PyErr_SetString(PyExc_ValueError, "lane must be 0 or 1, kind a STAGE_ constant");
         return NULL;
     }
@@ -1528,10 +1581,14 @@ static PyObject *link_set_stage(LinkObject *k, PyObject *args) {
         if (kind == STAGE_NONE) /* removed: the chunk it held goes too (as Toxiproxy's) */
             l->head_set = 0;
         if (kind != l->stage)
-            l->clock = 0; /* a new stage starts with no backlog */
+            l->clock = l->next_set = 0; /* a new stage starts with no backlog */
         l->stage = kind == STAGE_NONE && l->inbox && !l->to_trio ? STAGE_DRAIN : kind;
         if (kind == STAGE_BANDWIDTH) {
             l->rate_kbps = lat;
+        } else if (kind == STAGE_SLICER) {
+            l->slice_avg = (long long)lat;
+            l->slice_var = (long long)jit;
+            l->slice_delay = third > 0 ? third / 1e6 : 0;
         } else {
             l->lat_ms = lat;
             l->jit_ms = jit;
@@ -1547,26 +1604,25 @@ static PyObject *link_set_stage(LinkObject *k, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* _queued(lane): the bytes the lane's inbox holds, as counted against its bound. */
-static PyObject *link_queued(LinkObject *k, PyObject *arg) {
+/* A size_t field of a lane (at offset *off* in lane_t), read under the mutex. */
+static PyObject *lane_size(LinkObject *k, PyObject *arg, size_t off) {
     NEED_CORE(k);
     int li = lane_arg(arg);
     if (li < 0)
         return NULL;
     size_t n;
-    LOCKED(k->core, n = k->lanes[li].inbox_bytes);
+    LOCKED(k->core, n = *(const size_t *)((const char *)&k->lanes[li] + off));
     return PyLong_FromSize_t(n);
+}
+
+/* _queued(lane): the bytes the lane's inbox holds, as counted against its bound. */
+static PyObject *link_queued(LinkObject *k, PyObject *arg) {
+    return lane_size(k, arg, offsetof(lane_t, inbox_bytes));
 }
 
 /* _bound(lane): the lane's inbox bound in bytes (INBOX_BYTES, or its stage's). */
 static PyObject *link_bound(LinkObject *k, PyObject *arg) {
-    NEED_CORE(k);
-    int li = lane_arg(arg);
-    if (li < 0)
-        return NULL;
-    size_t n;
-    LOCKED(k->core, n = k->lanes[li].bound);
-    return PyLong_FromSize_t(n);
+    return lane_size(k, arg, offsetof(lane_t, bound));
 }
 
 /* _stage_draws(lane[, state]): the lane's generator state (set it first if given). */
@@ -1825,8 +1881,37 @@ static PyObject *module_draws(PyObject *m, PyObject *args) {
     return out;
 }
 
+/* slices(seed, length, average, variation): the piece sizes the slicer stage cuts a chunk
+ * of *length* bytes into, its generator seeded *seed* (the test that slicer.py cuts the
+ * same). */
+static PyObject *module_slices(PyObject *m, PyObject *args) {
+    unsigned long long seed;
+    Py_ssize_t length;
+    long long avg, var;
+    if (!PyArg_ParseTuple(args, "KnLL", &seed, &length, &avg, &var))
+        return NULL;
+    lane_t l;
+    memset(&l, 0, sizeof l);
+    l.draws = seed;
+    l.slice_avg = avg;
+    l.slice_var = var;
+    PyObject *out = PyList_New(0);
+    for (Py_ssize_t pos = 0; out && pos < length; pos += (Py_ssize_t)l.piece) {
+        chunk ch = {.len = (size_t)length, .off = (size_t)pos};
+        l.piece = ch.len - ch.off;
+        (void)slice_head(&l, &ch, 0);
+        PyObject *n = PyLong_FromSize_t(l.piece);
+        if (!n || PyList_Append(out, n) < 0)
+            Py_CLEAR(out);
+        Py_XDECREF(n);
+    }
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
     {"draws", module_draws, METH_VARARGS, "draws(seed, n, a, b): the stages' generator."},
+    {"slices", module_slices, METH_VARARGS,
+     "slices(seed, length, average, variation): the slicer stage's piece sizes."},
     {NULL}};
 
 static struct PyModuleDef module = {
@@ -1859,5 +1944,6 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "STAGE_NONE", STAGE_NONE);
     PyModule_AddIntConstant(m, "STAGE_LATENCY", STAGE_LATENCY);
     PyModule_AddIntConstant(m, "STAGE_BANDWIDTH", STAGE_BANDWIDTH);
+    PyModule_AddIntConstant(m, "STAGE_SLICER", STAGE_SLICER);
     return m;
 }

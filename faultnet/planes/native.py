@@ -37,8 +37,8 @@ calls it would cost a second GIL hand-off per batch for nothing.
 behind the link's last event; :meth:`Plane._deliver` drops the reference once the batch
 is built, so no event ever points at a freed link.
 
-**Compiled stages.** The latency toxic (with jitter) and the bandwidth toxic run on the
-thread when a stream's chain is that one toxic (:meth:`Link.set_stage`): the lane's inbox is then the stage's
+**Compiled stages.** The latency toxic (with jitter), the bandwidth toxic and the slicer
+run on the thread when a stream's chain is that one toxic (:meth:`Link.set_stage`): the lane's inbox is then the stage's
 queue, each chunk due at its read time plus its delay (drawn when it comes to the head,
 from the same splitmix64 as :mod:`faultnet.toxics.draws`); one timerfd in the epoll is
 armed at the earliest due time among the lanes that wait (timer slack 1 us: epoll_wait's
@@ -100,7 +100,13 @@ _KINDS: dict[int, str] = (
 
 #: The toxics the thread runs as compiled stages (``Toxic.compiled()``'s kind -> the C's).
 _STAGE_KINDS: dict[str, int] = (
-    {"latency": _native.STAGE_LATENCY, "bandwidth": _native.STAGE_BANDWIDTH} if AVAILABLE else {}
+    {
+        "latency": _native.STAGE_LATENCY,
+        "bandwidth": _native.STAGE_BANDWIDTH,
+        "slicer": _native.STAGE_SLICER,
+    }
+    if AVAILABLE
+    else {}
 )
 
 
@@ -172,21 +178,22 @@ class Link(LinkBase["Plane", LaneView], _Base):
         return done
 
     def set_stage(
-        self, stream: str, stage: tuple[str, float, float] | None, draws: int | None = None
+        self, stream: str, stage: tuple[str, float, float, float] | None, draws: int | None = None
     ) -> bool:
         """The lane's compiled stage (see :meth:`faultnet.planes.Link.set_stage`): the
-        latency toxic, its delays drawn on the thread (``release_due`` in the C)."""
+        latency, bandwidth or slicer toxic, its draws made on the thread (``release_due``
+        in the C)."""
         lane = _INDEX[stream]
         if stage is None:
             self._set_stage(lane, _native.STAGE_NONE, 0.0, 0.0)
             return True
-        kind, a, b = stage
+        kind, a, b, c = stage
         code = _STAGE_KINDS.get(kind)
         if code is None:
             return False
         if draws is not None:
             self._stage_draws(lane, draws)
-        self._set_stage(lane, code, a, b)
+        self._set_stage(lane, code, a, b, c)
         return True
 
     def stage_draws(self, stream: str) -> int:

@@ -297,7 +297,7 @@ class Link(LinkBase["Plane", Lane]):
             return True
 
     def set_stage(
-        self, stream: str, stage: tuple[str, float, float] | None, draws: int | None = None
+        self, stream: str, stage: tuple[str, float, float, float] | None, draws: int | None = None
     ) -> bool:
         """This plane compiles no stage: False for any, so the chain stays in trio."""
         return stage is None

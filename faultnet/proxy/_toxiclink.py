@@ -21,7 +21,7 @@ of that stream owns what happens next, apart from the connection:
 The same code serves every plane: it asks nothing of a plane but the interface.
 
 **Compiled stages.** When the chain is one toxic with a compiled form
-(:meth:`~faultnet.toxics.base.Toxic.compiled`: latency, bandwidth) and the plane has that stage
+(:meth:`~faultnet.toxics.base.Toxic.compiled`: latency, bandwidth, slicer) and the plane has that stage
 (:meth:`~faultnet.planes.Link.set_stage`: the native plane), the task hands the stream
 back to the plane with the stage set and ends: the plane delays the chunks itself, and
 the toxic's generator state goes with it (and comes back if the chain leaves that form).

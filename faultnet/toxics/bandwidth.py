@@ -34,9 +34,9 @@ class Bandwidth(AttributeToxic):
     )
     rate: int
 
-    def compiled(self) -> tuple[str, float, float]:
-        """This toxic as a plane's compiled stage: (kind, rate KB/s, unused)."""
-        return ("bandwidth", float(self.rate), 0.0)
+    def compiled(self) -> tuple[str, float, float, float]:
+        """This toxic as a plane's compiled stage: (kind, rate KB/s, unused, unused)."""
+        return ("bandwidth", float(self.rate), 0.0, 0.0)
 
     async def on_chunk(self, ctx: ToxicContext, data: bytes, t_read: float) -> None:
         pos = 0

@@ -118,7 +118,7 @@ class Toxic(ABC):
         """Merge *attributes* into this toxic, all or nothing; live for every connection."""
         self.check_attributes(attributes)
 
-    def compiled(self) -> tuple[str, float, float] | None:
+    def compiled(self) -> tuple[str, float, float, float] | None:
         """This toxic as a data plane's compiled stage (see
         :meth:`faultnet.planes.Link.set_stage`), read again when its attributes change;
         None (the default): it runs in trio only."""

@@ -1,6 +1,6 @@
 """The toxics' seeded generator: splitmix64, defined once for Python and for C.
 
-A toxic that draws (latency's jitter) draws from :class:`Draws`, seeded from its stage's
+A toxic that draws (latency's jitter, the slicer's sizes) draws from :class:`Draws`, seeded from its stage's
 rng (itself derived from the proxy's seed, the connection and the toxic's name). The
 native plane's compiled stages (``faultnet/planes/_native.c``: ``draw64``,
 ``draw_uniform``) run the same generator, bit for bit, on a state handed to them, so a
@@ -45,6 +45,11 @@ class Draws:
     def uniform(self, a: float, b: float) -> float:
         """Uniform in [a, b): ``a + (b - a) * u``, the same operations as the C."""
         return a + (b - a) * self.random()
+
+    def integer(self, lo: int, hi: int) -> int:
+        """Uniform in [lo, hi] (hi >= lo): lo + the draw modulo the range's size, as the
+        C's ``draw_int`` (the modulo's bias is below 2**-40 for ranges under 2**24)."""
+        return lo + self.next64() % (hi - lo + 1)
 
 
 def draws_of(state: dict[str, Any], rng: random.Random) -> Draws:

@@ -37,9 +37,9 @@ class Latency(AttributeToxic):
     latency: int
     jitter: int
 
-    def compiled(self) -> tuple[str, float, float]:
-        """This toxic as a plane's compiled stage: (kind, latency ms, jitter ms)."""
-        return ("latency", float(self.latency), float(self.jitter))
+    def compiled(self) -> tuple[str, float, float, float]:
+        """This toxic as a plane's compiled stage: (kind, latency ms, jitter ms, unused)."""
+        return ("latency", float(self.latency), float(self.jitter), 0.0)
 
     async def on_chunk(self, ctx: ToxicContext, data: bytes, t_read: float) -> None:
         delay_ms = float(self.latency)

@@ -20,6 +20,7 @@ import trio
 from faultnet.toxics._attributes import Attribute, AttributeToxic
 from faultnet.toxics.base import ToxicContext
 from faultnet.toxics.clock import sleep_until_precisely
+from faultnet.toxics.draws import draws_of
 from faultnet.toxics.registry import register
 
 __all__ = ["Slicer"]
@@ -36,11 +37,17 @@ class Slicer(AttributeToxic):
     """Split every chunk into small pieces, with a pause between consecutive pieces.
 
     Piece sizes are drawn uniformly from ``average_size ± size_variation`` (at least 1
-    byte) with the connection's seeded rng. ``average_size`` 0 passes chunks whole. The
+    byte) from the stage's seeded :class:`~faultnet.toxics.draws.Draws`, a piece's size
+    when it comes to be cut. ``average_size`` 0 passes chunks whole. The
     pause separates every two consecutive pieces of the stream, across chunks too, kept
     as a schedule (piece *i* due ``delay`` after piece *i - 1* was due), so it holds to
     within ~20 % down to 100 µs (the median of the gaps between pieces, measured). Bytes
     are kept exact and in order.
+
+    Compiled: on the native plane a chain of this one toxic runs on the plane's thread
+    (``slice_head`` in faultnet/planes/_native.c: the same sizes from the same draws, the
+    same schedule, its timer to the microsecond, at most 16 pieces per turn of the
+    thread); the schedule starts afresh when the chain moves between trio and the plane.
     """
 
     type = "slicer"
@@ -53,6 +60,11 @@ class Slicer(AttributeToxic):
     size_variation: int
     delay: int
 
+    def compiled(self) -> tuple[str, float, float, float]:
+        """This toxic as a plane's compiled stage: (kind, average_size, size_variation,
+        delay us)."""
+        return ("slicer", float(self.average_size), float(self.size_variation), float(self.delay))
+
     async def on_chunk(self, ctx: ToxicContext, data: bytes, t_read: float) -> None:
         pos = 0
         while pos < len(data):
@@ -60,7 +72,8 @@ class Slicer(AttributeToxic):
             if size <= 0:
                 size = len(data) - pos
             elif self.size_variation > 0:
-                size = max(1, size + ctx.rng.randint(-self.size_variation, self.size_variation))
+                draws = draws_of(ctx.state, ctx.rng)
+                size = max(1, size + draws.integer(-self.size_variation, self.size_variation))
             piece = data[pos : pos + size]
             delay = max(0, self.delay) / 1_000_000
             due = t_read

@@ -1,4 +1,4 @@
-"""Compiled stages: the latency toxic run by the native plane's thread.
+"""Compiled stages: the latency, bandwidth and slicer toxics run by the native plane's thread.
 
 A stream whose chain is one latency toxic leaves trio: the plane queues each chunk with
 its read time and writes it when due (faultnet/planes/_native.c: ``release_due``), under
@@ -24,9 +24,10 @@ from faultnet.planes import native
 from faultnet.proxy import Proxy
 from faultnet.proxy._toxiclink import COMPILED_STAGES_ENV
 from faultnet.testing import open_link, wait_until
-from faultnet.toxics import Bandwidth, Latency
+from faultnet.toxics import Bandwidth, Latency, Slicer
 from faultnet.toxics.draws import GAMMA, Draws, draws_of
 from tests.faultnet.sockets import carried, read_exactly
+from tests.faultnet.toxics.fake import FakeContext
 
 pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason="the native plane is not built")
 
@@ -208,17 +209,28 @@ LATE_P50_S = {"python": 0.030, "compiled": 0.010}
 LATE_MAX_S = 0.250
 
 
-async def run_script(seed: int, compiled_stages: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Send the script through a proxy seeded *seed*; return (bytes received, close kind,
-    each message's (sent, arrived) times, the stage's generator at the start)."""
+def script_sizes(seed: int) -> list[int]:
+    """The script's message sizes (its first draws)."""
+    script = random.Random(seed)
+    return [script.randint(1, 2000) for _ in range(MESSAGES)]
+
+
+async def run_script(
+    seed: int, compiled_stages: bool, monkeypatch: pytest.MonkeyPatch, toxic: Any = None
+) -> Any:
+    """Send the script through a proxy seeded *seed* with *toxic* (the latency script's
+    by default) on upstream; return (bytes received, bytes sent, close kind, each
+    message's (sent, arrived) times, the stage's generator at the start)."""
     monkeypatch.setenv(COMPILED_STAGES_ENV, "1" if compiled_stages else "0")
     script = random.Random(seed)
     sizes = [script.randint(1, 2000) for _ in range(MESSAGES)]
     gaps = [script.uniform(0.010, 0.020) for _ in range(MESSAGES)]
+    if toxic is None:
+        toxic = Latency("lat", "upstream", latency=LATENCY_MS, jitter=JITTER_MS)
     async with open_link(seed=seed) as (proxy, client, server):
         conn = only_connection(proxy)
-        proxy.add_toxic(Latency("lat", "upstream", latency=LATENCY_MS, jitter=JITTER_MS))
-        stage = conn.stages["lat"]
+        proxy.add_toxic(toxic)
+        stage = conn.stages[toxic.name]
         start = Draws(draws_of(stage.state, stage.rng).state)
         if compiled_stages:
             await compiled(conn)
@@ -280,12 +292,18 @@ async def test_compiled_and_python_latency_deliver_the_same(
     # The same seed, the same generator state at the start on both paths.
     assert results[0][4].state == results[1][4].state
     for path, errs in zip(("python", "compiled"), errors, strict=True):
-        shown = (path, [round(e * 1e3, 2) for e in errs])
         # Never before its due time (a stall of the plane's thread over a whole gap would
         # read two messages as one chunk, one draw: the gaps are 10-20 ms for that).
-        assert min(errs) >= -EARLY_S, shown
-        assert sorted(errs)[len(errs) // 2] <= LATE_P50_S[path], shown
-        assert max(errs) <= LATE_MAX_S, shown
+        judge_schedule(path, errs, EARLY_S)
+
+
+def judge_schedule(path: str, errs: list[float], early_s: float) -> None:
+    """Each message's arrival less its due time: none earlier than *early_s*, the median
+    and the latest within the path's tolerance (LATE_P50_S, LATE_MAX_S)."""
+    shown = (path, [round(e * 1e3, 2) for e in errs])
+    assert min(errs) >= -early_s, shown
+    assert sorted(errs)[len(errs) // 2] <= LATE_P50_S[path], shown
+    assert max(errs) <= LATE_MAX_S, shown
 
 
 # -- bandwidth, the second compiled stage --
@@ -326,3 +344,80 @@ async def test_bandwidth_paces_the_stream_on_either_path(
         await client.send_eof()
         with trio.fail_after(5):
             assert await server.receive_some(10) == b""
+
+
+# -- slicer, the third compiled stage --
+
+
+@pytest.mark.parametrize(
+    ("length", "average", "variation"),
+    [(5000, 100, 50), (3, 1, 0), (1000, 1, 5), (100, 0, 5), (64, 1024, 512), (9000, 7, 6)],
+)
+async def test_the_slicer_cuts_the_same_pieces_in_c_and_in_python(
+    length: int, average: int, variation: int
+) -> None:
+    from faultnet.planes import _native
+
+    for seed in (0, 7, 2**64 - 1):
+        toxic = Slicer("s", average_size=average, size_variation=variation)
+        ctx = FakeContext()
+        ctx.state["draws"] = Draws(seed)  # the stage's generator, at a known state
+        await toxic.on_chunk(ctx, bytes(length), trio.current_time())
+        assert _native.slices(seed, length, average, variation) == [len(d) for _, d, _ in ctx.out]
+
+
+async def test_a_slicer_chain_runs_on_the_plane_in_pieces_on_its_schedule() -> None:
+    async with open_link() as (proxy, client, server):
+        conn = only_connection(proxy)
+        # 10 pieces of 100 bytes, 20 ms apart: the last is due 180 ms after the read.
+        proxy.add_toxic(Slicer("s", "upstream", average_size=100, delay=20_000))
+        await compiled(conn)
+        assert not conn.toxic_links["upstream"].running  # no trio task per chunk
+        payload = bytes(range(250)) * 4
+        assert await carried(client, server, payload) >= 0.180
+        proxy.update_toxic("s", {"delay": 0})  # the update reaches the stage
+        assert await carried(client, server, payload) < 0.150
+        await client.send_eof()
+        with trio.fail_after(5):
+            assert await server.receive_some(10) == b""
+        assert conn.link.eof_forwarded("upstream")
+
+
+#: The slicer's script: each message cut into pieces of SLICE_AVG ± SLICE_VAR bytes,
+#: SLICE_DELAY_US apart; a message's last byte is due (pieces - 1) delays after it was
+#: read, or after the schedule's previous piece. Tolerance: never earlier than that by
+#: more than one delay + EARLY_S (two messages read as one chunk are cut once: their
+#: boundary piece differs by at most one), and lateness as the latency script's.
+SLICE_AVG, SLICE_VAR, SLICE_DELAY_US = 100, 50, 300
+
+
+def slice_model(times: list[tuple[float, float]], sizes: list[int], draws: Draws) -> list[float]:
+    """Each message's due time: its last piece's, on the slicer's schedule."""
+    due, next_due = [], None
+    delay = SLICE_DELAY_US / 1e6
+    for (sent, _), size in zip(times, sizes, strict=True):
+        pos = 0
+        while pos < size:
+            pos += max(1, SLICE_AVG + draws.integer(-SLICE_VAR, SLICE_VAR))
+            t = sent if next_due is None else max(sent, next_due)
+            next_due = t + delay
+        due.append(t)
+    return due
+
+
+@pytest.mark.parametrize("seed", [7, 1234])
+async def test_compiled_and_python_slicer_deliver_the_same(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    toxic = Slicer("s", "upstream", average_size=SLICE_AVG, size_variation=SLICE_VAR)
+    toxic.update({"delay": SLICE_DELAY_US})
+    results = [await run_script(seed, on, monkeypatch, toxic) for on in (False, True)]
+    sizes = script_sizes(seed)
+    for got, expected, close, _, _ in results:
+        assert got == expected  # bytes and order
+        assert close == "fin"  # the EOF after them
+    assert results[0][4].state == results[1][4].state
+    for path, (_, _, _, times, start) in zip(("python", "compiled"), results, strict=True):
+        due = slice_model(times, sizes, start)
+        errs = [arrived - d for (_, arrived), d in zip(times, due, strict=True)]
+        judge_schedule(path, errs, SLICE_DELAY_US / 1e6 + EARLY_S)
