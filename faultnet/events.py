@@ -158,8 +158,16 @@ EVENTS: dict[str, Event] = _table(
         "its name, type and id, what was done",
     ),
     Event("http_opaque", ("conn", "toxic", "stream"), "a stream h11 could not parse, passed as is"),
-    Event("tls_handshake", ("conn", "toxic", "version"), "a TLS toxic's handshake completed"),
-    Event("tls_failed", ("conn", "toxic", "reason"), "a TLS toxic's handshake failed: reset"),
+    Event(
+        "tls_handshake",
+        ("conn", "toxic", "version", "alpn", "server_name"),
+        "a TLS toxic's handshake completed: the version, the protocol ALPN chose, the SNI",
+    ),
+    Event(
+        "tls_failed",
+        ("conn", "toxic", "reason"),
+        "a TLS toxic's handshake failed, and why: reset, or (an upstream's) a 502 or alert",
+    ),
     Event("tls_fault", ("conn", "toxic", "action"), "tls_handshake stalled or reset a handshake"),
     # -- UDP sessions --
     Event("session_open", ("session", "peer"), "a UDP client's first datagram: a session"),
