@@ -12,7 +12,9 @@ its commands out (:mod:`faultnet.toxics.http`).
 * :mod:`faultnet.protocols.http` -- HTTP/1.1 (h11): abort, delay, slow body, truncate,
   reset, hold, header changes, each per request.
 * :mod:`faultnet.protocols.tls` -- TLS: termination with a throwaway CA (trustme),
-  re-origination towards the upstream, and faults on the handshake itself.
+  re-origination towards the upstream, negotiated as one hop (SNI and ALPN passed
+  upstream, a leaf per name asked, a 502 for a failed upstream), and the record
+  framing the handshake faults read; both ends pure sessions over ssl's memory BIOs.
 * :mod:`faultnet.protocols.dns` -- DNS (dnspython): which queries a rule faults and
   what is done to them, for the UDP proxy's ``dns`` row and the ``dns`` toxic;
   :mod:`faultnet.protocols.dns_tcp` frames it over TCP (RFC 1035 4.2.2).

@@ -308,6 +308,8 @@ class Settled:
 
 TlsCommand = Inject | Eof | Hold | Resume | Close | Reset | Ask | Settled
 
+RESET = Reset()
+
 
 # -- the states, all in one place ------------------------------------------------------
 
@@ -518,7 +520,7 @@ class _End:
         self._flush()
         self._send(self.records_out, eof=True)
 
-    def _fail(self, reason: str, final: Close | Reset | None = Reset()) -> None:
+    def _fail(self, reason: str, final: Close | Reset | None = RESET) -> None:
         self.log_event("tls_failed", reason=reason)
         self._early.clear()
         self._go(Ev.ENDED)

@@ -65,7 +65,9 @@ async def serve_tls(
                 head += await stream.receive_some(65536)
             peer = stream.getpeercert()
             cn = dict(x[0] for x in peer["subject"])["commonName"] if peer else None
-            upstream.seen.append((names[-1] if names else None, stream.selected_alpn_protocol(), cn))
+            upstream.seen.append(
+                (names[-1] if names else None, stream.selected_alpn_protocol(), cn)
+            )
             body = repr(upstream.seen[-1]).encode()
             head = b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
             await stream.send_all(head % len(body) + body)
