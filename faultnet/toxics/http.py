@@ -329,14 +329,23 @@ class HttpHold(HttpToxic):
 class HttpDelay(HttpToxic):
     """Hold a matching request's response ``delay`` ms before its headers leave, or
     (``before`` = ``body``) send the headers at once and hold the body ``delay`` ms. The
-    time runs from when the response's head (or first body byte) reached the proxy."""
+    time runs from when the response's head (or first body byte) reached the proxy.
+
+    ``before`` = ``request`` holds the request instead, ``delay`` ms from when its head
+    reached the proxy, before the server sees any of it (a slow route or queue in front
+    of the server, where the response-side delays are a slow server): the client's
+    stream is not read meanwhile, so what it sent behind the request on that connection
+    waits too, in order, and a client that gives up is noticed only after the time."""
 
     type = "http_delay"
     ATTRIBUTES = (
         *RULE,
-        Attribute("delay", 0, "time the response is held, in milliseconds"),
+        Attribute("delay", 0, "time held, in milliseconds"),
         TextAttribute(
-            "before", "headers", "'headers' or 'body': what the delay holds", ("headers", "body")
+            "before",
+            "headers",
+            "'headers' or 'body' (of the response) or 'request': what the delay holds",
+            ("headers", "body", "request"),
         ),
     )
     delay: int
@@ -344,6 +353,8 @@ class HttpDelay(HttpToxic):
 
     def plan(self, request: h11.Request) -> Plan:
         detail: dict[str, object] = {"delay_ms": self.delay, "before": self.before}
+        if self.before == "request":
+            return Plan("delay", detail, delay_request=self.delay / 1000)
         return Plan("delay", detail, delay=self.delay / 1000, delay_body=self.before == "body")
 
 

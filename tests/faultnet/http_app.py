@@ -97,6 +97,8 @@ class Recorder:
         self.piece = 0
         #: Every response sent, in order, over every connection.
         self.responses: list[bytes] = []
+        #: When each request's head arrived (trio time), in order.
+        self.arrived: list[float] = []
 
     async def handle(self, stream: trio.SocketStream) -> None:
         got, out = bytearray(), bytearray()
@@ -112,6 +114,7 @@ class Recorder:
                     conn.receive_data(data)
                     continue
                 if isinstance(event, h11.Request):
+                    self.arrived.append(trio.current_time())
                     request = event
                     body = b""
                 elif isinstance(event, h11.Data):

@@ -27,7 +27,7 @@ from faultnet.protocols.http import (
     Up,
     rewrite_head,
 )
-from faultnet.toxics.http import client_plan
+from faultnet.toxics.http import HttpDelay, client_plan
 
 U, D = "upstream", "downstream"
 
@@ -392,6 +392,24 @@ ROWS: dict[str, Row] = {
             ("down", OK, 1, [("fwd", D, OK)]),
         ],
         ["http_fault /p delay"],
+    ),
+    "a request-side delay toxic holds the request; its response then passes at once": Row(
+        lambda request: HttpDelay(delay=500, before="request").plan(request),
+        [
+            ("up", GET, 1, [("hold", U, 1.5)]),
+            ("timer", U, 1.5, [("fwd", U, GET)]),
+            ("down", OK, 1.6, [("fwd", D, OK)]),
+        ],
+        ["http_fault /a delay"],
+    ),
+    "a response-side delay toxic forwards the request at once and holds the response": Row(
+        lambda request: HttpDelay(delay=500).plan(request),
+        [
+            ("up", GET, 1, [("fwd", U, GET)]),
+            ("down", OK, 1.1, [("hold", D, 1.6)]),
+            ("timer", D, 1.6, [("fwd", D, OK)]),
+        ],
+        ["http_fault /a delay"],
     ),
     "a fault header a client sent unreadable faults nothing and is removed": Row(
         client_plan,

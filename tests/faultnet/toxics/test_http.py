@@ -349,6 +349,28 @@ async def test_delay_holds_the_headers_or_only_the_body(
     assert headers_at < 2.0 <= body_at, (headers_at, body_at)
 
 
+async def test_a_request_side_delay_reaches_the_server_late_a_response_side_one_on_time(
+    faultnet_proxy: Factory, recorder: tuple[Recorder, Address]
+) -> None:
+    rec, address = recorder
+    proxy = await faultnet_proxy(address)
+    proxy.add_toxic(HttpDelay("req", path="/req", delay=300, before="request"))
+    proxy.add_toxic(HttpDelay("resp", path="/resp", delay=300))
+    async with httpx.AsyncClient(timeout=10) as client:
+        for path in ("/req", "/resp"):
+            sent = trio.current_time()
+            r = await client.get(url(proxy, path))
+            answered = trio.current_time()
+            assert r.text == f"GET {path}"
+            # Both answers are 300 ms late; only the request-side one reached the server so.
+            assert answered - sent >= 0.3, (path, answered - sent)
+            reached = rec.arrived[-1] - sent
+            if path == "/req":
+                assert reached >= 0.3, reached
+            else:
+                assert reached < 0.3, reached  # measured: 1-3 ms; the bound is the delay
+
+
 async def test_hold_never_answers_and_the_server_never_sees_it(
     faultnet_proxy: Factory, recorder: tuple[Recorder, Address], plane: str
 ) -> None:
