@@ -22,7 +22,8 @@ the same way.
 
 The toxics have no kernel twin here (no netem): each is held to its own promise by
 its row in _toxics.py (latency, jitter, bandwidth, slicer, limit_data, timeout,
-slow_close, reset_peer, toxicity), through a real proxy, no root needed.
+slow_close, reset_peer, toxicity), through a real proxy, no root needed; the HTTP
+toxics' rows hold each against nginx making the same fault, seen by the same client.
 
 Run it with ``python -m harness.fidelity`` or ``faultnet fidelity``; ``--record`` keeps
 the rows in recorded.json, the README's fidelity column (:mod:`harness.fidelity.readme`).

@@ -15,6 +15,16 @@ The bounds are CI's, not the bench's: each holds under the suite's own load (two
 workers on two shared cores), stated with the distribution it was set from; the tight
 figures (latency within asked + 0.3 ms, bandwidth within 0.97-1.03) are the bench's
 targets (``scripts/bench``). No root: nothing here makes a kernel fault.
+
+The HTTP toxics make faults a real server makes too, so theirs are pair rows (a
+``reference``): the same real client (:mod:`harness.fidelity._http`: requests with
+urllib3's Retry, aiohttp with aiohttp-retry) GETs a path once from nginx doing the fault
+itself (:class:`~harness.fidelity._world.Nginx`: ``return 503``, an upstream that
+closes mid-body or never answers, ``limit_rate``) and once through the toxic in front
+of nginx serving that path whole; the two must end alike, after the same number of
+requests (counted by nginx's access log and by the toxic). A pair row's breakage is
+measured: the toxic asked another thing (a 500, a cut past the body's end, twice the
+rate, one request held instead of every one) must not end alike.
 """
 
 from __future__ import annotations
@@ -30,13 +40,25 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from faultnet.toxics import TOXICS
+from harness.fidelity._http import CLIENTS, same_outcome, same_pace
 from harness.fidelity._observe import SHARE_Z, Verdict, classify
-from harness.fidelity._world import HOST, EchoServer, ProxyThread, pattern
+from harness.fidelity._world import (
+    HOST,
+    NGINX_BODY,
+    NGINX_CUT_AT,
+    NGINX_RATE,
+    EchoServer,
+    Nginx,
+    ProxyThread,
+    nginx_server,
+    pattern,
+)
 
 __all__ = [
     "TOXIC_CASES",
     "ToxicCase",
     "ToxicRow",
+    "ToxicServers",
     "ks_uniform",
     "run_toxic",
     "toxic_servers",
@@ -54,14 +76,39 @@ Promise = Callable[[Sample, Asked], "str | None"]
 
 class Ports(NamedTuple):
     """Where a row's client connects: the proxy with the row's toxic, and a proxy to
-    the same server with none (the matched arm)."""
+    the same server with none (the matched arm); and how many requests the toxic's
+    rule has matched so far (an HTTP toxic's; 0 for any other)."""
 
     toxic: int
     plain: int
+    matched: Callable[[], int] = lambda: 0
 
 
-#: How a row measures: given the proxies' ports and the echo server behind them.
-Workload = Callable[[Ports, EchoServer], Sample]
+class ToxicServers:
+    """The servers the toxics' rows run against: the echo server, and nginx, started at
+    its first use (only the HTTP rows need it), both closed with *stack*."""
+
+    def __init__(self, stack: contextlib.ExitStack) -> None:
+        self._stack = stack
+        self.echo = EchoServer()
+        stack.callback(self.echo.close)
+        self._nginx: Nginx | None = None
+
+    @property
+    def nginx(self) -> Nginx:
+        if self._nginx is None:
+            self._nginx = self._stack.enter_context(nginx_server())
+        return self._nginx
+
+    def upstream(self, server: str) -> int:
+        """The port a row's proxies forward to: the echo server's, or nginx's plain one."""
+        return self.echo.port if server == "echo" else self.nginx.plain_port
+
+
+#: How a row measures: given the proxies' ports and the servers behind them.
+Workload = Callable[[Ports, ToxicServers], Sample]
+#: How a pair row measures the real thing: its client against nginx doing the fault.
+Reference = Callable[[ToxicServers], Sample]
 
 
 @dataclass(frozen=True)
@@ -81,6 +128,14 @@ class ToxicCase:
     #: again when a sample breaks the promise, and is red only when every sample does
     #: (two: about one in 200 at that load). The breakages judge the last sample.
     attempts: int = 1
+    #: What the row's proxies forward to: ``echo`` (the run's echo server) or ``nginx``
+    #: (its plain port, :class:`~harness.fidelity._world.Nginx`).
+    server: str = "echo"
+    #: A pair row (the HTTP toxics): the same client against nginx doing the fault
+    #: itself, measured once. The row's sample is then ``{"nginx": that, "toxic": the
+    #: workload's}``, its promise that the two are the same, and each breakage is
+    #: measured, not only judged: the toxic asked that instead must not be the same.
+    reference: Reference | None = None
 
     @property
     def asked(self) -> dict[str, float]:
@@ -233,7 +288,7 @@ def _messages(period_s: float, count: int) -> Workload:
     proxy: the matched arm whose round trips are the relay's own under the same load
     at the same moments (a stall of the machine falls on both)."""
 
-    def workload(ports: Ports, echo: EchoServer) -> Sample:
+    def workload(ports: Ports, servers: ToxicServers) -> Sample:
         toxic, plain = _paced((ports.toxic, ports.plain), period_s, count)
         return {"rtts": toxic, "plain_rtts": plain}
 
@@ -245,7 +300,7 @@ def _spread(count: int, each: int, period_s: float) -> Workload:
     messages are *each* x *period_s* apart: no message waits for the one ahead of it
     (the latency toxic keeps a connection's order), and every delay is its own draw."""
 
-    def workload(ports: Ports, echo: EchoServer) -> Sample:
+    def workload(ports: Ports, servers: ToxicServers) -> Sample:
         toxic, plain = _paced((ports.toxic, ports.plain), period_s, count, each=each)
         return {"rtts": toxic, "plain_rtts": plain}
 
@@ -276,7 +331,7 @@ def _rate(kb_per_s: int, seconds: float) -> Workload:
     """One download of what *kb_per_s* moves in *seconds*: its achieved rate."""
     n = int(kb_per_s * 1000 * seconds)
 
-    def workload(ports: Ports, echo: EchoServer) -> Sample:
+    def workload(ports: Ports, servers: ToxicServers) -> Sample:
         port = ports.toxic
         took, _, got = _download(port, n)
         if len(got) != n:
@@ -287,7 +342,7 @@ def _rate(kb_per_s: int, seconds: float) -> Workload:
 
 
 def _slices(n: int) -> Workload:
-    def workload(ports: Ports, echo: EchoServer) -> Sample:
+    def workload(ports: Ports, servers: ToxicServers) -> Sample:
         port = ports.toxic
         _, reads, got = _download(port, n)
         if got != pattern(n):
@@ -304,7 +359,7 @@ def _slices(n: int) -> Workload:
 def _until_eof(n: int) -> Workload:
     """Ask for *n* bytes; read until the connection ends."""
 
-    def workload(ports: Ports, echo: EchoServer) -> Sample:
+    def workload(ports: Ports, servers: ToxicServers) -> Sample:
         port = ports.toxic
         s = _connect(port, timeout=10)
         got = bytearray()
@@ -332,7 +387,7 @@ def _await_end(s: socket.socket, bound: float) -> tuple[float, int, str]:
     return time.monotonic(), got, "EOF"
 
 
-def _message_then_end(ports: Ports, echo: EchoServer) -> Sample:
+def _message_then_end(ports: Ports, servers: ToxicServers) -> Sample:
     """A message sent on a fresh connection; the time from the connect to the end of
     the connection, how it ended, and what came back before it."""
     s = _connect(ports.toxic)
@@ -345,7 +400,7 @@ def _message_then_end(ports: Ports, echo: EchoServer) -> Sample:
         s.close()
 
 
-def _server_closes(ports: Ports, echo: EchoServer) -> Sample:
+def _server_closes(ports: Ports, servers: ToxicServers) -> Sample:
     """A round trip, then the server closes (FIN): the time until the client's EOF."""
     s = _connect(ports.toxic)
     try:
@@ -354,7 +409,7 @@ def _server_closes(ports: Ports, echo: EchoServer) -> Sample:
         while got < FRAME:
             got += len(s.recv(65536))
         t0 = time.monotonic()
-        echo.close_connections()
+        servers.echo.close_connections()
         t1, after, how = _await_end(s, 10)
         return {"seconds": t1 - t0, "bytes": after, "how": how}
     finally:
@@ -365,7 +420,7 @@ def _connections(count: int) -> Workload:
     """*count* fresh connections, one message each: how many were echoed (the others
     met the toxic: limit_data at 0 bytes closes at the first byte)."""
 
-    def workload(ports: Ports, echo: EchoServer) -> Sample:
+    def workload(ports: Ports, servers: ToxicServers) -> Sample:
         port = ports.toxic
         echoed = 0
         for _ in range(count):
@@ -391,6 +446,63 @@ def _read_up_to(s: socket.socket, n: int) -> int:
                 break
             got += len(data)
     return got
+
+
+def _http_get(client: str, path: str, read_timeout: float) -> tuple[Workload, Reference]:
+    """A pair row's two measurements: *client*'s GET of *path* (read timeout
+    *read_timeout* s) through the toxic, its requests counted by the toxic; and the
+    same GET from nginx doing the fault itself, its requests counted by nginx."""
+    get = CLIENTS[client]
+
+    def through_toxic(ports: Ports, servers: ToxicServers) -> Sample:
+        before = ports.matched()
+        seen = get(f"http://{HOST}:{ports.toxic}{path}", read_timeout)
+        return {**seen, "requests": ports.matched() - before}
+
+    def from_nginx(servers: ToxicServers) -> Sample:
+        nginx = servers.nginx
+        before = nginx.requests(path)
+        seen = get(f"http://{HOST}:{nginx.fault_port}{path}", read_timeout)
+        return {**seen, "requests": nginx.requests(path) - before}
+
+    return through_toxic, from_nginx
+
+
+#: The read timeout of the hold rows' clients: each of their 4 requests waits this long.
+HOLD_READ_TIMEOUT_S = 0.4
+#: Every other pair row's: longer than anything the rows make a client wait for.
+READ_TIMEOUT_S = 5.0
+
+
+def _against_nginx(
+    toxic: str,
+    attributes: Mapping[str, int],
+    path: str,
+    nginx_does: str,
+    breakages: tuple[Mapping[str, float], ...],
+    promise: Promise = same_outcome,
+    read_timeout: float = READ_TIMEOUT_S,
+) -> tuple[ToxicCase, ...]:
+    """A pair row for each client of :data:`CLIENTS`: *toxic* asked *attributes* in
+    front of nginx serving *path* whole, against nginx doing the fault on *path*
+    itself (*nginx_does*, in words)."""
+    asked = " ".join(f"{k} {v}" for k, v in attributes.items())
+    rows = []
+    for client in CLIENTS:
+        workload, reference = _http_get(client, path, read_timeout)
+        rows.append(
+            ToxicCase(
+                f"{toxic} {asked}".strip() + f", {client}: against nginx {nginx_does}",
+                toxic,
+                attributes,
+                workload,
+                promise,
+                breakages,
+                server="nginx",
+                reference=reference,
+            )
+        )
+    return tuple(rows)
 
 
 # -- the promises --
@@ -587,6 +699,39 @@ TOXIC_CASES: tuple[ToxicCase, ...] = (
         ({"toxicity": 0.1}, {"toxicity": 0.9}),
         toxicity=0.5,
     ),
+    # The HTTP toxics, each against nginx doing the same fault (the pair rows): the same
+    # client sees the same outcome after the same number of requests.
+    *_against_nginx("http_abort", {"status": 503}, "/abort", "`return 503`", ({"status": 500},)),
+    *_against_nginx(
+        "http_truncate",
+        {"bytes": NGINX_CUT_AT},
+        "/cut",
+        "proxying an upstream that closes mid-body",
+        ({"bytes": 2 * NGINX_BODY},),
+    ),
+    *_against_nginx(
+        "http_reset",
+        {"bytes": NGINX_CUT_AT},
+        "/cut",
+        "proxying an upstream that closes mid-body",
+        ({"bytes": 2 * NGINX_BODY},),
+    ),
+    *_against_nginx(
+        "http_slow_body",
+        {"rate": NGINX_RATE},
+        "/slow",
+        "`limit_rate`",
+        ({"rate": 2 * NGINX_RATE},),
+        same_pace,
+    ),
+    *_against_nginx(
+        "http_hold",
+        {},
+        "/hang",
+        "proxying an upstream that never answers",
+        ({"count": 1},),
+        read_timeout=HOLD_READ_TIMEOUT_S,
+    ),
 )
 
 
@@ -594,23 +739,28 @@ TOXIC_CASES: tuple[ToxicCase, ...] = (
 
 
 @contextlib.contextmanager
-def toxic_servers() -> Iterator[EchoServer]:
-    echo = EchoServer()
-    try:
-        yield echo
-    finally:
-        echo.close()
+def toxic_servers() -> Iterator[ToxicServers]:
+    with contextlib.ExitStack() as stack:
+        yield ToxicServers(stack)
 
 
-def run_toxic(case: ToxicCase, echo: EchoServer) -> ToxicRow:
-    """Measure *case* through a fresh proxy with its toxic to *echo* (again, up to its
-    ``attempts``, while a sample breaks the promise); judge it."""
+def run_toxic(case: ToxicCase, servers: ToxicServers) -> ToxicRow:
+    """Measure *case* through a fresh proxy with its toxic to its server (again, up to
+    its ``attempts``, while a sample breaks the promise); judge it, and its breakages
+    (a pair row's measured afresh, each against the same reference sample)."""
+    real = case.reference(servers) if case.reference is not None else None
     for _ in range(case.attempts):
-        sample = _measure(case, echo)
+        sample = _measure(case, servers, case.attributes, real)
         why = case.promise(sample, case.asked)
         if why is None:
             break
-    broken = [case.promise(sample, {**case.asked, **b}) for b in case.breakages]
+    if real is None:
+        broken = [case.promise(sample, {**case.asked, **b}) for b in case.breakages]
+    else:
+        broken = [
+            case.promise(_measure(case, servers, {**case.attributes, **b}, real), case.asked)
+            for b in case.breakages
+        ]
     return ToxicRow(
         case,
         _seen(sample),
@@ -619,24 +769,37 @@ def run_toxic(case: ToxicCase, echo: EchoServer) -> ToxicRow:
     )
 
 
-def _measure(case: ToxicCase, echo: EchoServer) -> Sample:
-    """One sample of *case*: its workload through a fresh proxy with the toxic, beside
-    a fresh proxy without it."""
+def _measure(
+    case: ToxicCase,
+    servers: ToxicServers,
+    attributes: Mapping[str, float],
+    real: Sample | None = None,
+) -> Sample:
+    """One sample of *case* with its toxic asked *attributes*: its workload through a
+    fresh proxy with the toxic, beside a fresh proxy without it; a pair row's beside
+    *real*, its reference's sample."""
+    upstream = servers.upstream(case.server)
     with contextlib.ExitStack() as stack:
-        proxy, plain = ProxyThread(echo.port), ProxyThread(echo.port)
+        proxy, plain = ProxyThread(upstream), ProxyThread(upstream)
         stack.callback(proxy.close)
         stack.callback(plain.close)
-        attributes: dict[str, Any] = dict(case.attributes)
-        toxic = TOXICS[case.toxic](stream="downstream", toxicity=case.toxicity, **attributes)
+        asked: dict[str, Any] = dict(attributes)
+        toxicity = asked.pop("toxicity", case.toxicity)
+        toxic = TOXICS[case.toxic](stream="downstream", toxicity=toxicity, **asked)
         proxy.call_sync("add_toxic", toxic)
-        return case.workload(Ports(proxy.port, plain.port), echo)
+        ports = Ports(proxy.port, plain.port, lambda: int(getattr(toxic, "matched", 0)))
+        sample = case.workload(ports, servers)
+    return sample if real is None else {"nginx": real, "toxic": sample}
 
 
 def _seen(sample: Sample) -> str:
-    """A sample in words: each figure, a list by its median (times in ms)."""
+    """A sample in words: each figure, a list by its median (times in ms); a pair row's
+    two samples each in turn."""
     parts = []
     for key, value in sample.items():
-        if isinstance(value, list):
+        if isinstance(value, Mapping):
+            parts.append(f"{key}: {_seen(value)}")
+        elif isinstance(value, list):
             if key.endswith(("rtts", "gaps")):
                 parts.append(f"{key} p50 {statistics.median(value) * 1000:.3g} ms")
             else:
@@ -645,4 +808,4 @@ def _seen(sample: Sample) -> str:
             parts.append(f"{key} {value:.4g}")
         else:
             parts.append(f"{key} {value}")
-    return ", ".join(parts)
+    return ("; " if any(isinstance(v, Mapping) for v in sample.values()) else ", ").join(parts)

@@ -33,10 +33,13 @@ from faultnet.udp.proxy import UdpProxy
 __all__ = [
     "EchoServer",
     "KernelFault",
+    "Nginx",
     "ProxyThread",
     "enter_private_netns",
     "free_port",
     "http_server",
+    "nginx_path",
+    "nginx_server",
     "postgres_server",
     "redis_server",
     "udp_echo_server",
@@ -172,10 +175,9 @@ class KernelFault:
 # -- servers --
 
 
-class EchoServer:
-    """A blocking echo server on a thread; a request ``GET n`` (a line) gets *n* bytes of
-    a fixed pattern back instead, and ``PUT n`` (a line, then *n* bytes: an upload) is
-    read to its end and answered ``ok``."""
+class _ThreadedServer:
+    """A blocking server on loopback: a thread accepts, and a thread a connection runs
+    :meth:`_serve` on it; every connection is kept until :meth:`close`."""
 
     def __init__(self) -> None:
         self.listener = socket.create_server((HOST, 0), backlog=64)
@@ -191,6 +193,21 @@ class EchoServer:
                 return
             self._conns.append(conn)
             threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.listener.close()
+        for c in self._conns:
+            with contextlib.suppress(OSError):
+                c.close()
+
+
+class EchoServer(_ThreadedServer):
+    """A blocking echo server on a thread; a request ``GET n`` (a line) gets *n* bytes of
+    a fixed pattern back instead, and ``PUT n`` (a line, then *n* bytes: an upload) is
+    read to its end and answered ``ok``."""
 
     @staticmethod
     def _serve(conn: socket.socket) -> None:
@@ -217,12 +234,6 @@ class EchoServer:
             with contextlib.suppress(OSError):
                 c.shutdown(socket.SHUT_WR)
             c.close()
-
-    def close(self) -> None:
-        self.listener.close()
-        for c in self._conns:
-            with contextlib.suppress(OSError):
-                c.close()
 
 
 def _sink(conn: socket.socket, n: int) -> None:
@@ -418,6 +429,168 @@ def http_server() -> Iterator[int]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+# -- nginx: the HTTP toxics' real thing --
+
+#: The body nginx serves on every path, in bytes: a whole second's worth at
+#: :data:`NGINX_RATE`, so that nginx's ``limit_rate`` (a second's worth at once, then
+#: the rest when that second is over: measured, 10,240 bytes at 0.001 s, the next at
+#: 1.005 s) and the slow_body toxic's pacing (1/20 of a second's worth 20 times a
+#: second, from the first byte) end together (measured: 1.00 s each, +- 0.02).
+NGINX_BODY = 16384
+#: nginx's ``limit_rate`` on ``/slow``, bytes a second.
+NGINX_RATE = 16384
+#: Where the upstream behind ``/cut`` dies: after this many bytes of the body.
+NGINX_CUT_AT = 5000
+
+_NGINX_CONF = """
+{user}
+worker_processes 1;
+pid {dir}/nginx.pid;
+events {{ worker_connections 256; }}
+http {{
+    default_type application/octet-stream;
+    log_format rows '$request_uri $status';
+    access_log off;
+    server {{
+        listen {host}:{fault};
+        access_log {dir}/fault.log rows;
+        location = /abort {{ return 503; }}
+        location = /cut {{ proxy_pass http://{host}:{upstream}; }}
+        location = /hang {{ proxy_pass http://{host}:{upstream}; proxy_read_timeout 3600s; }}
+        location = /slow {{ alias {dir}/body; limit_rate {rate}; }}
+        location = /sync {{ return 204; }}
+    }}
+    server {{
+        listen {host}:{plain};
+        location / {{ root {dir}; try_files /body =404; }}
+    }}
+}}
+"""
+
+
+class _DyingUpstream(_ThreadedServer):
+    """The upstream behind nginx's ``/cut`` and ``/hang``, on a thread: it reads a
+    request's head; for ``/cut`` it sends a 200 head with a Content-Length of
+    :data:`NGINX_BODY` and the first :data:`NGINX_CUT_AT` bytes of that body, then
+    closes (FIN); for anything else it answers nothing and keeps the connection until
+    its peer closes it."""
+
+    @staticmethod
+    def _serve(conn: socket.socket) -> None:
+        with conn, contextlib.suppress(OSError):
+            head = b""
+            while b"\r\n\r\n" not in head:
+                data = conn.recv(65536)
+                if not data:
+                    return
+                head += data
+            if head.startswith(b"GET /cut "):
+                conn.sendall(
+                    f"HTTP/1.1 200 OK\r\nContent-Length: {NGINX_BODY}\r\n\r\n".encode()
+                    + pattern(NGINX_BODY)[:NGINX_CUT_AT]
+                )
+                return
+            while conn.recv(65536):  # hung: never answers, until its peer goes
+                pass
+
+
+class Nginx:
+    """A throwaway nginx (see :func:`nginx_server`): ``fault_port`` does each HTTP fault
+    itself, ``plain_port`` serves the same paths whole (a toxic's upstream):
+
+    ========== ============================================== ================
+    path       fault_port                                     plain_port
+    ========== ============================================== ================
+    ``/abort`` ``return 503``                                 the body, 200
+    ``/cut``   proxied to an upstream that dies mid-body      the body, 200
+    ``/slow``  the body at ``limit_rate`` :data:`NGINX_RATE`  the body, 200
+    ``/hang``  proxied to an upstream that never answers      the body, 200
+               (``proxy_read_timeout`` 1 h)
+    ========== ============================================== ================
+    """
+
+    def __init__(self, directory: Path, fault_port: int, plain_port: int) -> None:
+        self.fault_port = fault_port
+        self.plain_port = plain_port
+        self._log = directory / "fault.log"
+        self._syncs = 0
+
+    def requests(self, path: str) -> int:
+        """How many requests for *path* ``fault_port`` has had, every one the caller's
+        client has finished with included (its access log; nginx writes a request's
+        line once it is done with it, answered or given up by its client).
+
+        The log is read after a request of our own for ``/sync`` is in it: nginx runs
+        one worker, which handles its events in the order they came, so a request its
+        client finished (or a close its client sent) before asking ``/sync`` is
+        logged before ``/sync`` is."""
+        self._syncs += 1
+        token = f"/sync?{self._syncs}"
+        with socket.create_connection((HOST, self.fault_port), timeout=5) as s:
+            s.sendall(f"GET {token} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+            while s.recv(65536):
+                pass
+        deadline = time.monotonic() + 5
+        while True:
+            lines = self._log.read_text().splitlines()
+            if f"{token} 204" in lines:
+                break
+            if time.monotonic() > deadline:
+                raise EnvironmentProblem(f"nginx did not log {token} within 5 s")
+            time.sleep(0.005)  # polling nginx's log for our own line, bounded above
+        return sum(1 for line in lines if line.split("?", 1)[0].split(" ", 1)[0] == path)
+
+
+def nginx_path() -> str | None:
+    """nginx's executable: on PATH, or Debian's /usr/sbin/nginx (a PATH without sbin's
+    is common outside root's shell); None when it is not installed."""
+    found = shutil.which("nginx")
+    if found is None and os.access("/usr/sbin/nginx", os.X_OK):
+        found = "/usr/sbin/nginx"
+    return found
+
+
+@contextlib.contextmanager
+def nginx_server() -> Iterator[Nginx]:
+    """nginx (Debian's, /usr/sbin/nginx) from a temporary directory of its own
+    (configuration, logs, pid, the body it serves), on two free loopback ports, with
+    its dying upstream, for the block; stopped by the PID it was started with. As root
+    its worker runs as root (it reads the temporary directory, mode 0700)."""
+    exe = nginx_path()
+    if exe is None:
+        raise EnvironmentProblem("nginx is not installed")
+    upstream = _DyingUpstream()
+    tmp = Path(tempfile.mkdtemp(prefix="fidelity-nginx-"))
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        (tmp / "body").write_bytes(pattern(NGINX_BODY))
+        fault, plain = free_port(), free_port()
+        conf = _NGINX_CONF.format(
+            user="user root;" if os.geteuid() == 0 else "",
+            dir=tmp,
+            host=HOST,
+            fault=fault,
+            plain=plain,
+            upstream=upstream.port,
+            rate=NGINX_RATE,
+        )
+        (tmp / "nginx.conf").write_text(conf)
+        proc = subprocess.Popen(
+            [exe, "-p", str(tmp), "-c", str(tmp / "nginx.conf"), "-e", str(tmp / "error.log")]
+            + ["-g", "daemon off;"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        _wait_listening(fault, proc, "nginx")
+        _wait_listening(plain, proc, "nginx")
+        yield Nginx(tmp, fault, plain)
+    finally:
+        if proc is not None:
+            _stop(proc)  # SIGTERM: nginx's fast shutdown, its worker with it
+        upstream.close()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # -- faultnet --

@@ -164,9 +164,9 @@ def _run_toxics(args: argparse.Namespace) -> int:
         print("| toxic's row | seen | promise | breakages |")
         print("|---|---|---|---|")
     rows, failed = [], False
-    with toxic_servers() as echo:
+    with toxic_servers() as servers:
         for case in TOXIC_CASES:
-            row = run_toxic(case, echo)
+            row = run_toxic(case, servers)
             rows.append(row)
             told = sum(not b.same for b in row.broken)
             failed |= not row.verdict.same or told < len(row.broken)

@@ -10,8 +10,14 @@ from collections.abc import Iterator
 import pytest
 
 from faultnet.toxics import TOXICS
-from harness.fidelity._toxics import TOXIC_CASES, ToxicCase, ks_uniform, run_toxic, toxic_servers
-from harness.fidelity._world import EchoServer
+from harness.fidelity._toxics import (
+    TOXIC_CASES,
+    ToxicCase,
+    ToxicServers,
+    ks_uniform,
+    run_toxic,
+    toxic_servers,
+)
 
 
 def _param(case: ToxicCase) -> object:
@@ -19,16 +25,17 @@ def _param(case: ToxicCase) -> object:
 
 
 @pytest.fixture(scope="module")
-def echo() -> Iterator[EchoServer]:
-    with toxic_servers() as server:
-        yield server
+def servers() -> Iterator[ToxicServers]:
+    with toxic_servers() as running:
+        yield running
 
 
-@pytest.mark.parametrize("case", [_param(c) for c in TOXIC_CASES])
+# The pair rows (the HTTP toxics against nginx) are tests/fidelity/test_http_rows.py's.
+@pytest.mark.parametrize("case", [_param(c) for c in TOXIC_CASES if c.reference is None])
 def test_each_toxic_keeps_its_promise_and_its_judge_tells_a_breakage(
-    case: ToxicCase, echo: EchoServer
+    case: ToxicCase, servers: ToxicServers
 ) -> None:
-    row = run_toxic(case, echo)
+    row = run_toxic(case, servers)
     assert row.verdict.same, f"{case.name}: {row.verdict.text} ({row.seen})"
     for asked, broken in zip(case.breakages, row.broken, strict=True):
         assert not broken.same, f"{case.name}, judged as {asked}: {broken.text} ({row.seen})"
@@ -37,7 +44,7 @@ def test_each_toxic_keeps_its_promise_and_its_judge_tells_a_breakage(
 def test_every_byte_toxic_and_toxicity_has_a_row() -> None:
     # The protocol toxics (both streams: http_*, tls_*, dns) change a protocol's
     # messages, not bytes and timing: their fidelity is the protocol sessions' (held
-    # against real servers).
+    # against real servers: the HTTP ones against nginx, test_http_rows.py).
     byte_toxics = {t for t, cls in TOXICS.items() if not cls.both_streams}
     assert byte_toxics <= {c.toxic for c in TOXIC_CASES}
     assert any(c.toxicity not in (0.0, 1.0) for c in TOXIC_CASES)
