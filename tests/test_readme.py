@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -58,6 +59,32 @@ def test_the_chaos_toolkit_sample_is_preceded_by_making_the_proxy_it_acts_on() -
     at = README.index("chaos run example-experiment.json")
     before = README[max(0, at - 600) : at]
     assert f"faultnet create {proxy} --upstream" in before
+
+
+def _toxic_table_examples() -> dict[str, list[str]]:
+    """Each row of the HTTP section's toxic table: its type, and the ``faultnet toxic
+    add`` examples in it."""
+    section = README.split("### HTTP and HTTPS faults", 1)[1].split("\n### ", 1)[0]
+    rows = [line for line in section.splitlines() if re.match(r"\| [a-z0-9_]+ \|", line)]
+    return {
+        row.split("|")[1].strip(): re.findall(r"`(faultnet toxic add [^`]*)`", row) for row in rows
+    }
+
+
+def test_every_http_toxic_has_a_row_with_an_example_its_type_takes() -> None:
+    from faultnet.server.cli import _attributes
+    from faultnet.toxics import TOXICS
+
+    examples = _toxic_table_examples()
+    http = {name for name in TOXICS if name.startswith("http_")}
+    assert http <= {name for name, found in examples.items() if found}, examples
+    for name, found in examples.items():
+        for example in found:
+            argv = shlex.split(example)
+            types = [argv[i + 1] for i, a in enumerate(argv) if a in ("-t", "--type")]
+            pairs = [argv[i + 1] for i, a in enumerate(argv) if a in ("-a", "--attribute")]
+            assert types == [name], example
+            TOXICS[name].check_attributes(_attributes(pairs))  # a misspelt one raises
 
 
 def _setup_commands() -> list[str]:
