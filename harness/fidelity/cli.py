@@ -61,8 +61,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "--toxics",
         action="store_true",
         help="run the toxics' rows instead: each toxic through a real proxy against its own"
-        " promise, and each row's breakage (no root; exit 1 when a promise is broken or a"
-        " breakage passes)",
+        " promise (the HTTP toxics: against nginx making the same fault), and each row's"
+        " breakage (no root; exit 1 when a promise is broken or a breakage passes)",
     )
     p.add_argument(
         "--readme-table",
