@@ -11,6 +11,10 @@ its commands out (:mod:`faultnet.toxics.http`).
 
 * :mod:`faultnet.protocols.http` -- HTTP/1.1 (h11): abort, delay, slow body, truncate,
   reset, hold, header changes, each per request.
+* :mod:`faultnet.protocols.http2` -- HTTP/2 and gRPC (h2's hyperframe and hpack): the
+  same faults per stream, RST_STREAM, GOAWAY and gRPC statuses, each request's bytes
+  untouched unless faulted; :mod:`faultnet.protocols.http_front` reads a connection's
+  first bytes and runs the HTTP/1.1 or the HTTP/2 session.
 * :mod:`faultnet.protocols.tls` -- TLS: termination with a throwaway CA (trustme),
   re-origination towards the upstream, negotiated as one hop (SNI and ALPN passed
   upstream, a leaf per name asked, a 502 for a failed upstream), and the record

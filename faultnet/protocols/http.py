@@ -54,6 +54,7 @@ __all__ = [
     "Reset",
     "Resume",
     "Session",
+    "Sessions",
     "answer_bytes",
     "parse_header_lines",
     "rewrite_head",
@@ -373,31 +374,14 @@ class _Out:
     t: float
 
 
-class Session:
-    """One connection's HTTP/1.1 traffic through one toxic (see the module docstring).
+class Sessions:
+    """What an HTTP session (this module's, :mod:`faultnet.protocols.http2`'s) shares:
+    its events in and its commands out. A subclass handles each stream's bytes and end
+    (``_upstream``, ``_downstream``, ``_upstream_eof``, ``_downstream_eof``) by
+    :meth:`_emit`-ing commands, and adds ``timer``."""
 
-    *decide* says what to do with each request (None: pass it); *log* is told each fault
-    when it takes effect, and each stream that turned opaque.
-    """
-
-    def __init__(self, decide: Decide, log: Log = lambda event, **fields: None) -> None:
-        self.decide = decide
-        self.log_event = log
-        self.up = Up.IDLE
-        self.down = Down.UNSYNCED
-        self.slots: deque[_Slot] = deque()
-        self._request = _server_parser()
-        self._response: _Parser | None = None
-        self._waiting = bytearray()  # client bytes behind an Upgrade's answer
-        self._up_eof = False  # the client's end came (while WAITING or HELD)
-        self._down_eof = False
-        self._out: deque[_Out] = deque()
-        self._holding = False  # the downstream is held for a plan's time
-        self._delayed = b""  # a delayed request's head, sent at ``_delayed_until``
-        self._delayed_until = 0.0
+    def __init__(self) -> None:
         self._cmds: list[Command] = []
-
-    # -- events in, commands out --
 
     def receive(self, stream: str, data: bytes, now: float) -> list[Command]:
         """Bytes read on *stream* at trio time *now*."""
@@ -414,6 +398,61 @@ class Session:
         else:
             self._downstream_eof(now)
         return self._take()
+
+    def _upstream(self, data: bytes, now: float) -> None:
+        raise NotImplementedError
+
+    def _downstream(self, data: bytes, now: float) -> None:
+        raise NotImplementedError
+
+    def _upstream_eof(self, now: float) -> None:
+        raise NotImplementedError
+
+    def _downstream_eof(self, now: float) -> None:
+        raise NotImplementedError
+
+    def _take(self) -> list[Command]:
+        cmds, self._cmds = self._cmds, []
+        return cmds
+
+    def _emit(self, cmd: Command) -> None:
+        if isinstance(cmd, Forward | Inject) and not cmd.data:
+            return
+        last = self._cmds[-1] if self._cmds else None
+        # The spans of one chunk (a head, its body, the end) leave in one write, not
+        # three. (Measured: three small writes to a client socket without TCP_NODELAY
+        # met its delayed ACK, 45 ms per keep-alive request instead of 0.5.)
+        if isinstance(cmd, Forward) and isinstance(last, Forward) and last.stream == cmd.stream:
+            last.data += cmd.data
+        else:
+            self._cmds.append(cmd)
+
+
+class Session(Sessions):
+    """One connection's HTTP/1.1 traffic through one toxic (see the module docstring).
+
+    *decide* says what to do with each request (None: pass it); *log* is told each fault
+    when it takes effect, and each stream that turned opaque.
+    """
+
+    def __init__(self, decide: Decide, log: Log = lambda event, **fields: None) -> None:
+        super().__init__()
+        self.decide = decide
+        self.log_event = log
+        self.up = Up.IDLE
+        self.down = Down.UNSYNCED
+        self.slots: deque[_Slot] = deque()
+        self._request = _server_parser()
+        self._response: _Parser | None = None
+        self._waiting = bytearray()  # client bytes behind an Upgrade's answer
+        self._up_eof = False  # the client's end came (while WAITING or HELD)
+        self._down_eof = False
+        self._out: deque[_Out] = deque()
+        self._holding = False  # the downstream is held for a plan's time
+        self._delayed = b""  # a delayed request's head, sent at ``_delayed_until``
+        self._delayed_until = 0.0
+
+    # -- events in, commands out (and the timer) --
 
     def timer(self, stream: str, now: float) -> list[Command]:
         """A :class:`Hold` of *stream* came due (or was resumed)."""
@@ -436,22 +475,6 @@ class Session:
         return held + sum(len(o.data) for o in self._out)
 
     # -- internals --
-
-    def _take(self) -> list[Command]:
-        cmds, self._cmds = self._cmds, []
-        return cmds
-
-    def _emit(self, cmd: Command) -> None:
-        if isinstance(cmd, Forward | Inject) and not cmd.data:
-            return
-        last = self._cmds[-1] if self._cmds else None
-        # The spans of one chunk (a head, its body, the end) leave in one write, not
-        # three. (Measured: three small writes to a client socket without TCP_NODELAY
-        # met its delayed ACK, 45 ms per keep-alive request instead of 0.5.)
-        if isinstance(cmd, Forward) and isinstance(last, Forward) and last.stream == cmd.stream:
-            last.data += cmd.data
-        else:
-            self._cmds.append(cmd)
 
     # (Methods, not ``is`` in place: mypy narrows a state across the calls that change it.)
     def _up_is(self, state: Up) -> bool:
