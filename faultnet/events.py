@@ -148,8 +148,13 @@ EVENTS: dict[str, Event] = _table(
             "added",
             "removed",
             "by",
+            "protocol",
+            "stream_id",
+            "grpc_status",
+            "error_code",
         ),
-        "one request an HTTP toxic faulted: its method and path, what was done, the figures",
+        "one request an HTTP toxic faulted: its method and path, what was done, the figures"
+        " (over HTTP/2: protocol h2 and its stream_id)",
     ),
     Event(
         "dns_fault",

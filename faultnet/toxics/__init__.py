@@ -1,5 +1,6 @@
 """Toxics: the byte-level ones named and typed as Toxiproxy's, one module per toxic,
-and faultnet's protocol toxics (:mod:`faultnet.toxics.http`, :mod:`faultnet.toxics.tls`),
+and faultnet's protocol toxics (:mod:`faultnet.toxics.http`, :mod:`faultnet.toxics.http2`,
+:mod:`faultnet.toxics.grpc`, :mod:`faultnet.toxics.tls`),
 which see both streams of a connection and run a :mod:`faultnet.protocols` session.
 
 Each toxic is a class in its own module of this package that declares its attributes

@@ -35,6 +35,20 @@ fault takes effect: an abort, hold, reset or request delay when the request come
 response's fault when its response does. Requests no rule faults cross byte-identical.
 Each type sees both streams of a connection (``both_streams``), whatever its ``stream``
 says.
+
+HTTP/2 and gRPC: a connection that opens with the HTTP/2 preface (h2c with prior
+knowledge, or HTTP/2 inside ``tls_terminate``) runs the HTTP/2 session
+(:mod:`faultnet.protocols.http2`) instead, with the same rule on each stream's request
+(``method`` and ``path`` are ``:method`` and ``:path``: a gRPC call is ``POST
+/pkg.Service/Method``; ``header`` sees ``host`` from ``:authority``), the same seeded
+``percent`` (a stream's ordinal counts the requests on its connection) and ``count``.
+``http_abort`` answers with a HEADERS frame (``:status``, END_STREAM; ``body`` as DATA),
+``http_hold`` never forwards the stream, ``http_delay`` and ``http_slow_body`` act on
+its response's frames; ``grpc_status``, ``http2_reset`` and ``http2_goaway``
+(:mod:`faultnet.toxics.grpc`, :mod:`faultnet.toxics.http2`) fault HTTP/2 only.
+``http_truncate``, ``http_reset``, ``http_header`` and ``client_faults`` have no HTTP/2
+form: such a toxic passes HTTP/2 untouched. A request an HTTP/2 toxic does not fault
+crosses byte-identical.
 """
 
 from __future__ import annotations
@@ -43,7 +57,8 @@ import fnmatch
 import itertools
 import math
 import random
-from typing import Any, ClassVar, cast
+from collections.abc import Sequence
+from typing import Any, ClassVar, Protocol, cast
 
 import h11
 import trio
@@ -63,6 +78,9 @@ from faultnet.protocols.http import (
     parse_header_lines,
     rewrite_head,
 )
+from faultnet.protocols.http2 import Session as Http2Session
+from faultnet.protocols.http2 import StreamPlan
+from faultnet.protocols.http_front import Front
 from faultnet.seeds import derive_seed
 from faultnet.toxics._attributes import Attribute, AttributeToxic, TextAttribute
 from faultnet.toxics.base import ToxicContext
@@ -78,9 +96,26 @@ __all__ = [
     "HttpSlowBody",
     "HttpToxic",
     "HttpTruncate",
+    "RULE",
+    "RULE_H2",
+    "RequestHead",
     "client_plan",
     "request_identity",
 ]
+
+
+class RequestHead(Protocol):
+    """What a rule reads of a request, HTTP/1.1's (``h11.Request``) or HTTP/2's
+    (:class:`faultnet.protocols.http2.H2Request`): header names in lower case."""
+
+    @property
+    def method(self) -> bytes: ...
+
+    @property
+    def target(self) -> bytes: ...
+
+    @property
+    def headers(self) -> Sequence[tuple[bytes, bytes]]: ...
 
 
 def _header_rule(text: str) -> None:
@@ -105,6 +140,9 @@ RULE = (
         "client_faults", 0, "a flag (0 or 1): X-Faultnet-*-Request headers pick the fault", 0, 1
     ),
 )
+
+#: The rule of the HTTP/2-only types: ``client_faults`` is HTTP/1.1's.
+RULE_H2 = tuple(a for a in RULE if a.name != "client_faults")
 
 #: The request headers a client picks its fault with (``client_faults``), lower case.
 ABORT_HEADER = "x-faultnet-abort-request"
@@ -147,7 +185,7 @@ def client_plan(request: h11.Request) -> Plan | None:
     return Plan(request_head=strip)
 
 
-def request_identity(request: h11.Request, ordinal: int) -> tuple[str, str, str]:
+def request_identity(request: RequestHead, ordinal: int) -> tuple[str, str, str]:
     """What a seeded draw knows *request* by: its method, its target (as sent), and its
     first ``X-Request-Id`` value, or, with none, ``#`` and *ordinal*, its place (from 0)
     among the requests on its connection. All of it is the client's to choose."""
@@ -169,6 +207,10 @@ class HttpToxic(AttributeToxic):
     percent: int
     count: int
     client_faults: int
+    #: Whether the type faults HTTP/1.1 requests (:meth:`plan`), and HTTP/2 ones
+    #: (:meth:`plan_h2`); a type without a form for one passes that one untouched.
+    http1: ClassVar[bool] = True
+    http2: ClassVar[bool] = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -180,7 +222,11 @@ class HttpToxic(AttributeToxic):
         """What to do to *request*, which the rule picked."""
         raise NotImplementedError
 
-    def matches(self, request: h11.Request) -> bool:
+    def plan_h2(self, request: RequestHead) -> StreamPlan:
+        """What to do to an HTTP/2 stream whose request the rule picked (``http2``)."""
+        raise NotImplementedError
+
+    def matches(self, request: RequestHead) -> bool:
         """Whether the rule's method, path and header match *request* (not percent)."""
         method = request.method.decode("latin-1").upper()
         if self.method and method not in {
@@ -202,30 +248,47 @@ class HttpToxic(AttributeToxic):
         """The plan for *request*, the *ordinal*-th (from 0) on its connection, or None
         to pass it: the rule, then the client's own fault (``client_faults``), then the
         count, then the draw."""
-        if not self.matches(request):
+        if not self.http1 or not self.matches(request):
             return None
         if self.client_faults:
             chosen = client_plan(request)
             if chosen is not None:
                 return chosen
+        return self.plan(request) if self._drawn(request, seed, ordinal) else None
+
+    def decide_h2(self, request: RequestHead, seed: int, ordinal: int) -> StreamPlan | None:
+        """:meth:`decide` for an HTTP/2 stream's request (no ``client_faults``)."""
+        if not self.http2 or not self.matches(request):
+            return None
+        return self.plan_h2(request) if self._drawn(request, seed, ordinal) else None
+
+    def _drawn(self, request: RequestHead, seed: int, ordinal: int) -> bool:
+        """Whether a request the rule matched is faulted: the count, then the draw."""
         self.matched += 1
         if self.count and self.faulted >= self.count:
-            return None
+            return False
         if self.percent < 100:
             identity = request_identity(request, ordinal)
             draw = random.Random(derive_seed(seed, self.name, "request", *identity)).random()
             if draw * 100 >= self.percent:
-                return None
+                return False
         self.faulted += 1
-        return self.plan(request)
+        return True
 
-    def _session(self, ctx: ToxicContext) -> Session:
-        session: Session | None = ctx.state.get("http")
+    def _session(self, ctx: ToxicContext) -> Front:
+        session: Front | None = ctx.state.get("http")
         if session is None:
             stage = cast(ToxicStage, ctx)
-            seed = stage.seed
+            seed, log = stage.seed, stage.log_event
             ordinals = itertools.count()  # every request on this connection, in order
-            session = Session(lambda r: self.decide(r, seed, next(ordinals)), stage.log_event)
+
+            def http1() -> Session:
+                return Session(lambda r: self.decide(r, seed, next(ordinals)), log)
+
+            def http2() -> Http2Session:
+                return Http2Session(lambda r: self.decide_h2(r, seed, next(ordinals)), log)
+
+            session = Front(http1, http2)
             ctx.state["http"] = session
             ctx.state["http_wake"] = {}
         return session
@@ -240,7 +303,7 @@ class HttpToxic(AttributeToxic):
         await _carry_out(cast(ToxicStage, ctx), session, session.receive_eof(ctx.stream, now))
 
 
-async def _carry_out(stage: ToxicStage, session: Session, commands: list[Command]) -> None:
+async def _carry_out(stage: ToxicStage, session: Front, commands: list[Command]) -> None:
     """Do what *session* said, in order, in the task of *stage*'s stream; a
     :class:`Hold` waits here (so the stream is not read meanwhile) until its time or a
     :class:`Resume`, then asks the session again."""
@@ -302,10 +365,17 @@ class HttpAbort(HttpToxic):
     status: int
     body: str
     headers: str
+    http2 = True
 
     def plan(self, request: h11.Request) -> Plan:
         answer = Answer(self.status, self.body.encode(), parse_header_lines(self.headers))
         return Plan("abort", {"status": self.status}, answer=answer)
+
+    def plan_h2(self, request: RequestHead) -> StreamPlan:
+        headers = [(":status", str(self.status))]
+        headers += [(n.lower(), v) for n, v in parse_header_lines(self.headers)]
+        body = self.body.encode()
+        return StreamPlan("abort", {"status": self.status}, answer=headers, body=body)
 
 
 @register
@@ -317,9 +387,13 @@ class HttpHold(HttpToxic):
 
     type = "http_hold"
     ATTRIBUTES = RULE
+    http2 = True
 
     def plan(self, request: h11.Request) -> Plan:
         return Plan("hold", hold=True)
+
+    def plan_h2(self, request: RequestHead) -> StreamPlan:
+        return StreamPlan("hold", hold=True)
 
 
 # -- the response: delayed, slowed, cut ------------------------------------------------
@@ -350,12 +424,18 @@ class HttpDelay(HttpToxic):
     )
     delay: int
     before: str
+    http2 = True
 
     def plan(self, request: h11.Request) -> Plan:
         detail: dict[str, object] = {"delay_ms": self.delay, "before": self.before}
         if self.before == "request":
             return Plan("delay", detail, delay_request=self.delay / 1000)
         return Plan("delay", detail, delay=self.delay / 1000, delay_body=self.before == "body")
+
+    def plan_h2(self, request: RequestHead) -> StreamPlan:
+        detail: dict[str, object] = {"delay_ms": self.delay, "before": self.before}
+        body = self.before == "body"
+        return StreamPlan("delay", detail, delay=self.delay / 1000, delay_body=body)
 
 
 @register
@@ -366,9 +446,13 @@ class HttpSlowBody(HttpToxic):
     type = "http_slow_body"
     ATTRIBUTES = (*RULE, Attribute("rate", 1000, "body bytes per second", 1))
     rate: int
+    http2 = True
 
     def plan(self, request: h11.Request) -> Plan:
         return Plan("slow_body", {"rate": self.rate}, rate=self.rate)
+
+    def plan_h2(self, request: RequestHead) -> StreamPlan:
+        return StreamPlan("slow_body", {"rate": self.rate}, rate=self.rate)
 
 
 @register
