@@ -3,7 +3,7 @@ bytes in and out: no protoc), and a client with a service-config retry policy.
 
 ``/faultnet.test.Echo/Say`` answers its request; ``/faultnet.test.Echo/Fail`` aborts
 with the status its request names (``b"UNAVAILABLE"``), as a real server that fails
-does. The server counts the calls of each method it saw (its own record: what reached
+does; ``/faultnet.test.Echo/Hang`` never answers (until the call ends). The server counts the calls of each method it saw (its own record: what reached
 it, whatever the client believes)."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import grpc
 
 SAY = "/faultnet.test.Echo/Say"
 FAIL = "/faultnet.test.Echo/Fail"
+HANG = "/faultnet.test.Echo/Hang"
 
 #: Retry UNAVAILABLE only, 3 attempts in all (gRFC A6); backoff short so a test waits
 #: milliseconds, not seconds.
@@ -49,6 +50,7 @@ class Server:
         handlers = {
             "Say": grpc.unary_unary_rpc_method_handler(self._say),
             "Fail": grpc.unary_unary_rpc_method_handler(self._fail),
+            "Hang": grpc.unary_unary_rpc_method_handler(self._hang),
         }
         self.server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler("faultnet.test.Echo", handlers),)
@@ -67,6 +69,13 @@ class Server:
         self._count(FAIL)
         context.abort(grpc.StatusCode[request.decode()], "the real server failed")
         raise AssertionError("abort returns only by raising")
+
+    def _hang(self, request: bytes, context: Any) -> bytes:
+        self._count(HANG)
+        ended = threading.Event()
+        context.add_callback(ended.set)  # the client's deadline, or its cancel
+        ended.wait(30)
+        return b""
 
 
 @contextmanager

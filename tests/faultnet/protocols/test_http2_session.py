@@ -326,3 +326,43 @@ def test_a_server_that_speaks_http1_first_makes_the_connection_http1() -> None:
     assert made == ["http/1.1"]
     assert got == [Forward(D, b"HTTP/1.1 408 Request Timeout\r\n\r\n", 0)]
     assert Frame  # hyperframe's parser made the frames above: none are hand-built
+
+
+def test_a_delay_before_the_body_sends_the_headers_and_holds_the_data() -> None:
+    pair = Pair(on_path("/pkg.Echo/Say", StreamPlan("delay", delay=0.5, delay_body=True)))
+    pair.handshake()
+    pair.request(1)
+    pair.up()
+    pair.respond(1, b"\0\0\0\0\x02ok")
+    assert pair.down(now=3.0) == [Hold(D, 3.5)]
+    assert pair.kinds("client")[-1] == "ResponseReceived"
+    assert pair.carry(pair.session.timer(D, 3.5)) == []
+    assert pair.kinds("client")[-3:] == ["DataReceived", "TrailersReceived", "StreamEnded"]
+
+
+def test_answers_piling_up_behind_a_delay_stop_the_client_being_read() -> None:
+    # A client that sends request after request to be answered while a delay holds the
+    # queue to it: past MAX_BUFFER of answers, its stream is not read until they drain.
+    def decide(request: H2Request) -> StreamPlan:
+        if request.stream_id == 1:
+            return StreamPlan("delay", delay=1.0)
+        return StreamPlan("abort", answer=[(":status", "503"), ("x-pad", "p" * 5000)])
+
+    pair = Pair(decide)
+    pair.handshake()
+    pair.request(1)
+    pair.up()
+    pair.respond(1, b"ok")
+    assert pair.down(now=0.0) == [Hold(D, 1.0)]
+    held: list[Command] = []
+    sid = 3
+    while not held:
+        pair.request(sid)
+        held = pair.up()
+        sid += 2
+        assert sid < 150, "never stopped reading the client"
+    assert held == [Hold(U, None)]
+    assert pair.session.buffered <= 2 * 64 * 1024
+    drained = pair.carry(pair.session.timer(D, 1.0))
+    assert drained == [Resume(U)]
+    assert pair.carry(pair.session.timer(U, 1.0)) == []

@@ -15,10 +15,10 @@ import trio
 from faultnet.eventlog import read_jsonl
 from faultnet.proxy import Proxy
 from faultnet.testing import start_server
-from faultnet.toxics import GrpcStatus, Http2Goaway, Http2Reset, HttpAbort, HttpDelay
+from faultnet.toxics import GrpcStatus, Http2Goaway, Http2Reset, HttpAbort, HttpDelay, HttpHold
 from faultnet.toxics.http import HttpToxic
 from tests.faultnet import grpc_app
-from tests.faultnet.grpc_app import FAIL, SAY
+from tests.faultnet.grpc_app import FAIL, HANG, SAY
 
 Factory = Callable[..., Awaitable[Proxy]]
 
@@ -38,13 +38,15 @@ def faults(log: Path) -> list[dict[str, Any]]:
     return [r for r in read_jsonl(log).records if r["event"] == "http_fault"]
 
 
-async def rpc(proxy_port: int, method: str, payload: bytes, retries: bool = True) -> Any:
+async def rpc(
+    proxy_port: int, method: str, payload: bytes, retries: bool = True, timeout: float = 10
+) -> Any:
     """One call in a thread (grpcio blocks): the reply, or the grpc.RpcError raised."""
 
     def run() -> Any:
         with grpc_app.channel(proxy_port, retries) as chan:
             try:
-                return grpc_app.call(chan, method, payload)
+                return grpc_app.call(chan, method, payload, timeout)
             except grpc.RpcError as error:
                 return error
 
@@ -210,6 +212,21 @@ async def test_a_cancelled_stream_is_not_retried(
     assert isinstance(got, grpc.RpcError) and got.code() == grpc.StatusCode.CANCELLED
     assert server.calls[SAY] == 0
     assert await rpc(port(proxy), SAY, b"hi") == b"said hi"
+
+
+async def test_a_held_call_meets_its_deadline_as_at_a_server_that_never_answers(
+    faultnet_proxy: Factory, server: grpc_app.Server, tmp_path: Path
+) -> None:
+    log = tmp_path / "events.jsonl"
+    proxy = await faultnet_proxy(("127.0.0.1", server.port), event_log=str(log))
+    real = await rpc(port(proxy), HANG, b"", timeout=0.5)
+    assert isinstance(real, grpc.RpcError) and server.calls[HANG] == 1
+    proxy.add_toxic(HttpHold("h", path=SAY))
+    held = await rpc(port(proxy), SAY, b"hi", timeout=0.5)
+    assert isinstance(held, grpc.RpcError)
+    assert held.code() == real.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert server.calls[SAY] == 0
+    assert [r["action"] for r in faults(log)] == ["hold"]
 
 
 # -- passing through --------------------------------------------------------------------
