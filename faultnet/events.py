@@ -162,6 +162,12 @@ EVENTS: dict[str, Event] = _table(
         "one query a UDP proxy's dns rule (session) or a dns toxic (conn, toxic) faulted: "
         "its name, type and id, what was done",
     ),
+    Event(
+        "redis_fault",
+        ("conn", "toxic", "command", "key", "action", "error", "delay_ms"),
+        "one command a redis toxic faulted: its name and first argument (its key), what "
+        "was done, the error answered or the delay",
+    ),
     Event("http_opaque", ("conn", "toxic", "stream"), "a stream h11 could not parse, passed as is"),
     Event(
         "tls_handshake",

@@ -66,6 +66,13 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
     "toxic:http_abort": {"attributes": {"status": 503, "percent": 20}},
     "toxic:http_delay": {"attributes": {"delay": 2000, "percent": 20}},
     "toxic:dns": {"attributes": {"action": "servfail", "percent": 20}},
+    "toxic:redis": {
+        "attributes": {
+            "fault": "error",
+            "error": "LOADING Redis is loading the dataset in memory",
+            "percent": 20,
+        }
+    },
     "process:kill": {"weight": 1, "once": True},
     "process:stop": {"weight": 1, "duration": (2.0, 10.0)},
     "episode:freeze-sever": {"weight": 1},

@@ -99,6 +99,8 @@ __all__ = [
     "RULE",
     "RULE_H2",
     "RequestHead",
+    "TimedSession",
+    "carry_out",
     "client_plan",
     "request_identity",
 ]
@@ -295,18 +297,25 @@ class HttpToxic(AttributeToxic):
 
     async def on_chunk(self, ctx: ToxicContext, data: bytes, t_read: float) -> None:
         session = self._session(ctx)
-        await _carry_out(cast(ToxicStage, ctx), session, session.receive(ctx.stream, data, t_read))
+        await carry_out(cast(ToxicStage, ctx), session, session.receive(ctx.stream, data, t_read))
 
     async def on_eof(self, ctx: ToxicContext) -> None:
         session = self._session(ctx)
         now = trio.current_time()
-        await _carry_out(cast(ToxicStage, ctx), session, session.receive_eof(ctx.stream, now))
+        await carry_out(cast(ToxicStage, ctx), session, session.receive_eof(ctx.stream, now))
 
 
-async def _carry_out(stage: ToxicStage, session: Front, commands: list[Command]) -> None:
+class TimedSession(Protocol):
+    """A protocol session whose holds :func:`carry_out` waits out (HTTP's, RESP's)."""
+
+    def timer(self, stream: str, now: float) -> list[Command]: ...
+
+
+async def carry_out(stage: ToxicStage, session: TimedSession, commands: list[Command]) -> None:
     """Do what *session* said, in order, in the task of *stage*'s stream; a
     :class:`Hold` waits here (so the stream is not read meanwhile) until its time or a
-    :class:`Resume`, then asks the session again."""
+    :class:`Resume`, then asks the session again. The stage's ``state`` keeps the
+    events a held stream waits on (``http_wake``: set up by whoever made the session)."""
     wake: dict[str, trio.Event] = stage.state["http_wake"]
     while True:
         hold: Hold | None = None

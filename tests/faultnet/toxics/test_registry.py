@@ -21,7 +21,7 @@ def test_registry_has_toxiproxy_types() -> None:
     }
     # The rest are faultnet's protocol toxics (faultnet.toxics.http...).
     assert all(
-        name.startswith(("http_", "http2_", "grpc_", "tls_")) or name == "dns"
+        name.startswith(("http_", "http2_", "grpc_", "tls_")) or name in ("dns", "redis")
         for name in set(TOXICS)
         - {"latency", "bandwidth", "slicer", "limit_data", "slow_close", "timeout", "reset_peer"}
     )
