@@ -46,6 +46,7 @@ __all__ = [
     "Answer",
     "Close",
     "Command",
+    "Duplex",
     "Eof",
     "Forward",
     "Hold",
@@ -54,7 +55,6 @@ __all__ = [
     "Reset",
     "Resume",
     "Session",
-    "Sessions",
     "answer_bytes",
     "parse_header_lines",
     "rewrite_head",
@@ -127,6 +127,60 @@ class Reset:
 
 
 Command = Forward | Inject | Hold | Resume | Eof | Close | Reset
+
+
+class Duplex:
+    """What every protocol session (this HTTP/1.1 one, :mod:`faultnet.protocols.http2`'s,
+    :mod:`faultnet.protocols.resp`'s) shares: events in by stream, commands out in order. A subclass handles each
+    stream's bytes and end (``_upstream``, ``_downstream``, ``_upstream_eof``,
+    ``_downstream_eof``) by :meth:`_emit`-ting commands."""
+
+    def __init__(self) -> None:
+        self._cmds: list[Command] = []
+
+    def receive(self, stream: str, data: bytes, now: float) -> list[Command]:
+        """Bytes read on *stream* at trio time *now*."""
+        if stream == UP:
+            self._upstream(data, now)
+        else:
+            self._downstream(data, now)
+        return self._take()
+
+    def receive_eof(self, stream: str, now: float) -> list[Command]:
+        """The end of *stream*."""
+        if stream == UP:
+            self._upstream_eof(now)
+        else:
+            self._downstream_eof(now)
+        return self._take()
+
+    def _upstream(self, data: bytes, now: float) -> None:
+        raise NotImplementedError
+
+    def _downstream(self, data: bytes, now: float) -> None:
+        raise NotImplementedError
+
+    def _upstream_eof(self, now: float) -> None:
+        raise NotImplementedError
+
+    def _downstream_eof(self, now: float) -> None:
+        raise NotImplementedError
+
+    def _take(self) -> list[Command]:
+        cmds, self._cmds = self._cmds, []
+        return cmds
+
+    def _emit(self, cmd: Command) -> None:
+        if isinstance(cmd, Forward | Inject) and not cmd.data:
+            return
+        last = self._cmds[-1] if self._cmds else None
+        # The spans of one chunk (a head, its body, the end) leave in one write, not
+        # three. (Measured: three small writes to a client socket without TCP_NODELAY
+        # met its delayed ACK, 45 ms per keep-alive request instead of 0.5.)
+        if isinstance(cmd, Forward) and isinstance(last, Forward) and last.stream == cmd.stream:
+            last.data += cmd.data
+        else:
+            self._cmds.append(cmd)
 
 
 # -- plans -----------------------------------------------------------------------------
@@ -374,61 +428,7 @@ class _Out:
     t: float
 
 
-class Sessions:
-    """What an HTTP session (this module's, :mod:`faultnet.protocols.http2`'s) shares:
-    its events in and its commands out. A subclass handles each stream's bytes and end
-    (``_upstream``, ``_downstream``, ``_upstream_eof``, ``_downstream_eof``) by
-    :meth:`_emit`-ing commands, and adds ``timer``."""
-
-    def __init__(self) -> None:
-        self._cmds: list[Command] = []
-
-    def receive(self, stream: str, data: bytes, now: float) -> list[Command]:
-        """Bytes read on *stream* at trio time *now*."""
-        if stream == UP:
-            self._upstream(data, now)
-        else:
-            self._downstream(data, now)
-        return self._take()
-
-    def receive_eof(self, stream: str, now: float) -> list[Command]:
-        """The end of *stream*."""
-        if stream == UP:
-            self._upstream_eof(now)
-        else:
-            self._downstream_eof(now)
-        return self._take()
-
-    def _upstream(self, data: bytes, now: float) -> None:
-        raise NotImplementedError
-
-    def _downstream(self, data: bytes, now: float) -> None:
-        raise NotImplementedError
-
-    def _upstream_eof(self, now: float) -> None:
-        raise NotImplementedError
-
-    def _downstream_eof(self, now: float) -> None:
-        raise NotImplementedError
-
-    def _take(self) -> list[Command]:
-        cmds, self._cmds = self._cmds, []
-        return cmds
-
-    def _emit(self, cmd: Command) -> None:
-        if isinstance(cmd, Forward | Inject) and not cmd.data:
-            return
-        last = self._cmds[-1] if self._cmds else None
-        # The spans of one chunk (a head, its body, the end) leave in one write, not
-        # three. (Measured: three small writes to a client socket without TCP_NODELAY
-        # met its delayed ACK, 45 ms per keep-alive request instead of 0.5.)
-        if isinstance(cmd, Forward) and isinstance(last, Forward) and last.stream == cmd.stream:
-            last.data += cmd.data
-        else:
-            self._cmds.append(cmd)
-
-
-class Session(Sessions):
+class Session(Duplex):
     """One connection's HTTP/1.1 traffic through one toxic (see the module docstring).
 
     *decide* says what to do with each request (None: pass it); *log* is told each fault
@@ -452,7 +452,7 @@ class Session(Sessions):
         self._delayed = b""  # a delayed request's head, sent at ``_delayed_until``
         self._delayed_until = 0.0
 
-    # -- events in, commands out (and the timer) --
+    # -- events in, commands out --
 
     def timer(self, stream: str, now: float) -> list[Command]:
         """A :class:`Hold` of *stream* came due (or was resumed)."""

@@ -73,12 +73,12 @@ from faultnet.protocols.http import (
     MAX_BUFFER,
     MAX_HEAD,
     Command,
+    Duplex,
     Eof,
     Forward,
     Hold,
     Inject,
     Resume,
-    Sessions,
 )
 
 __all__ = [
@@ -401,7 +401,7 @@ class _Out:
     eof: bool = False
 
 
-class Session(Sessions):
+class Session(Duplex):
     """One HTTP/2 connection through one toxic (see the module docstring). *decide*
     says what to do with each request (None: pass it); *log* is told each fault when it
     takes effect, and a direction that turned opaque."""

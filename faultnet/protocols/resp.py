@@ -45,7 +45,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from faultnet.protocols.http import Close, Command, Eof, Forward, Hold, Inject
+from faultnet.protocols.http import Close, Command, Duplex, Eof, Forward, Hold, Inject
 
 __all__ = [
     "MAX_ARG",
@@ -201,6 +201,7 @@ class Scanner:
     # -- internals --
 
     def _on_line(self, line: bytes) -> Request | None:
+        """A whole line (its CR taken off): a value's header, or an inline command."""
         top = not self._kind
         kind = line[:1]
         if top:
@@ -212,33 +213,36 @@ class Scanner:
             raise Unreadable("an empty line inside a value")
         if self.commands and not top and kind != b"$":
             raise Unreadable("a command's argument that is not a bulk string")
-        byte = kind[0]
-        if byte in _SIMPLE:
+        if kind[0] in _SIMPLE:
             self._value_done()
             return None
-        size = self._size(line)
-        if byte in _BULK:
-            if size < 0:  # a null ($-1)
-                if self.commands:
-                    raise Unreadable("a null argument")
-                self._value_done()
-                return None
-            self._bulk = size + 2
-            if self.commands and len(self._stack) == 1:
-                return self._argument(self._argc - self._stack[0], size)
+        if kind[0] in _BULK:
+            return self._bulk_header(self._size(line))
+        if kind[0] in _AGGREGATE:
+            self._aggregate_header(kind, self._size(line), top)
             return None
-        if byte not in _AGGREGATE:
-            raise Unreadable(f"no RESP type {kind!r}")
+        raise Unreadable(f"no RESP type {kind!r}")
+
+    def _bulk_header(self, size: int) -> Request | None:
+        if size < 0:  # a null ($-1)
+            if self.commands:
+                raise Unreadable("a null argument")
+            self._value_done()
+            return None
+        self._bulk = size + 2
+        if self.commands and len(self._stack) == 1:
+            return self._argument(self._argc - self._stack[0], size)
+        return None
+
+    def _aggregate_header(self, kind: bytes, size: int, top: bool) -> None:
         if top and self.commands:
             self._argc, self._args = size, []
         if size <= 0:  # an empty or null aggregate (a command with no arguments)
-            self._value_done()
-            return None
+            return self._value_done()
         if len(self._stack) >= MAX_DEPTH:
             raise Unreadable("aggregates nested past MAX_DEPTH")
         # A map holds pairs; an attribute, pairs and then the value it is about.
         self._stack.append(size * 2 + 1 if kind == b"|" else size * 2 if kind == b"%" else size)
-        return None
 
     @staticmethod
     def _size(line: bytes) -> int:
@@ -424,7 +428,7 @@ class _Out:
     t: float
 
 
-class Session:
+class Session(Duplex):
     """One connection's RESP traffic through one toxic (see the module docstring).
 
     *decide* says what to do with each command (None: pass it); *log* is told each
@@ -432,6 +436,7 @@ class Session:
     """
 
     def __init__(self, decide: Decide, log: Log = lambda event, **fields: None) -> None:
+        super().__init__()
         self.decide = decide
         self.log_event = log
         self.up = Up.IDLE
@@ -445,25 +450,8 @@ class Session:
         self._down_eof = False
         self._out: deque[_Out] = deque()
         self._holding = False
-        self._cmds: list[Command] = []
 
     # -- events in, commands out --
-
-    def receive(self, stream: str, data: bytes, now: float) -> list[Command]:
-        """Bytes read on *stream* at trio time *now*."""
-        if stream == UP:
-            self._upstream(data, now)
-        else:
-            self._downstream(data, now)
-        return self._take()
-
-    def receive_eof(self, stream: str, now: float) -> list[Command]:
-        """The end of *stream*."""
-        if stream == UP:
-            self._upstream_eof(now)
-        else:
-            self._downstream_eof(now)
-        return self._take()
 
     def timer(self, stream: str, now: float) -> list[Command]:
         """A :class:`~faultnet.protocols.http.Hold` of *stream* came due."""
@@ -480,20 +468,6 @@ class Session:
         return held + sum(len(o.data) for o in self._out)
 
     # -- internals --
-
-    def _take(self) -> list[Command]:
-        cmds, self._cmds = self._cmds, []
-        return cmds
-
-    def _emit(self, cmd: Command) -> None:
-        if isinstance(cmd, Forward | Inject) and not cmd.data:
-            return
-        last = self._cmds[-1] if self._cmds else None
-        # One write for the pieces of one chunk (pipelined commands), not one each.
-        if isinstance(cmd, Forward) and isinstance(last, Forward) and last.stream == cmd.stream:
-            last.data += cmd.data
-        else:
-            self._cmds.append(cmd)
 
     def _go_up(self, event: Ev) -> None:
         state = TRANSITIONS[(self.up, event)]
