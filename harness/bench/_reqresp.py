@@ -73,6 +73,12 @@ class RedisServer:
 
 def redis_rps(bench: str, port: int, requests: int, pipeline: int) -> float:
     """GET requests/s that redis-benchmark measured through 127.0.0.1:*port*."""
+    return _benchmark_csv(bench, port, requests, pipeline)[1]
+
+
+def _benchmark_csv(bench: str, port: int, requests: int, pipeline: int) -> list[float]:
+    """redis-benchmark's GET line (``--csv``): requests/s, then the latencies in ms
+    (average, min, p50, p95, p99, max); index 0 is unused."""
     argv = [bench, "-h", HOST, "-p", str(port), "-c", str(REDIS_CLIENTS), "-n", str(requests)]
     argv += ["-P", str(pipeline), "-t", "get", "--csv"]
     try:
@@ -84,8 +90,14 @@ def redis_rps(bench: str, port: int, requests: int, pipeline: int) -> float:
     for line in out.splitlines():
         cells = [c.strip('"') for c in line.split(",")]
         if cells[0] == "GET":
-            return float(cells[1])
+            return [0.0, *(float(c) for c in cells[1:])]
     raise EnvironmentProblem(f"redis-benchmark printed no GET line: {out[:200]!r}")
+
+
+def redis_latency(bench: str, port: int, requests: int, pipeline: int) -> float:
+    """The p50 latency in ms of GETs that redis-benchmark measured through *port*
+    (each pipelined batch's, from its send to its last reply)."""
+    return _benchmark_csv(bench, port, requests, pipeline)[4]
 
 
 def churn(addr: tuple[str, int], count: int) -> dict[str, Any]:

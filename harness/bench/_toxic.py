@@ -18,6 +18,10 @@ the hop line's baseline. The lines, in order:
   removed; its RTT added over direct against a fresh connection's through the same proxy.
 * **the hop** (two-way loss at 0.001 %: the internal hop, nearly lossless): RTT added
   over direct and bulk, against the bare proxy's; and its instructions per round trip.
+* **redis** (issue 34's target): a ``redis`` toxic no command matches (``FLUSHALL``
+  only) on the toxic proxy, put in front of a redis-server of its own: redis-benchmark's
+  p50 latency (GET, ``-c 20 -P 16``, ``--requests`` per round) added over direct, with
+  the toxic and bare (the same proxy, the toxic removed), rounds rotating the arms.
 
 Each transfer is verified byte for byte and each echo compared: one check for the
 section. The targets (issue 32's Targets) are rows of ``_toxic_targets.TOXIC_TARGETS``,
@@ -39,6 +43,7 @@ from harness.bench._compiled import pingpong_around, pingpong_paced, proxy_instr
 from harness.bench._context import _dataplane_argv, _log, _median, _pin, _Run, _unpin, rotations
 from harness.bench._measure import bulk_once, percentile
 from harness.bench._phases import RttTally, added_over, ping
+from harness.bench._reqresp import REDIS_CLIENTS, RedisServer, find_redis, redis_latency
 from harness.bench._stream import CHILD_START_S
 from harness.bench._targets import median_ratio
 
@@ -64,6 +69,10 @@ TARGET_BANDWIDTH = (0.97, 1.03)
 TARGET_AFTER_REMOVAL_VS_FRESH = 1.1
 TARGET_HOP_ADDED_VS_BARE = 2.0
 TARGET_HOP_BULK_VS_BARE = 0.6
+TARGET_REDIS_ADDED_VS_BARE = 2.0
+#: The redis line: pipelined as the issue's target says; the toxic matches nothing.
+REDIS_PIPELINE = 16
+REDIS_NO_MATCH = {"command": "FLUSHALL"}
 
 Addr = tuple[str, int]
 
@@ -72,6 +81,7 @@ class ToxicProxy:
     """The toxic lines' faultnet proxy process, driven by its role's commands."""
 
     def __init__(self, up_port: int, proxy_argv: list[str]) -> None:
+        self.proxy_argv = proxy_argv
         argv = _self_argv("--role", "proxy", "--upstream-port", str(up_port), *proxy_argv)
         self.child = Child(argv, "faultnet proxy (toxic lines)")
         try:
@@ -86,18 +96,18 @@ class ToxicProxy:
         return self.child.pid
 
     @staticmethod
-    def toxic_command(type_: str, name: str, **attributes: int) -> str:
+    def toxic_command(type_: str, name: str, **attributes: object) -> str:
         spec = {"type": type_, "name": name, "stream": "upstream", "attributes": attributes}
         return "toxic " + json.dumps(spec)
 
-    def add(self, type_: str, name: str, **attributes: int) -> None:
+    def add(self, type_: str, name: str, **attributes: object) -> None:
         self.child.request(self.toxic_command(type_, name, **attributes))
 
     def remove(self, name: str) -> None:
         self.child.request(f"untoxic {name}")
 
     @contextmanager
-    def toxic(self, type_: str, name: str, **attributes: int) -> Iterator[None]:
+    def toxic(self, type_: str, name: str, **attributes: object) -> Iterator[None]:
         """The toxic on the proxy's upstream stream while the block runs."""
         self.add(type_, name, **attributes)
         try:
@@ -331,6 +341,46 @@ def _hop(s: _Section) -> dict[str, Any]:
     }
 
 
+def _redis(s: _Section) -> dict[str, Any]:
+    found = find_redis()
+    if isinstance(found, str):
+        return {"skipped": found}
+    if not s.ctx.p.requests:
+        return {"skipped": "--requests 0"}
+    server, bench = found
+    redis = RedisServer(server)
+    tp = ToxicProxy(redis.port, s.tp.proxy_argv)
+    try:
+        ports = {"direct": redis.port, "bare": tp.addr[1], "toxic": tp.addr[1]}
+        p50: dict[str, list[float]] = {arm: [] for arm in ports}
+        for order in rotations(list(ports), s.ctx.p.rounds):
+            for arm in order:
+
+                def one(port: int = ports[arm]) -> float:
+                    return redis_latency(bench, port, s.ctx.p.requests, REDIS_PIPELINE)
+
+                if arm == "toxic":
+                    with tp.toxic("redis", "nomatch", **REDIS_NO_MATCH):
+                        p50[arm].append(one())
+                else:
+                    p50[arm].append(one())
+    finally:
+        tp.stop()
+        redis.stop()
+    added = {
+        arm: [x - d for x, d in zip(p50[arm], p50["direct"], strict=True)]
+        for arm in ("bare", "toxic")
+    }
+    return {
+        "pipeline": REDIS_PIPELINE,
+        "clients": REDIS_CLIENTS,
+        "toxic": {"type": "redis", **REDIS_NO_MATCH},
+        "round_p50_ms": p50,
+        "round_added_ms": added,
+        "added_vs_bare": median_ratio(list(added["toxic"]), list(added["bare"])),
+    }
+
+
 #: The lines in the order they run (the hop last: its connections keep their hop).
 LINES: tuple[tuple[str, Callable[[_Section], dict[str, Any]]], ...] = (
     ("latency0", _latency0),
@@ -338,6 +388,7 @@ LINES: tuple[tuple[str, Callable[[_Section], dict[str, Any]]], ...] = (
     ("slicer", _slicer),
     ("bandwidth", _bandwidth),
     ("after_removal", _after_removal),
+    ("redis", _redis),
     ("hop", _hop),
 )
 

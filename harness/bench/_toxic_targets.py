@@ -3,6 +3,7 @@ table, and the report's block of the lines' figures."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +22,7 @@ from harness.bench._toxic import (
     TARGET_LAT0_INSTRUCTIONS,
     TARGET_LAT5_BULK_VS_SOCAT,
     TARGET_PACED_SLACK_MS,
+    TARGET_REDIS_ADDED_VS_BARE,
     TARGET_SLICER_BULK_VS_SOCAT,
 )
 
@@ -115,6 +117,9 @@ TOXIC_TARGETS: tuple[Target, ...] = (
     Target(f"hop (loss both ways, {HOP_PERCENT} %): bulk >= {TARGET_HOP_BULK_VS_BARE}x "
            "bare faultnet's",
            _ratio_of("hop", "bulk_vs_bare"), TARGET_HOP_BULK_VS_BARE, ">="),
+    Target("a non-matching redis toxic: added latency on redis-benchmark -P 16 vs bare "
+           f"proxy <= {TARGET_REDIS_ADDED_VS_BARE:g}x",
+           _ratio_of("redis", "added_vs_bare"), TARGET_REDIS_ADDED_VS_BARE, "<="),
 )  # fmt: skip
 
 
@@ -154,6 +159,13 @@ def report_lines(doc: dict[str, Any]) -> list[str]:
     removal = doc.get("after_removal", {})
     shown = removal.get("skipped") or _arms_line(removal.get("rtt", {}), "p50_us", ".1f")
     out.append(f"  after removal: RTT p50 us, {shown}")
+    redis = doc.get("redis", {})
+    shown = redis.get("skipped") or _arms_line(
+        {a: {"ms": statistics.median(xs)} for a, xs in redis.get("round_p50_ms", {}).items() if xs},
+        "ms",
+        ".3f",
+    )
+    out.append(f"  redis (non-matching toxic, -P 16): GET p50 ms, {shown}")
     hop = doc.get("hop", {})
     if "rtt" in hop:
         out.append(f"  hop: RTT p50 us, {_arms_line(hop['rtt'], 'p50_us', '.1f')}")

@@ -22,7 +22,7 @@ TINY_TOXIC = [
     "--freeze-window", "0.05", "--requests", "0", "--churn", "0", "--loss-bytes", "0",
     "--datagrams", "0", "--callgrind", "0", "--toxic-bytes", "1M",
 ]  # fmt: skip
-LINES = ("latency0", "latency5", "slicer", "bandwidth", "after_removal", "hop")
+LINES = ("latency0", "latency5", "slicer", "bandwidth", "after_removal", "redis", "hop")
 
 
 def test_a_tiny_run_prints_every_toxic_line_with_its_target(tmp_path: Path) -> None:
@@ -42,11 +42,12 @@ def test_a_tiny_run_prints_every_toxic_line_with_its_target(tmp_path: Path) -> N
     assert toxic["after_removal"]["added_vs_fresh"] is not None
     assert toxic["hop"]["rtt"]["hop"]["samples"] == 100
     assert toxic["hop"]["bulk_vs_bare"] is not None
+    assert toxic["redis"] == {"skipped": "--requests 0"}  # redis-benchmark's GETs: none
     checks = {c["name"]: c["ok"] for c in doc["checks"]}
     assert checks["toxic lines: every transfer and echo came back intact"] is True
-    # The bench's ten targets, then the toxic lines' ten, each with its status.
+    # The bench's ten targets, then the toxic lines' eleven, each with its status.
     names = [t["target"] for t in doc["targets"]]
-    assert len(names) == len(TARGETS) + len(TOXIC_TARGETS) == 20
+    assert len(names) == len(TARGETS) + len(TOXIC_TARGETS) == 21
     assert all(t["status"] in {"MET", "MISSED", "N/A"} for t in doc["targets"])
     for t in doc["targets"][len(TARGETS) :]:
         assert f"{t['status']:6}  {t['target']}: {t['shown']}" in out.stdout
@@ -117,6 +118,7 @@ def _toxic_doc(good: bool) -> dict[str, Any]:
         "after_removal": {"added_vs_fresh": pick(1.05, 2.56)},
         "hop": {"added_vs_bare": pick(1.9, 7.0), "bulk_vs_bare": pick(0.65, 0.29),
                 "instructions": {"skipped": "not run"}},
+        "redis": {"added_vs_bare": pick(1.8, 2.6)},
     }  # fmt: skip
 
 
