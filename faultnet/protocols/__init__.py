@@ -22,6 +22,9 @@ its commands out (:mod:`faultnet.toxics.http`).
 * :mod:`faultnet.protocols.dns` -- DNS (dnspython): which queries a rule faults and
   what is done to them, for the UDP proxy's ``dns`` row and the ``dns`` toxic;
   :mod:`faultnet.protocols.dns_tcp` frames it over TCP (RFC 1035 4.2.2).
+* :mod:`faultnet.protocols.resp` -- Redis's RESP2 and RESP3 (a bounded scanner of our
+  own: no library parses RESP for a proxy): commands paired with replies in order, an
+  error, delay, hold or cut per command, for the ``redis`` toxic.
 
 Adding a protocol (Redis's RESP, PostgreSQL's wire protocol...) touches:
 
