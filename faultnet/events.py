@@ -168,6 +168,23 @@ EVENTS: dict[str, Event] = _table(
         "one command a redis toxic faulted: its name and first argument (its key), what "
         "was done, the error answered or the delay",
     ),
+    Event(
+        "pg_fault",
+        (
+            "conn",
+            "toxic",
+            "action",
+            "kind",
+            "query",
+            "at",
+            "sqlstate",
+            "severity",
+            "delay_ms",
+            "rows",
+        ),
+        "one request a postgres toxic faulted: its kind (startup, query), its statement "
+        "(the first 200 characters), what was done, the figures",
+    ),
     Event("http_opaque", ("conn", "toxic", "stream"), "a stream h11 could not parse, passed as is"),
     Event(
         "tls_handshake",

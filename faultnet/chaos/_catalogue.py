@@ -73,6 +73,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
             "percent": 20,
         }
     },
+    "toxic:postgres": {"attributes": {"fault": "error", "sqlstate": "40001", "percent": 20}},
     "process:kill": {"weight": 1, "once": True},
     "process:stop": {"weight": 1, "duration": (2.0, 10.0)},
     "episode:freeze-sever": {"weight": 1},

@@ -306,7 +306,8 @@ class HttpToxic(AttributeToxic):
 
 
 class TimedSession(Protocol):
-    """A protocol session whose holds :func:`carry_out` waits out (HTTP's, RESP's)."""
+    """A protocol session whose holds :func:`carry_out` waits out (HTTP's, RESP's,
+    PostgreSQL's)."""
 
     def timer(self, stream: str, now: float) -> list[Command]: ...
 

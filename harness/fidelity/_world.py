@@ -279,10 +279,11 @@ def redis_server() -> Iterator[tuple[int, int]]:
 
 
 @contextlib.contextmanager
-def postgres_server() -> Iterator[int | None]:
+def postgres_server(**settings: str) -> Iterator[int | None]:
     """PostgreSQL's own binaries on a free port, in a temporary cluster, run as the
-    ``postgres`` user (trust auth, loopback only); yields the port, or None when
-    PostgreSQL is not installed."""
+    ``postgres`` user (trust auth, loopback only), with *settings* as ``-c name=value``
+    (``max_connections="2"``); yields the port, or None when PostgreSQL is not
+    installed."""
     bindir = _postgres_bindir()
     if bindir is None:
         yield None
@@ -314,7 +315,8 @@ def postgres_server() -> Iterator[int | None]:
         )
         proc = subprocess.Popen(
             [str(bindir / "postgres"), "-D", str(data), "-p", str(port), "-k", str(tmp)]
-            + ["-c", f"listen_addresses={HOST}", "-c", "fsync=off"],
+            + ["-c", f"listen_addresses={HOST}", "-c", "fsync=off"]
+            + [arg for name, value in settings.items() for arg in ("-c", f"{name}={value}")],
             preexec_fn=as_postgres,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

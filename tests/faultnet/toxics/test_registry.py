@@ -21,7 +21,8 @@ def test_registry_has_toxiproxy_types() -> None:
     }
     # The rest are faultnet's protocol toxics (faultnet.toxics.http...).
     assert all(
-        name.startswith(("http_", "http2_", "grpc_", "tls_")) or name in ("dns", "redis")
+        name.startswith(("http_", "http2_", "grpc_", "tls_"))
+        or name in ("dns", "redis", "postgres")
         for name in set(TOXICS)
         - {"latency", "bandwidth", "slicer", "limit_data", "slow_close", "timeout", "reset_peer"}
     )
@@ -34,6 +35,7 @@ def test_registry_has_toxiproxy_types() -> None:
         "requests",
         "status code",
         "flag",
+        "rows",
     )
     for name, cls in TOXICS.items():
         assert cls.type == name
