@@ -25,6 +25,9 @@ its commands out (:mod:`faultnet.toxics.http`).
 * :mod:`faultnet.protocols.resp` -- Redis's RESP2 and RESP3 (a bounded scanner of our
   own: no library parses RESP for a proxy): commands paired with replies in order, an
   error, delay, hold or cut per command, for the ``redis`` toxic.
+* :mod:`faultnet.protocols.postgres` -- PostgreSQL's v3 wire protocol (framed here,
+  bounded: no library parses it): errors with a SQLSTATE, delay, hold, a close
+  mid-result, per query, at COMMIT or at startup, for the ``postgres`` toxic.
 
 Adding a protocol (Redis's RESP, PostgreSQL's wire protocol...) touches:
 

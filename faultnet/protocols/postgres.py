@@ -491,7 +491,7 @@ class Session(Duplex):
             self._up.buffer[:0] = packet
             return self._opaque_up(now)
         params = _cstrings(packet[8:], 64)
-        pairs = tuple(zip(params[0::2], params[1::2], strict=False))
+        pairs = tuple((k, v) for k, v in zip(params[0::2], params[1::2], strict=False) if k)
         request = PgRequest("startup", params=pairs)
         self._go_up(Ev.STARTED)
         self._request(packet, request, now)
@@ -570,6 +570,7 @@ class Session(Duplex):
         if kind == b"B":
             portal, statement = (_cstrings(body, 2) + ["", ""])[:2]
             known = self._statements.get(statement)
+            self._portals.pop(portal, None)  # whatever it ran before, it runs this now
             if known is not None:
                 self._statements.move_to_end(statement)
                 self._portals[portal] = known
