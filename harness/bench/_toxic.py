@@ -22,6 +22,8 @@ the hop line's baseline. The lines, in order:
   only) on the toxic proxy, put in front of a redis-server of its own: redis-benchmark's
   p50 latency (GET, ``-c 20 -P 16``, ``--requests`` per round) added over direct, with
   the toxic and bare (the same proxy, the toxic removed), rounds rotating the arms.
+* **postgres**: a ``postgres`` toxic matching no query, ``pgbench -S``'s added latency
+  against a bare proxy's (:mod:`harness.bench._pgbench`: a PostgreSQL of its own).
 
 Each transfer is verified byte for byte and each echo compared: one check for the
 section. The targets (issue 32's Targets) are rows of ``_toxic_targets.TOXIC_TARGETS``,
@@ -42,6 +44,7 @@ from harness.bench._children import Child, _self_argv
 from harness.bench._compiled import pingpong_around, pingpong_paced, proxy_instructions
 from harness.bench._context import _dataplane_argv, _log, _median, _pin, _Run, _unpin, rotations
 from harness.bench._measure import bulk_once, percentile
+from harness.bench._pgbench import pgbench_line
 from harness.bench._phases import RttTally, added_over, ping
 from harness.bench._reqresp import REDIS_CLIENTS, RedisServer, find_redis, redis_latency
 from harness.bench._stream import CHILD_START_S
@@ -381,7 +384,12 @@ def _redis(s: _Section) -> dict[str, Any]:
     }
 
 
-#: The lines in the order they run (the hop last: its connections keep their hop).
+def _postgres(s: _Section) -> dict[str, Any]:
+    return pgbench_line(s.ctx, ToxicProxy)
+
+
+#: The lines in the order they run (the hop last of the echo's: its connections keep
+#: their hop; the postgres line has a server and proxies of its own).
 LINES: tuple[tuple[str, Callable[[_Section], dict[str, Any]]], ...] = (
     ("latency0", _latency0),
     ("latency5", _latency5),
@@ -390,6 +398,7 @@ LINES: tuple[tuple[str, Callable[[_Section], dict[str, Any]]], ...] = (
     ("after_removal", _after_removal),
     ("redis", _redis),
     ("hop", _hop),
+    ("postgres", _postgres),
 )
 
 

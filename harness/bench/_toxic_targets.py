@@ -7,6 +7,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
+from harness.bench._pgbench import TARGET_PG_ADDED_VS_BARE
 from harness.bench._targets import Facts, Figure, Target
 from harness.bench._toxic import (
     BANDWIDTH_KBPS,
@@ -120,6 +121,9 @@ TOXIC_TARGETS: tuple[Target, ...] = (
     Target("a non-matching redis toxic: added latency on redis-benchmark -P 16 vs bare "
            f"proxy <= {TARGET_REDIS_ADDED_VS_BARE:g}x",
            _ratio_of("redis", "added_vs_bare"), TARGET_REDIS_ADDED_VS_BARE, "<="),
+    Target(f"a non-matching postgres toxic: pgbench -S added latency vs bare proxy, "
+           f"target <= {TARGET_PG_ADDED_VS_BARE:g}x",
+           _ratio_of("postgres", "added_vs_bare"), TARGET_PG_ADDED_VS_BARE, "<="),
 )  # fmt: skip
 
 
@@ -171,7 +175,17 @@ def report_lines(doc: dict[str, Any]) -> list[str]:
         out.append(f"  hop: RTT p50 us, {_arms_line(hop['rtt'], 'p50_us', '.1f')}")
         out.append(f"  hop: bulk MB/s, {_arms_line(hop['bulk'], 'mbps', '.0f')}")
         out.append(f"  hop: instructions per round trip: {_shown_instructions(hop)}")
+    pg = doc.get("postgres", {})
+    shown = pg.get("skipped") or _arms_line(
+        {arm: {"ms": _median(xs)} for arm, xs in pg.get("latency_ms", {}).items()}, "ms", ".3f"
+    )
+    out.append(f"  postgres: pgbench -S latency average ms, {shown}")
     return out
+
+
+def _median(xs: list[float | None]) -> float | None:
+    got = sorted(x for x in xs if x is not None)
+    return got[len(got) // 2] if got else None
 
 
 def _shown_instructions(line: dict[str, Any]) -> str:

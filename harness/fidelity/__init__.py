@@ -42,6 +42,7 @@ __all__ = [
     "Verdict",
     "enter_private_netns",
     "judge",
+    "postgres_server",
     "run",
 ]
 
@@ -55,6 +56,7 @@ _EXPORTS = {
     "Verdict": "harness.fidelity._observe",
     "judge": "harness.fidelity._observe",
     "enter_private_netns": "harness.fidelity._world",
+    "postgres_server": "harness.fidelity._world",
     "Row": "harness.fidelity._run",
     "UDP_CASES": "harness.fidelity._udp",
     "run": "harness.fidelity._run",

@@ -22,7 +22,7 @@ TINY_TOXIC = [
     "--freeze-window", "0.05", "--requests", "0", "--churn", "0", "--loss-bytes", "0",
     "--datagrams", "0", "--callgrind", "0", "--toxic-bytes", "1M",
 ]  # fmt: skip
-LINES = ("latency0", "latency5", "slicer", "bandwidth", "after_removal", "redis", "hop")
+LINES = ("latency0", "latency5", "slicer", "bandwidth", "after_removal", "redis", "hop", "postgres")
 
 
 def test_a_tiny_run_prints_every_toxic_line_with_its_target(tmp_path: Path) -> None:
@@ -53,6 +53,9 @@ def test_a_tiny_run_prints_every_toxic_line_with_its_target(tmp_path: Path) -> N
         assert f"{t['status']:6}  {t['target']}: {t['shown']}" in out.stdout
     assert "toxic lines (a second faultnet proxy" in out.stdout
     assert "hop: bulk MB/s, faultnet / hop:" in out.stdout
+    pg = toxic["postgres"]
+    assert "skipped" in pg or pg["added_vs_bare"] is not None, pg
+    assert "postgres: pgbench -S latency average ms" in out.stdout
 
 
 def test_the_toxic_check_goes_red_when_a_transfer_through_a_toxic_is_corrupted(
@@ -119,6 +122,7 @@ def _toxic_doc(good: bool) -> dict[str, Any]:
         "hop": {"added_vs_bare": pick(1.9, 7.0), "bulk_vs_bare": pick(0.65, 0.29),
                 "instructions": {"skipped": "not run"}},
         "redis": {"added_vs_bare": pick(1.8, 2.6)},
+        "postgres": {"added_vs_bare": pick(1.5, 3.0)},
     }  # fmt: skip
 
 
