@@ -63,7 +63,11 @@ MAX_BODY_BYTES = 1 << 20
 #: A request body must arrive within this many seconds of the handler's first read.
 BODY_TIMEOUT_S = 10.0
 #: hypercorn closes a connection whose client sends nothing for this long mid-request
-#: (e.g. headers never finished).
+#: (e.g. headers never finished). hypercorn's read timeout also runs while a connection
+#: is idle between requests, and when it fires there it stops reading but closes only
+#: at the keep-alive timeout: measured with 60 s against 120 s, a request sent after
+#: 60-120 s idle got no answer and then an RST. So the read timeout the server runs
+#: with is never under :data:`KEEP_ALIVE_TIMEOUT_S` (see :func:`serve_api`).
 READ_TIMEOUT_S = 60
 #: An idle keep-alive connection is closed after this many seconds. hypercorn's 5 s
 #: raced clients that reuse a pooled connection: a request sent as the close was on its
@@ -716,7 +720,8 @@ async def serve_api(
     config.accesslog = None
     config.errorlog = None  # failures are answered and logged by the app itself
     config.graceful_timeout = 1.0
-    config.read_timeout = READ_TIMEOUT_S
+    # Past the keep-alive timeout, so an idle connection is closed, never left unread.
+    config.read_timeout = max(READ_TIMEOUT_S, KEEP_ALIVE_TIMEOUT_S + 1)
     config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_S
     # hypercorn's default is 100; a burst of clients (a fleet's bots all reconnecting)
     # must queue, not be dropped.

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import socket
 
+import pytest
 import trio
 
-from faultnet.server import RunningServer
+from faultnet.server import RunningServer, api, open_server
 from faultnet.server.api import KEEP_ALIVE_TIMEOUT_S
 
 #: hypercorn's own default, the timeout the API had: an idle connection outlives it.
@@ -53,3 +54,27 @@ async def test_an_idle_keep_alive_connection_outlives_a_go_clients_pool(
         assert early is None, f"the API closed the idle connection ({early!r})"
         await stream.send_all(REQUEST)
         assert (await _answer(stream)).startswith(b"HTTP/1.1 200")
+
+
+async def test_a_connection_idle_past_the_read_timeout_is_answered_or_closed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """hypercorn's read timeout fires on an idle connection too, and then reads no more
+    while the close waits for the keep-alive timeout: with the read timeout under the
+    keep-alive (60 s against 120 s) a request sent between them got no answer, then an
+    RST. Scaled down here (1 s against 3 s): a request after 1.5 s idle is answered, and
+    the idle connection is then closed cleanly at the keep-alive timeout."""
+    monkeypatch.setattr(api, "READ_TIMEOUT_S", 1)
+    monkeypatch.setattr(api, "KEEP_ALIVE_TIMEOUT_S", 3)
+    async with open_server() as server:
+        host, _, port = server.url.removeprefix("http://").rpartition(":")
+        stream = await trio.open_tcp_stream(host, int(port))
+        async with stream:
+            await stream.send_all(REQUEST)
+            assert (await _answer(stream)).startswith(b"HTTP/1.1 200")
+            await trio.sleep(1.5)  # idle past the read timeout: time passing is the test
+            await stream.send_all(REQUEST)
+            assert (await _answer(stream)).startswith(b"HTTP/1.1 200")
+            # Then idle past the keep-alive: the server's FIN, within a bound.
+            with trio.fail_after(3 + 1 + 5):
+                assert await stream.receive_some(1) == b""
