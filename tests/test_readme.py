@@ -84,7 +84,7 @@ def test_every_http_toxic_has_a_row_with_an_example_its_type_takes() -> None:
             types = [argv[i + 1] for i, a in enumerate(argv) if a in ("-t", "--type")]
             pairs = [argv[i + 1] for i, a in enumerate(argv) if a in ("-a", "--attribute")]
             assert types == [name], example
-            TOXICS[name].check_attributes(_attributes(pairs))  # a misspelt one raises
+            TOXICS[name].check_attributes(_attributes(pairs, name))  # a misspelt one raises
 
 
 def _setup_commands() -> list[str]:

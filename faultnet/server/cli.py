@@ -179,14 +179,24 @@ def _proxy_table(proxies: dict[str, Any]) -> str:
     )
 
 
-def _attributes(pairs: list[str] | None) -> dict[str, Any]:
+def _attributes(pairs: list[str] | None, toxic_type: str | None = None) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs as a toxic's attributes: each value read as JSON (a number, a
+    bool), except that an attribute *toxic_type* declares as text stays the text typed
+    (``sqlstate=40001`` is the SQLSTATE "40001", not the number)."""
     from faultnet.errors import UsageError
+    from faultnet.toxics import TOXICS
+    from faultnet.toxics._attributes import TextAttribute
 
+    declared = getattr(TOXICS.get(toxic_type or ""), "ATTRIBUTES", ())
+    text = {a.name for a in declared if isinstance(a, TextAttribute)}
     out: dict[str, Any] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise UsageError(f"attribute {pair!r} is not KEY=VALUE")
+        if key in text:
+            out[key] = value
+            continue
         try:
             out[key] = json.loads(value)
         except ValueError:
@@ -238,7 +248,7 @@ def _toxic_add(args: argparse.Namespace, c: ApiClient) -> Any:
         "type": args.type,
         "stream": args.stream,
         "toxicity": args.toxicity,
-        "attributes": _attributes(args.attribute),
+        "attributes": _attributes(args.attribute, args.type),
     }
     if args.name:
         body["name"] = args.name
@@ -247,10 +257,12 @@ def _toxic_add(args: argparse.Namespace, c: ApiClient) -> Any:
 
 
 def _toxic_update(args: argparse.Namespace, c: ApiClient) -> Any:
-    body: dict[str, Any] = {"attributes": _attributes(args.attribute)}
+    path = f"/proxies/{c.quote(args.proxy)}/toxics/{c.quote(args.name)}"
+    # Its type says which attributes are text (one GET; the update is a PATCH after it).
+    toxic_type = c.request("GET", path)["type"] if args.attribute else None
+    body: dict[str, Any] = {"attributes": _attributes(args.attribute, toxic_type)}
     if args.toxicity is not None:
         body["toxicity"] = args.toxicity
-    path = f"/proxies/{c.quote(args.proxy)}/toxics/{c.quote(args.name)}"
     t = c.request("PATCH", path, body)
     return t if args.json else f"updated {t['name']}: {json.dumps(t['attributes'])}"
 

@@ -85,6 +85,13 @@ async def test_client_commands(cli: Cli, upstream: str) -> None:
         "latency_downstream",
     ]
     assert "removed bw from web" in await cli.ok("toxic", "remove", "web", "bw")
+    # A text attribute stays the text typed, added or updated: SQLSTATE 40001, not 40001.
+    args = ("-t", "postgres", "-n", "pg", "-a", "sqlstate=40001", "-a", "count=1")
+    t = await cli.json("toxic", "add", "web", *args)
+    assert (t["attributes"]["sqlstate"], t["attributes"]["count"]) == ("40001", 1)
+    t = await cli.json("toxic", "update", "web", "pg", "-a", "sqlstate=40001", "-a", "count=2")
+    assert (t["attributes"]["sqlstate"], t["attributes"]["count"]) == ("40001", 2)
+    assert "removed pg from web" in await cli.ok("toxic", "remove", "web", "pg")
 
     stream = await trio.open_tcp_stream(*where)
     await stream.send_all(b"x")
