@@ -18,7 +18,7 @@ import trustme
 
 from faultnet.eventlog import read_jsonl
 from faultnet.proxy import Proxy
-from faultnet.toxics import TlsOriginate, TlsTerminate
+from faultnet.toxics import HttpAbort, TlsOriginate, TlsTerminate
 from tests.faultnet.http_app import Address
 from tests.faultnet.toxics.test_tls import curl, https, https_proxy, terminate, tls_app
 
@@ -238,3 +238,17 @@ async def test_terminate_alone_answers_alpn_from_its_own_list(
     assert (await get(client, "localhost")).endswith(b"GET / ok")
     client = await tls_client(proxy, cacert, None, ["h2"])  # no SNI: the hostnames' leaf
     assert client.selected_alpn_protocol() is None
+
+
+async def test_an_http_toxic_faults_http2_inside_tls(https_proxy: tuple[Proxy, str]) -> None:
+    # The HTTP toxics read HTTP/2 by its preface, which, once ALPN chose h2, is the
+    # first thing the terminator hands on: curl --http2 gets the abort as HTTP/2.
+    proxy, upstream_ca = https_proxy
+    abort = HttpAbort(status=503, path="/api/*", count=1)
+    cacert = terminate(proxy, abort, TlsOriginate(ca=upstream_ca))
+    args = ("--http2", "--cacert", cacert, "-w", " %{http_code} %{http_version}")
+    done = await curl(*args, https(proxy, "/api/x"))
+    assert done.stdout.endswith(b" 503 2"), (done.stdout, done.stderr)
+    done = await curl(*args, https(proxy, "/api/x"))  # count=1: the next one passes
+    assert done.stdout == b"GET /api/x ok 200 2", (done.stdout, done.stderr)
+    assert abort.faulted == 1
