@@ -20,6 +20,7 @@ WRITERS = (
     "faultnet/planes",
     "faultnet/protocols",
     "faultnet/toxics",
+    "faultnet/proxybase.py",  # the ``listening`` record both proxies write
 )
 
 
@@ -30,7 +31,8 @@ def _written(paths: tuple[str, ...]) -> dict[str, set[str]]:
     found in the source."""
     found: dict[str, set[str]] = {}
     for top in paths:
-        for path in (REPO / top).rglob("*.py"):
+        root = REPO / top
+        for path in [root] if root.is_file() else root.rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
                 if not isinstance(node, ast.Call):
                     continue

@@ -110,7 +110,7 @@ def test_update_is_atomic_and_validated() -> None:
         ),
         (
             {"type": "http_delay", "attributes": {"before": "end"}},
-            "attribute before must be 'headers' or 'body', not 'end'",
+            "attribute before must be 'headers' or 'body' or 'request', not 'end'",
         ),
         (
             {"type": "tls_handshake", "attributes": {"action": "drop"}},
