@@ -184,8 +184,7 @@ def _attributes(pairs: list[str] | None, toxic_type: str | None = None) -> dict[
     bool), except that an attribute *toxic_type* declares as text stays the text typed
     (``sqlstate=40001`` is the SQLSTATE "40001", not the number)."""
     from faultnet.errors import UsageError
-    from faultnet.toxics import TOXICS
-    from faultnet.toxics._attributes import TextAttribute
+    from faultnet.toxics import TOXICS, TextAttribute
 
     declared = getattr(TOXICS.get(toxic_type or ""), "ATTRIBUTES", ())
     text = {a.name for a in declared if isinstance(a, TextAttribute)}
