@@ -135,8 +135,9 @@ class AttributeToxic(Toxic):
         return checked
 
     def update(self, attributes: Mapping[str, Any]) -> None:
-        """Merge *attributes* into this toxic, all or nothing; live for every connection."""
-        checked = self.check_attributes(attributes)
+        """Merge *attributes* into this toxic, all or nothing (refused as
+        :meth:`~faultnet.toxics.base.Toxic.check_update` says); live for every connection."""
+        checked = self.check_update(attributes)
         for key, value in checked.items():
             setattr(self, key, value)
         if checked:

@@ -33,6 +33,7 @@ import trio
 from faultnet.protocols.dns import ACTIONS, QTYPES, DnsFaults, DnsRule
 from faultnet.protocols.dns_tcp import DnsTcpSession
 from faultnet.toxics._attributes import Attribute, AttributeToxic, TextAttribute
+from faultnet.toxics._protocol import drawn_attributes
 from faultnet.toxics.base import ToxicContext
 from faultnet.toxics.chain import ToxicStage
 from faultnet.toxics.registry import register
@@ -61,8 +62,7 @@ class Dns(AttributeToxic):
         TextAttribute("action", "servfail", "what is done to a matching query", choices=ACTIONS),
         TextAttribute("qname", "*", "a glob on the query name, any case, trailing dot or not"),
         TextAttribute("qtype", "any", "the query type matched", choices=QTYPES),
-        Attribute("percent", 100, "percent of matching queries faulted, drawn per query", 0, 100),
-        Attribute("count", 0, "most requests (queries) faulted, the first drawn; 0: no limit"),
+        *drawn_attributes("query", "queries"),
         Attribute(
             "delay_ms", 0, "how late a delayed query is forwarded, in milliseconds (action delay)"
         ),

@@ -55,25 +55,16 @@ from __future__ import annotations
 
 import fnmatch
 import itertools
-import math
-import random
 from collections.abc import Sequence
-from typing import Any, ClassVar, Protocol, cast
+from typing import ClassVar, Protocol
 
 import h11
-import trio
 
 from faultnet.protocols.http import (
     Answer,
     Close,
-    Command,
-    Eof,
-    Forward,
-    Hold,
-    Inject,
     Plan,
     Reset,
-    Resume,
     Session,
     parse_header_lines,
     rewrite_head,
@@ -81,9 +72,8 @@ from faultnet.protocols.http import (
 from faultnet.protocols.http2 import Session as Http2Session
 from faultnet.protocols.http2 import StreamPlan
 from faultnet.protocols.http_front import Front
-from faultnet.seeds import derive_seed
-from faultnet.toxics._attributes import Attribute, AttributeToxic, TextAttribute
-from faultnet.toxics.base import ToxicContext
+from faultnet.toxics._attributes import Attribute, TextAttribute
+from faultnet.toxics._protocol import ProtocolToxic, TimedSession, carry_out, drawn_attributes
 from faultnet.toxics.chain import ToxicStage
 from faultnet.toxics.registry import register
 
@@ -136,8 +126,7 @@ RULE = (
         "'Name' (present) or 'Name: glob' (value); empty: any",
         parse=_header_rule,
     ),
-    Attribute("percent", 100, "percent of matching requests faulted, drawn per request", 0, 100),
-    Attribute("count", 0, "most requests faulted (the first drawn); 0: no limit"),
+    *drawn_attributes("request", "requests"),
     Attribute(
         "client_faults", 0, "a flag (0 or 1): X-Faultnet-*-Request headers pick the fault", 0, 1
     ),
@@ -196,29 +185,20 @@ def request_identity(request: RequestHead, ordinal: int) -> tuple[str, str, str]
     return request.method.decode("latin-1"), request.target.decode("latin-1"), key
 
 
-class HttpToxic(AttributeToxic):
+class HttpToxic(ProtocolToxic):
     """Base of the HTTP toxics: the rule (:data:`RULE`) and the per-connection session.
     A subclass adds its attributes and :meth:`plan`."""
 
-    both_streams = True
-    layer = 1
+    session_key = "http"
     ATTRIBUTES: ClassVar[tuple[Attribute | TextAttribute, ...]] = RULE
     method: str
     path: str
     header: str
-    percent: int
-    count: int
     client_faults: int
     #: Whether the type faults HTTP/1.1 requests (:meth:`plan`), and HTTP/2 ones
     #: (:meth:`plan_h2`); a type without a form for one passes that one untouched.
     http1: ClassVar[bool] = True
     http2: ClassVar[bool] = False
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        #: Requests this toxic matched, and faulted, over every connection.
-        self.matched = 0
-        self.faulted = 0
 
     def plan(self, request: h11.Request) -> Plan:
         """What to do to *request*, which the rule picked."""
@@ -256,98 +236,29 @@ class HttpToxic(AttributeToxic):
             chosen = client_plan(request)
             if chosen is not None:
                 return chosen
-        return self.plan(request) if self._drawn(request, seed, ordinal) else None
+        return self.plan(request) if self._drawn_request(request, seed, ordinal) else None
 
     def decide_h2(self, request: RequestHead, seed: int, ordinal: int) -> StreamPlan | None:
         """:meth:`decide` for an HTTP/2 stream's request (no ``client_faults``)."""
         if not self.http2 or not self.matches(request):
             return None
-        return self.plan_h2(request) if self._drawn(request, seed, ordinal) else None
+        return self.plan_h2(request) if self._drawn_request(request, seed, ordinal) else None
 
-    def _drawn(self, request: RequestHead, seed: int, ordinal: int) -> bool:
+    def _drawn_request(self, request: RequestHead, seed: int, ordinal: int) -> bool:
         """Whether a request the rule matched is faulted: the count, then the draw."""
-        self.matched += 1
-        if self.count and self.faulted >= self.count:
-            return False
-        if self.percent < 100:
-            identity = request_identity(request, ordinal)
-            draw = random.Random(derive_seed(seed, self.name, "request", *identity)).random()
-            if draw * 100 >= self.percent:
-                return False
-        self.faulted += 1
-        return True
+        return self._drawn(seed, "request", lambda: request_identity(request, ordinal))
 
-    def _session(self, ctx: ToxicContext) -> Front:
-        session: Front | None = ctx.state.get("http")
-        if session is None:
-            stage = cast(ToxicStage, ctx)
-            seed, log = stage.seed, stage.log_event
-            ordinals = itertools.count()  # every request on this connection, in order
+    def new_session(self, stage: ToxicStage) -> Front:
+        seed, log = stage.seed, stage.log_event
+        ordinals = itertools.count()  # every request on this connection, in order
 
-            def http1() -> Session:
-                return Session(lambda r: self.decide(r, seed, next(ordinals)), log)
+        def http1() -> Session:
+            return Session(lambda r: self.decide(r, seed, next(ordinals)), log)
 
-            def http2() -> Http2Session:
-                return Http2Session(lambda r: self.decide_h2(r, seed, next(ordinals)), log)
+        def http2() -> Http2Session:
+            return Http2Session(lambda r: self.decide_h2(r, seed, next(ordinals)), log)
 
-            session = Front(http1, http2)
-            ctx.state["http"] = session
-            ctx.state["http_wake"] = {}
-        return session
-
-    async def on_chunk(self, ctx: ToxicContext, data: bytes, t_read: float) -> None:
-        session = self._session(ctx)
-        await carry_out(cast(ToxicStage, ctx), session, session.receive(ctx.stream, data, t_read))
-
-    async def on_eof(self, ctx: ToxicContext) -> None:
-        session = self._session(ctx)
-        now = trio.current_time()
-        await carry_out(cast(ToxicStage, ctx), session, session.receive_eof(ctx.stream, now))
-
-
-class TimedSession(Protocol):
-    """A protocol session whose holds :func:`carry_out` waits out (HTTP's, RESP's,
-    PostgreSQL's)."""
-
-    def timer(self, stream: str, now: float) -> list[Command]: ...
-
-
-async def carry_out(stage: ToxicStage, session: TimedSession, commands: list[Command]) -> None:
-    """Do what *session* said, in order, in the task of *stage*'s stream; a
-    :class:`Hold` waits here (so the stream is not read meanwhile) until its time or a
-    :class:`Resume`, then asks the session again. The stage's ``state`` keeps the
-    events a held stream waits on (``http_wake``: set up by whoever made the session)."""
-    wake: dict[str, trio.Event] = stage.state["http_wake"]
-    while True:
-        hold: Hold | None = None
-        for cmd in commands:
-            if isinstance(cmd, Forward | Inject):
-                if cmd.data:
-                    target = stage.on(cmd.stream)
-                    assert target is not None, "an HTTP toxic sees both streams"
-                    t = cmd.t_read if isinstance(cmd, Forward) else None
-                    await target.inject(cmd.data, t)
-            elif isinstance(cmd, Eof):
-                target = stage.on(cmd.stream)
-                assert target is not None
-                await target.inject_eof()
-            elif isinstance(cmd, Close):
-                return await stage.close()
-            elif isinstance(cmd, Reset):
-                return await stage.reset()
-            elif isinstance(cmd, Resume):
-                event = wake.pop(cmd.stream, None)
-                if event is not None:
-                    event.set()
-            else:
-                hold = cmd
-        if hold is None:
-            return
-        event = wake[hold.stream] = trio.Event()
-        with trio.move_on_at(math.inf if hold.until is None else hold.until):
-            await event.wait()
-        wake.pop(hold.stream, None)
-        commands = session.timer(hold.stream, trio.current_time())
+        return Front(http1, http2)
 
 
 # -- abort and hold: the request never reaches the server ------------------------------

@@ -44,12 +44,9 @@ from __future__ import annotations
 
 import fnmatch
 import itertools
-import random
 import re
 from collections.abc import Mapping
-from typing import Any, cast
-
-import trio
+from typing import Any
 
 from faultnet.protocols.postgres import (
     PgPlan,
@@ -59,11 +56,9 @@ from faultnet.protocols.postgres import (
     is_commit,
     is_transaction_start,
 )
-from faultnet.seeds import derive_seed
-from faultnet.toxics._attributes import Attribute, AttributeToxic, TextAttribute
-from faultnet.toxics.base import ToxicContext
+from faultnet.toxics._attributes import Attribute, TextAttribute
+from faultnet.toxics._protocol import ProtocolToxic, drawn_attributes, fault_attribute
 from faultnet.toxics.chain import ToxicStage
-from faultnet.toxics.http import carry_out
 from faultnet.toxics.registry import register
 
 __all__ = ["MESSAGES", "Postgres"]
@@ -96,18 +91,15 @@ def _sqlstate(text: str) -> None:
 
 
 @register
-class Postgres(AttributeToxic):
+class Postgres(ProtocolToxic):
     """PostgreSQL faults on the requests a client sends (see the module docstring): the
     requests matching ``at`` and ``query``, ``percent`` of them, the first ``count``
     (0: all), meet ``fault``."""
 
     type = "postgres"
-    both_streams = True
-    layer = 1
+    session_key = "postgres"
     ATTRIBUTES = (
-        TextAttribute(
-            "fault", "error", "what a matching request meets", ("error", "delay", "hold", "close")
-        ),
+        fault_attribute("request"),
         TextAttribute("at", "query", "which requests are matched", ("query", "commit", "startup")),
         TextAttribute("query", "", "a pattern on the statement text; empty: any"),
         TextAttribute("match", "glob", "how query is read", ("glob", "regex")),
@@ -118,10 +110,7 @@ class Postgres(AttributeToxic):
         TextAttribute("message", "", "the error's message; empty: PostgreSQL's for sqlstate"),
         Attribute("delay_ms", 0, "how late a delayed request is forwarded, in milliseconds"),
         Attribute("rows", 0, "result rows (DataRow messages) the client gets before a close"),
-        Attribute(
-            "percent", 100, "percent of matching requests faulted, drawn per request", 0, 100
-        ),
-        Attribute("count", 0, "most requests (queries) faulted, the first drawn; 0: no limit"),
+        *drawn_attributes("request", "requests"),
         TextAttribute("ssl", "pass", "what an SSLRequest meets", ("pass", "refuse")),
     )
     fault: str
@@ -133,39 +122,22 @@ class Postgres(AttributeToxic):
     message: str
     delay_ms: int
     rows: int
-    percent: int
-    count: int
     ssl: str
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        #: Requests this toxic matched, and faulted, over every connection; startups.
-        self.matched = 0
-        self.faulted = 0
+        #: StartupMessages this toxic drew for, over every connection.
         self.startups = 0
 
     @classmethod
     def _refuse_inconsistent(cls, values: Mapping[str, Any]) -> None:
-        if values["fault"] == "delay" and not values["delay_ms"]:
-            raise ValueError("fault delay needs delay_ms")
+        """As a protocol toxic's, and a ``regex`` ``query`` must compile."""
+        super()._refuse_inconsistent(values)
         if values["match"] == "regex":
             try:
                 re.compile(values["query"])
             except re.error as exc:
                 raise ValueError(f"query is not a regular expression: {exc}") from None
-
-    def check_update(self, attributes: Any) -> dict[str, Any]:
-        """The checked *attributes*; ValueError when they make, with the values in force,
-        a rule that means nothing (``delay`` without ``delay_ms``, a regex that does not
-        compile)."""
-        checked = self.check_attributes(attributes)
-        self._refuse_inconsistent({**self.attributes(), **checked})
-        return checked
-
-    def update(self, attributes: Mapping[str, Any]) -> None:
-        """Merge *attributes*, all or nothing (refused as :meth:`check_update` says)."""
-        self.check_update(attributes)
-        super().update(attributes)
 
     # -- matching --
 
@@ -207,21 +179,16 @@ class Postgres(AttributeToxic):
         text = self.picked(request, conn)
         if text is None:
             return None
-        self.matched += 1
-        if self.count and self.faulted >= self.count:
+
+        def identity() -> tuple[object, ...]:
+            if request.kind != "startup":
+                return (text, ordinal)
+            params = dict(request.params)
+            self.startups += 1
+            return (params.get("user"), params.get("database"), self.startups - 1)
+
+        if not self._drawn(seed, "request", identity):
             return None
-        if self.percent < 100:
-            if request.kind == "startup":
-                params = dict(request.params)
-                identity: tuple[object, ...] = (params.get("user"), params.get("database"))
-                identity += (self.startups,)
-                self.startups += 1
-            else:
-                identity = (text, ordinal)
-            draw = random.Random(derive_seed(seed, self.name, "request", *identity)).random()
-            if draw * 100 >= self.percent:
-                return None
-        self.faulted += 1
         return self.plan(request, conn.get("user", ""))
 
     def plan(self, request: PgRequest, user: str) -> PgPlan:
@@ -252,27 +219,12 @@ class Postgres(AttributeToxic):
 
     # -- the session --
 
-    def _session(self, ctx: ToxicContext) -> Session:
-        session: Session | None = ctx.state.get("postgres")
-        if session is None:
-            stage = cast(ToxicStage, ctx)
-            seed = stage.seed
-            conn: dict[str, Any] = {}
-            ordinals = itertools.count()  # every request on this connection, in order
-            session = Session(
-                lambda r: self.decide(r, seed, next(ordinals), conn),
-                stage.log_event,
-                refuse_ssl=self.ssl == "refuse",
-            )
-            ctx.state["postgres"] = session
-            ctx.state["http_wake"] = {}  # the driver's (faultnet.toxics.http)
-        return session
-
-    async def on_chunk(self, ctx: ToxicContext, data: bytes, t_read: float) -> None:
-        session = self._session(ctx)
-        await carry_out(cast(ToxicStage, ctx), session, session.receive(ctx.stream, data, t_read))
-
-    async def on_eof(self, ctx: ToxicContext) -> None:
-        session = self._session(ctx)
-        now = trio.current_time()
-        await carry_out(cast(ToxicStage, ctx), session, session.receive_eof(ctx.stream, now))
+    def new_session(self, stage: ToxicStage) -> Session:
+        seed = stage.seed
+        conn: dict[str, Any] = {}  # the connection's memory (see picked)
+        ordinals = itertools.count()  # every request on this connection, in order
+        return Session(
+            lambda r: self.decide(r, seed, next(ordinals), conn),
+            stage.log_event,
+            refuse_ssl=self.ssl == "refuse",
+        )

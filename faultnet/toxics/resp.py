@@ -46,24 +46,14 @@ from __future__ import annotations
 
 import fnmatch
 import itertools
-import random
-from collections.abc import Mapping
-from typing import Any, cast
-
-import trio
 
 from faultnet.protocols.resp import PUSH_COMMANDS, Plan, Request, Session, error_reply
-from faultnet.seeds import derive_seed
-from faultnet.toxics._attributes import Attribute, AttributeToxic, TextAttribute
-from faultnet.toxics.base import ToxicContext
+from faultnet.toxics._attributes import Attribute, TextAttribute
+from faultnet.toxics._protocol import FAULTS, ProtocolToxic, drawn_attributes, fault_attribute
 from faultnet.toxics.chain import ToxicStage
-from faultnet.toxics.http import carry_out
 from faultnet.toxics.registry import register
 
 __all__ = ["FAULTS", "Redis"]
-
-#: What a matching command meets (the table above).
-FAULTS = ("error", "delay", "hold", "close")
 
 
 def _error(text: str) -> None:
@@ -85,14 +75,13 @@ def _error(text: str) -> None:
 
 
 @register
-class Redis(AttributeToxic):
+class Redis(ProtocolToxic):
     """Redis faults on matching commands (see the module docstring)."""
 
     type = "redis"
-    both_streams = True
-    layer = 1
+    session_key = "redis"
     ATTRIBUTES = (
-        TextAttribute("fault", "error", "what a matching command meets", choices=FAULTS),
+        fault_attribute("command"),
         TextAttribute("command", "", "command names matched, comma-separated, any case; empty: any"),
         TextAttribute("key", "", "a glob on the command's first argument; empty: any"),
         TextAttribute(
@@ -100,36 +89,13 @@ class Redis(AttributeToxic):
             parse=_error,
         ),
         Attribute("delay_ms", 0, "how long the reply is held, in milliseconds (fault delay)"),
-        Attribute("percent", 100, "percent of matching commands faulted, drawn per command", 0, 100),
-        Attribute("count", 0, "most requests (commands) faulted, the first drawn; 0: no limit"),
+        *drawn_attributes("command", "commands"),
     )  # fmt: skip
     fault: str
     command: str
     key: str
     error: str
     delay_ms: int
-    percent: int
-    count: int
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        #: Commands this toxic matched, and faulted, over every connection.
-        self.matched = 0
-        self.faulted = 0
-
-    def check_update(self, attributes: Any) -> dict[str, Any]:
-        """The checked *attributes*; ValueError when, with the values in force, they
-        ask for a delay of 0 ms."""
-        checked = self.check_attributes(attributes)
-        merged = {**self.attributes(), **checked}
-        if merged["fault"] == "delay" and not merged["delay_ms"]:
-            raise ValueError("fault delay needs delay_ms, a time in milliseconds above 0")
-        return checked
-
-    def update(self, attributes: Mapping[str, Any]) -> None:
-        """Merge *attributes*, all or nothing (refused as :meth:`check_update` says)."""
-        self.check_update(attributes)
-        super().update(attributes)
 
     def matches(self, request: Request) -> bool:
         """Whether ``command`` and ``key`` name *request* (not percent, not count)."""
@@ -149,17 +115,9 @@ class Redis(AttributeToxic):
             return None
         if self.fault in ("delay", "close") and request.name in PUSH_COMMANDS:
             return None
-        self.matched += 1
-        if self.count and self.faulted >= self.count:
-            return None
-        if self.percent < 100:
-            key = b"" if request.key is None else request.key
-            identity = (request.name, key, f"#{ordinal}")
-            draw = random.Random(derive_seed(seed, self.name, "command", *identity)).random()
-            if draw * 100 >= self.percent:
-                return None
-        self.faulted += 1
-        return self.plan()
+        key = b"" if request.key is None else request.key
+        drawn = self._drawn(seed, "command", lambda: (request.name, key, f"#{ordinal}"))
+        return self.plan() if drawn else None
 
     def plan(self) -> Plan:
         """What the fault in force does to one command."""
@@ -171,22 +129,7 @@ class Redis(AttributeToxic):
             return Plan("hold", hold=True)
         return Plan("close", close=True)
 
-    def _session(self, ctx: ToxicContext) -> Session:
-        session: Session | None = ctx.state.get("redis")
-        if session is None:
-            stage = cast(ToxicStage, ctx)
-            seed = stage.seed
-            ordinals = itertools.count()  # every command on this connection, in order
-            session = Session(lambda r: self.decide(r, seed, next(ordinals)), stage.log_event)
-            ctx.state["redis"] = session
-            ctx.state["http_wake"] = {}  # carry_out's
-        return session
-
-    async def on_chunk(self, ctx: ToxicContext, data: bytes, t_read: float) -> None:
-        session = self._session(ctx)
-        await carry_out(cast(ToxicStage, ctx), session, session.receive(ctx.stream, data, t_read))
-
-    async def on_eof(self, ctx: ToxicContext) -> None:
-        session = self._session(ctx)
-        now = trio.current_time()
-        await carry_out(cast(ToxicStage, ctx), session, session.receive_eof(ctx.stream, now))
+    def new_session(self, stage: ToxicStage) -> Session:
+        seed = stage.seed
+        ordinals = itertools.count()  # every command on this connection, in order
+        return Session(lambda r: self.decide(r, seed, next(ordinals)), stage.log_event)

@@ -39,7 +39,7 @@ from typing import Any, ClassVar, cast
 
 import trio
 
-from faultnet.protocols.http import Close, Eof, Hold, Inject, Reset, Resume
+from faultnet.protocols.http import Eof, Hold, Inject
 from faultnet.protocols.tls import (
     Ask,
     Originator,
@@ -51,6 +51,7 @@ from faultnet.protocols.tls import (
     client_hello_end,
 )
 from faultnet.toxics._attributes import AttributeToxic, TextAttribute
+from faultnet.toxics._protocol import end_or_wake
 from faultnet.toxics.base import ToxicContext
 from faultnet.toxics.chain import ToxicStage
 from faultnet.toxics.registry import register
@@ -116,19 +117,15 @@ async def _carry_out(
             assert target is not None
             await (target.inject(cmd.data) if isinstance(cmd, Inject) else target.inject_eof())
             take(end.sent(cmd.stream))
-        elif isinstance(cmd, Close):
-            return await stage.close()
-        elif isinstance(cmd, Reset):
-            return await stage.reset()
-        elif isinstance(cmd, Resume):
-            event = wake.pop(cmd.stream, None)
-            if event is not None:
-                event.set()
+        elif (ended := await end_or_wake(stage, wake, cmd)) is not None:
+            if ended:
+                return
         elif isinstance(cmd, Ask):
             await _ask(stage, cast(Terminator, end), cmd)
         elif isinstance(cmd, Settled):
             await _settle(stage, cmd)
         else:
+            assert isinstance(cmd, Hold)
             hold = cmd
     if hold is not None and hold.stream in wake:
         await wake[hold.stream].wait()
