@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 
 import h11
 
+from faultnet.protocols._states import step
+
 __all__ = [
     "MAX_BUFFER",
     "MAX_HEAD",
@@ -484,14 +486,10 @@ class Session(Duplex):
         return self.down is state
 
     def _go_up(self, event: Ev) -> None:
-        state = TRANSITIONS[(self.up, event)]
-        assert isinstance(state, Up)
-        self.up = state
+        self.up = step(TRANSITIONS, self.up, event)
 
     def _go_down(self, event: Ev) -> None:
-        state = TRANSITIONS[(self.down, event)]
-        assert isinstance(state, Down)
-        self.down = state
+        self.down = step(TRANSITIONS, self.down, event)
 
     def _end(self, cmd: Close | Reset) -> None:
         self._emit(cmd)

@@ -69,9 +69,12 @@ from hyperframe.frame import (
     WindowUpdateFrame,
 )
 
+from faultnet.protocols._states import step
 from faultnet.protocols.http import (
+    DOWN,
     MAX_BUFFER,
     MAX_HEAD,
+    UP,
     Command,
     Duplex,
     Eof,
@@ -91,8 +94,6 @@ __all__ = [
     "is_preface",
     "is_server_preface",
 ]
-
-UP, DOWN = "upstream", "downstream"
 
 #: The client connection preface (RFC 9113 3.4): h2c with prior knowledge, and
 #: HTTP/2 inside TLS (ALPN ``h2``), both begin with it.
@@ -446,9 +447,7 @@ class Session(Duplex):
 
     @staticmethod
     def _go(state: Dir, event: Ev) -> Dir:
-        new = TRANSITIONS[(state, event)]
-        assert isinstance(new, Dir)
-        return new
+        return step(TRANSITIONS, state, event)
 
     def _log(self, stream: _Stream) -> None:
         if stream.logged or stream.plan.action == "pass":
@@ -579,9 +578,7 @@ class Session(Duplex):
             self._made(frame.serialize(), now)
         else:
             event = Ev.PASS
-        new = TRANSITIONS[(stream.state, event)]
-        assert isinstance(new, St)
-        stream.state = new
+        stream.state = step(TRANSITIONS, stream.state, event)
         if not plan.on_response:
             self._log(stream)
         return stream

@@ -21,11 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from faultnet.protocols import http, http2
-from faultnet.protocols.http import Command, Hold, Resume
+from faultnet.protocols.http import DOWN, UP, Command, Hold, Resume
 
 __all__ = ["Front"]
-
-UP, DOWN = "upstream", "downstream"
 
 
 class Front:

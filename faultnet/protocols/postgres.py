@@ -66,7 +66,8 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from faultnet.protocols.http import Close, Command, Duplex, Eof, Forward, Hold, Inject
+from faultnet.protocols._states import step
+from faultnet.protocols.http import DOWN, UP, Close, Command, Duplex, Eof, Forward, Hold, Inject
 
 __all__ = [
     "MAX_BATCH",
@@ -80,8 +81,6 @@ __all__ = [
     "is_transaction_start",
     "parse_error_response",
 ]
-
-UP, DOWN = "upstream", "downstream"
 
 #: The longest message read whole (a query's text, a Bind's names): an ORM's query of
 #: 100 KB fits; a longer one is passed unjudged.
@@ -415,14 +414,10 @@ class Session(Duplex):
             self._go_down(Ev.END)
 
     def _go_up(self, event: Ev) -> None:
-        state = TRANSITIONS[(self.up, event)]
-        assert isinstance(state, Up)
-        self.up = state
+        self.up = step(TRANSITIONS, self.up, event)
 
     def _go_down(self, event: Ev) -> None:
-        state = TRANSITIONS[(self.down, event)]
-        assert isinstance(state, Down)
-        self.down = state
+        self.down = step(TRANSITIONS, self.down, event)
 
     def _held_bytes(self) -> bytes:
         batch = b"".join(p.data for p in self._batch)

@@ -45,7 +45,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from faultnet.protocols.http import Close, Command, Duplex, Eof, Forward, Hold, Inject
+from faultnet.protocols._states import step
+from faultnet.protocols.http import DOWN, UP, Close, Command, Duplex, Eof, Forward, Hold, Inject
 
 __all__ = [
     "MAX_ARG",
@@ -59,8 +60,6 @@ __all__ = [
     "Session",
     "error_reply",
 ]
-
-UP, DOWN = "upstream", "downstream"
 
 #: The longest line kept (a type's header line, an inline command): Redis's own
 #: inline limit (PROTO_INLINE_MAX_SIZE, 64 KiB), past which it answers a protocol error
@@ -470,14 +469,10 @@ class Session(Duplex):
     # -- internals --
 
     def _go_up(self, event: Ev) -> None:
-        state = TRANSITIONS[(self.up, event)]
-        assert isinstance(state, Up)
-        self.up = state
+        self.up = step(TRANSITIONS, self.up, event)
 
     def _go_down(self, event: Ev) -> None:
-        state = TRANSITIONS[(self.down, event)]
-        assert isinstance(state, Down)
-        self.down = state
+        self.down = step(TRANSITIONS, self.down, event)
 
     # (A method, not ``is`` in place: mypy narrows a state across the calls that change it.)
     def _up_is(self, *states: Up) -> bool:

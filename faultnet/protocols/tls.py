@@ -60,8 +60,11 @@ from typing import TYPE_CHECKING
 
 import h11
 
+from faultnet.protocols._states import step
 from faultnet.protocols.http import (
+    DOWN,
     MAX_HEAD,
+    UP,
     Close,
     Eof,
     Hold,
@@ -93,8 +96,6 @@ __all__ = [
     "leaf_context",
     "read_client_hello",
 ]
-
-UP, DOWN = "upstream", "downstream"
 
 #: The TLS record type of a handshake message (RFC 8446 5.1).
 HANDSHAKE = 22
@@ -460,7 +461,7 @@ class _End:
         ]
 
     def _go(self, event: Ev) -> None:
-        self.state = TRANSITIONS[(self.state, event)]
+        self.state = step(TRANSITIONS, self.state, event)
 
     # -- the SSLObject --
 
