@@ -17,6 +17,7 @@ from harness.fidelity._http import CLIENTS, same_outcome, same_pace
 from harness.fidelity._toxics import TOXIC_CASES, ToxicCase, ToxicServers, run_toxic, toxic_servers
 from harness.fidelity._world import nginx_path
 from tests.conftest import require_program
+from tests.fidelity._toxic_rows import check_toxic_row, row_param
 
 PAIRS = [c for c in TOXIC_CASES if c.reference is not None]
 
@@ -29,14 +30,11 @@ def servers() -> Iterator[ToxicServers]:
         yield running
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, id=c.name.split(":")[0]) for c in PAIRS])
+@pytest.mark.parametrize("case", [row_param(c) for c in PAIRS])
 def test_each_http_toxic_fails_as_nginx_does_and_its_breakage_does_not(
     case: ToxicCase, servers: ToxicServers
 ) -> None:
-    row = run_toxic(case, servers)
-    assert row.verdict.same, f"{case.name}: {row.verdict.text} ({row.seen})"
-    for asked, broken in zip(case.breakages, row.broken, strict=True):
-        assert not broken.same, f"{case.name}, the toxic asked {asked}: {broken.text}"
+    check_toxic_row(case, servers)
 
 
 def test_the_abort_row_tells_an_abort_that_closes_without_saying_so(

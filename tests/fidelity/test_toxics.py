@@ -15,13 +15,9 @@ from harness.fidelity._toxics import (
     ToxicCase,
     ToxicServers,
     ks_uniform,
-    run_toxic,
     toxic_servers,
 )
-
-
-def _param(case: ToxicCase) -> object:
-    return pytest.param(case, id=case.name.split(":")[0])
+from tests.fidelity._toxic_rows import check_toxic_row, row_param
 
 
 @pytest.fixture(scope="module")
@@ -31,14 +27,11 @@ def servers() -> Iterator[ToxicServers]:
 
 
 # The pair rows (the HTTP toxics against nginx) are tests/fidelity/test_http_rows.py's.
-@pytest.mark.parametrize("case", [_param(c) for c in TOXIC_CASES if c.reference is None])
+@pytest.mark.parametrize("case", [row_param(c) for c in TOXIC_CASES if c.reference is None])
 def test_each_toxic_keeps_its_promise_and_its_judge_tells_a_breakage(
     case: ToxicCase, servers: ToxicServers
 ) -> None:
-    row = run_toxic(case, servers)
-    assert row.verdict.same, f"{case.name}: {row.verdict.text} ({row.seen})"
-    for asked, broken in zip(case.breakages, row.broken, strict=True):
-        assert not broken.same, f"{case.name}, judged as {asked}: {broken.text} ({row.seen})"
+    check_toxic_row(case, servers)
 
 
 def test_every_byte_toxic_and_toxicity_has_a_row() -> None:
