@@ -126,6 +126,19 @@ def _psql_line(port: int, sql: str) -> str:
 # -- 40001: two conflicting SERIALIZABLE transactions ----------------------------------
 
 
+def _outcome(retried: Callable[[], None], conns: list[Any]) -> str:
+    """Run a retry loop: ``committed``, or the class of the error it gave up on; then
+    close its connections (*conns*, as they are by then)."""
+    try:
+        retried()
+        return "committed"
+    except psycopg.Error as exc:
+        return type(exc).__name__
+    finally:
+        for conn in conns:
+            conn.close()
+
+
 def serializable_retry(port: int, conflict: Callable[[], None]) -> dict[str, Any]:
     """psycopg, SERIALIZABLE, in a tenacity loop retrying SerializationFailure (3 tries):
     read the row, (*conflict*, on the first try,) update it with a parameter (the
@@ -153,14 +166,7 @@ def serializable_retry(port: int, conflict: Callable[[], None]) -> dict[str, Any
         conn.commit()
         tries.append(("committed", None, conn.info.transaction_status.name))
 
-    try:
-        transfer()
-        outcome = "committed"
-    except psycopg.Error as exc:
-        outcome = type(exc).__name__
-    finally:
-        conn.close()
-    return {"tries": tries, "outcome": outcome}
+    return {"tries": tries, "outcome": _outcome(transfer, [conn])}
 
 
 PSQL_40001 = """BEGIN ISOLATION LEVEL SERIALIZABLE;
@@ -267,15 +273,7 @@ def terminated_retry(port: int, terminate: Callable[[], object]) -> dict[str, An
         conn.commit()
         tries.append(("committed", conn.info.transaction_status.name))
 
-    try:
-        work()
-        outcome = "committed"
-    except psycopg.Error as exc:
-        outcome = type(exc).__name__
-    finally:
-        for conn in conns:
-            conn.close()
-    return {"tries": tries, "outcome": outcome}
+    return {"tries": tries, "outcome": _outcome(work, conns)}
 
 
 PSQL_57P01 = "SELECT 1;\nSELECT pg_advisory_xact_lock(1);\n\\echo after\n"
