@@ -14,22 +14,16 @@ from faultnet.protocols.http import (
     TRANSITIONS,
     Answer,
     Close,
-    Command,
     Down,
-    Eof,
     Forward,
-    Hold,
-    Inject,
     Plan,
     Reset,
-    Resume,
     Session,
     Up,
     rewrite_head,
 )
 from faultnet.toxics.http import HttpDelay, client_plan
-
-U, D = "upstream", "downstream"
+from tests.faultnet.protocols._playbook import D, U, play, simple
 
 GET = b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n"
 GET_B = b"GET /b HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -41,21 +35,6 @@ UPGRADE = b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: x\r\nConnection: Upgrade\r\n
 SWITCHED = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: Upgrade\r\n\r\n"
 EXPECT = b"POST /p HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\n"
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-
-
-def simple(cmd: Command) -> tuple[object, ...]:
-    """A command as a short tuple: (kind, stream, data or time)."""
-    if isinstance(cmd, Forward):
-        return ("fwd", cmd.stream, cmd.data)
-    if isinstance(cmd, Inject):
-        return ("inject", cmd.stream, cmd.data)
-    if isinstance(cmd, Hold):
-        return ("hold", cmd.stream, cmd.until)
-    if isinstance(cmd, Resume):
-        return ("resume", cmd.stream)
-    if isinstance(cmd, Eof):
-        return ("eof", cmd.stream)
-    return ("close",) if isinstance(cmd, Close) else ("reset",)
 
 
 @dataclass
@@ -74,22 +53,7 @@ def run(row: Row) -> list[str]:
     def record(event: str, **fields: object) -> None:
         log.append(f"{event} {fields.get('path', fields.get('stream'))} {fields.get('action', '')}")
 
-    session = Session(row.plan, record)
-    for i, (kind, arg, now, expected) in enumerate(row.steps):
-        if kind == "up":
-            assert isinstance(arg, bytes)
-            got = session.receive(U, arg, now)
-        elif kind == "down":
-            assert isinstance(arg, bytes)
-            got = session.receive(D, arg, now)
-        elif kind == "up_eof":
-            got = session.receive_eof(U, now)
-        elif kind == "down_eof":
-            got = session.receive_eof(D, now)
-        else:
-            assert kind == "timer" and isinstance(arg, str)
-            got = session.timer(arg, now)
-        assert [simple(c) for c in got] == expected, f"step {i}: {kind}"
+    play(Session(row.plan, record), row.steps)
     return [line.strip() for line in log]
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from faultnet.protocols.http import Close, Command, Eof, Forward, Hold, Inject
+from faultnet.protocols.http import Forward, Inject
 from faultnet.protocols.resp import (
     MAX_ARG,
     MAX_LINE,
@@ -22,8 +22,7 @@ from faultnet.protocols.resp import (
     Up,
     error_reply,
 )
-
-U, D = "upstream", "downstream"
+from tests.faultnet.protocols._playbook import D, U, play, simple
 
 
 def cmd(*args: bytes) -> bytes:
@@ -187,19 +186,6 @@ def test_a_key_longer_than_max_arg_is_no_key() -> None:
 
 
 # -- the session -------------------------------------------------------------------------
-
-
-def simple(c: Command) -> tuple[object, ...]:
-    if isinstance(c, Forward):
-        return ("fwd", c.stream, c.data)
-    if isinstance(c, Inject):
-        return ("inject", c.stream, c.data)
-    if isinstance(c, Hold):
-        return ("hold", c.stream, c.until)
-    if isinstance(c, Eof):
-        return ("eof", c.stream)
-    assert isinstance(c, Close)
-    return ("close",)
 
 
 def plan_for(**plans: Plan) -> Callable[[Request], Plan | None]:
@@ -391,19 +377,7 @@ def run(row: Row) -> list[str]:
     def record(event: str, **fields: object) -> None:
         log.append(f"{event} {fields['command']} {fields['key']} {fields['action']}")
 
-    session = Session(row.decide, record)
-    for i, (kind, data, now, expected) in enumerate(row.steps):
-        if kind == "up":
-            got = session.receive(U, data, now)
-        elif kind == "down":
-            got = session.receive(D, data, now)
-        elif kind == "up_eof":
-            got = session.receive_eof(U, now)
-        elif kind == "down_eof":
-            got = session.receive_eof(D, now)
-        else:
-            got = session.timer(D, now)
-        assert [simple(c) for c in got] == expected, (i, kind, data)
+    play(Session(row.decide, record), row.steps, timer=D)
     return log
 
 
