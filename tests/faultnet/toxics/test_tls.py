@@ -7,6 +7,7 @@ from __future__ import annotations
 import ssl
 import subprocess
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -121,21 +122,43 @@ async def test_tls_is_re_originated_to_an_https_upstream_verified_against_its_ca
         assert (await client.get(https(proxy, "/api/x"))).status_code == 502
 
 
-async def test_an_upstream_the_system_cas_cannot_verify_is_a_502_naming_why(
+@dataclass
+class Unverified:
+    """A proxy that terminates the client's TLS and verifies the HTTPS upstream against
+    the system's CAs, which never signed it (:func:`tls_app`'s own CA did); the CA file
+    of the proxy's leaves; its event log."""
+
+    proxy: Proxy
+    cacert: str
+    log: Path
+
+    def assert_failed_once(self) -> None:
+        """One ``tls_failed`` record, and it names the failed verification."""
+        failed = [r for r in read_jsonl(self.log).records if r["event"] == "tls_failed"]
+        assert len(failed) == 1 and "CERTIFICATE_VERIFY_FAILED" in failed[0]["reason"]
+
+
+@pytest.fixture
+async def unverified(
     faultnet_proxy: Factory, tls_app: tuple[Address, str], tmp_path: Path
+) -> Unverified:
+    log = tmp_path / "events.jsonl"
+    proxy = await faultnet_proxy(tls_app[0], event_log=str(log))
+    cacert = terminate(proxy, TlsOriginate(server_name="localhost"))  # the system's CAs
+    return Unverified(proxy, cacert, log)
+
+
+async def test_an_upstream_the_system_cas_cannot_verify_is_a_502_naming_why(
+    unverified: Unverified,
 ) -> None:
     # Issue 33, 7: the client saw a reset and no reason; a real gateway (nginx with
     # proxy_ssl_verify) answers 502. One tls_failed event says why.
-    address, _ = tls_app
-    log = tmp_path / "events.jsonl"
-    proxy = await faultnet_proxy(address, event_log=str(log))
-    cacert = terminate(proxy, TlsOriginate(server_name="localhost"))  # the system's CAs
-    done = await curl("--cacert", cacert, "-w", "\n%{http_code}", https(proxy, "/"))
+    url = https(unverified.proxy, "/")
+    done = await curl("--cacert", unverified.cacert, "-w", "\n%{http_code}", url)
     body, _, status = done.stdout.rpartition(b"\n")
     assert (done.returncode, status) == (0, b"502"), done.stderr
     assert b"CERTIFICATE_VERIFY_FAILED" in body and b"local issuer" in body
-    failed = [r for r in read_jsonl(log).records if r["event"] == "tls_failed"]
-    assert len(failed) == 1 and "CERTIFICATE_VERIFY_FAILED" in failed[0]["reason"]
+    unverified.assert_failed_once()
 
 
 async def test_a_stalled_handshake_hangs_the_client_until_its_own_timeout(

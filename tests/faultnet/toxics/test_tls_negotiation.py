@@ -20,9 +20,17 @@ from faultnet.eventlog import read_jsonl
 from faultnet.proxy import Proxy
 from faultnet.toxics import HttpAbort, TlsOriginate, TlsTerminate
 from tests.faultnet.http_app import Address
-from tests.faultnet.toxics.test_tls import curl, https, https_proxy, terminate, tls_app
+from tests.faultnet.toxics.test_tls import (
+    Unverified,
+    curl,
+    https,
+    https_proxy,
+    terminate,
+    tls_app,
+    unverified,
+)
 
-__all__ = ["https_proxy", "tls_app"]  # fixtures used here
+__all__ = ["https_proxy", "tls_app", "unverified"]  # fixtures used here
 
 Factory = Callable[..., Awaitable[Proxy]]
 
@@ -200,18 +208,13 @@ def test_a_client_certificate_that_does_not_load_is_a_400(tmp_path: Path) -> Non
 
 
 async def test_a_client_that_offers_only_h2_gets_an_alert_from_a_failed_upstream(
-    faultnet_proxy: Factory, tls_app: tuple[Address, str], tmp_path: Path
+    unverified: Unverified,
 ) -> None:
     # A 502 cannot be said in HTTP/1 to a gRPC client: a real gateway's alert instead.
-    address, _ = tls_app
-    log = tmp_path / "events.jsonl"
-    proxy = await faultnet_proxy(address, event_log=str(log))
-    cacert = terminate(proxy, TlsOriginate())  # the system's CAs: never verified
     with pytest.raises(trio.BrokenResourceError) as caught:
-        await tls_client(proxy, cacert, "localhost", ["h2"])
+        await tls_client(unverified.proxy, unverified.cacert, "localhost", ["h2"])
     assert "HANDSHAKE_FAILURE" in repr(caught.value.__cause__)
-    failed = [r for r in read_jsonl(log).records if r["event"] == "tls_failed"]
-    assert len(failed) == 1 and "CERTIFICATE_VERIFY_FAILED" in failed[0]["reason"]
+    unverified.assert_failed_once()
 
 
 async def test_a_clean_close_is_a_close_notify_to_the_client(
