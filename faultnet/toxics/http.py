@@ -135,6 +135,9 @@ RULE = (
 #: The rule of the HTTP/2-only types: ``client_faults`` is HTTP/1.1's.
 RULE_H2 = tuple(a for a in RULE if a.name != "client_faults")
 
+#: How a cut ends the connection (``http_truncate``'s FIN, ``http_reset``'s RST).
+Cut = type[Close] | type[Reset]
+
 #: The request headers a client picks its fault with (``client_faults``), lower case.
 ABORT_HEADER = "x-faultnet-abort-request"
 RESET_HEADER = "x-faultnet-reset-request"
@@ -387,22 +390,23 @@ class HttpTruncate(HttpToxic):
     type = "http_truncate"
     ATTRIBUTES = (*RULE, Attribute("bytes", 0, "body bytes sent before the connection closes"))
     bytes: int
+    #: How the connection ends after ``bytes``, and the fault's name in the event log.
+    cut: ClassVar[Cut] = Close
+    action: ClassVar[str] = "truncate"
 
     def plan(self, request: h11.Request) -> Plan:
-        return Plan("truncate", {"bytes": self.bytes}, cut=Close, cut_after=self.bytes)
+        return Plan(self.action, {"bytes": self.bytes}, cut=self.cut, cut_after=self.bytes)
 
 
 @register
-class HttpReset(HttpToxic):
+class HttpReset(HttpTruncate):
     """As ``http_truncate``, but the connection is reset (RST both ways: the client sees
     ECONNRESET mid-body) after ``bytes`` body bytes."""
 
     type = "http_reset"
     ATTRIBUTES = (*RULE, Attribute("bytes", 0, "body bytes sent before the connection is reset"))
-    bytes: int
-
-    def plan(self, request: h11.Request) -> Plan:
-        return Plan("reset", {"bytes": self.bytes}, cut=Reset, cut_after=self.bytes)
+    cut = Reset
+    action = "reset"
 
 
 # -- headers ---------------------------------------------------------------------------
