@@ -9,7 +9,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -147,19 +147,28 @@ async def test_one_way_loss_of_the_same_share_loses_nothing_the_proxy_sends() ->
         await stream.aclose()
 
 
+def _attach_except(monkeypatch: pytest.MonkeyPatch, skipped: Callable[[Any], bool]) -> None:
+    """Break the loss on purpose: the loss filters go on every socket but those
+    *skipped* names."""
+    attach = _hop.bpf.attach
+
+    def attach_others(sock: Any, program: Any) -> None:
+        if not skipped(sock):
+            attach(sock, program)
+
+    monkeypatch.setattr(_hop.bpf, "attach", attach_others)
+
+
 async def test_the_detector_goes_red_when_the_hop_loses_one_way_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Broken on purpose: the filter on the hop's server end only, so what travels
     # toward the client (arriving at A) is never lost.
-    attach = _hop.bpf.attach
-
-    def on_b_only(sock: Any, program: Any) -> None:
+    def hop_a(sock: Any) -> bool:  # the client-facing socket and B keep theirs
         hop = only_connection(proxy).hop
-        if hop is None or sock is not hop.a:  # the client-facing socket's, and B's
-            attach(sock, program)
+        return hop is not None and sock is hop.a
 
-    monkeypatch.setattr(_hop.bpf, "attach", on_b_only)
+    _attach_except(monkeypatch, hop_a)
     async with served() as up, open_proxy(up) as proxy:
         stream = await trio.open_tcp_stream(*proxy.address)
         await proxy.loss(10, both_ways=True)
@@ -214,13 +223,7 @@ async def test_the_client_leg_s_detector_goes_red_without_the_client_leg_filter(
 ) -> None:
     # Broken on purpose: the client-facing socket gets no filter (the loss on the hop
     # only, as before): the proxy's kernel answers the probes and the client lives on.
-    attach = _hop.bpf.attach
-
-    def not_on_the_client(sock: Any, program: Any) -> None:
-        if sock is not only_connection(proxy).client:
-            attach(sock, program)
-
-    monkeypatch.setattr(_hop.bpf, "attach", not_on_the_client)
+    _attach_except(monkeypatch, lambda sock: sock is only_connection(proxy).client)
     async with echo_server() as up, open_proxy(up) as proxy:
         stream = await _keepalive_client(proxy)
         await proxy.loss(100, both_ways=True)
