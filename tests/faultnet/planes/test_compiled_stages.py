@@ -13,7 +13,7 @@ import os
 import random
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -278,23 +278,35 @@ def model(times: list[tuple[float, float]], draws: Draws) -> list[float]:
     return due
 
 
+async def judge_both_paths(
+    seed: int,
+    monkeypatch: pytest.MonkeyPatch,
+    toxic: Any,
+    due_of: Callable[[list[tuple[float, float]], Draws], list[float]],
+    early_s: float,
+) -> None:
+    """Run the script with *toxic* (:func:`run_script`) on the Python path, then the
+    compiled one: on both, the bytes in order and then a FIN, the same generator state
+    at the start, and each message's arrival judged against its due time by *due_of*
+    (the messages' (sent, arrived) times, the generator at the start)."""
+    results = [await run_script(seed, on, monkeypatch, toxic) for on in (False, True)]
+    for got, expected, close, _, _ in results:
+        assert got == expected  # bytes and order
+        assert close == "fin"  # the EOF after them: the same close kind
+    assert results[0][4].state == results[1][4].state
+    for path, (_, _, _, times, start) in zip(("python", "compiled"), results, strict=True):
+        due = due_of(times, start)
+        errs = [arrived - d for (_, arrived), d in zip(times, due, strict=True)]
+        judge_schedule(path, errs, early_s)
+
+
 @pytest.mark.parametrize("seed", [7, 1234])
 async def test_compiled_and_python_latency_deliver_the_same(
     seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    results = [await run_script(seed, on, monkeypatch) for on in (False, True)]
-    errors = []
-    for got, expected, close, times, start in results:
-        assert got == expected  # bytes and order
-        assert close == "fin"  # the EOF after them: the same close kind
-        due = model(times, start)
-        errors.append([arrived - d for (_, arrived), d in zip(times, due, strict=True)])
-    # The same seed, the same generator state at the start on both paths.
-    assert results[0][4].state == results[1][4].state
-    for path, errs in zip(("python", "compiled"), errors, strict=True):
-        # Never before its due time (a stall of the plane's thread over a whole gap would
-        # read two messages as one chunk, one draw: the gaps are 10-20 ms for that).
-        judge_schedule(path, errs, EARLY_S)
+    # Never before its due time (a stall of the plane's thread over a whole gap would
+    # read two messages as one chunk, one draw: the gaps are 10-20 ms for that).
+    await judge_both_paths(seed, monkeypatch, None, model, EARLY_S)
 
 
 def judge_schedule(path: str, errs: list[float], early_s: float) -> None:
@@ -411,13 +423,9 @@ async def test_compiled_and_python_slicer_deliver_the_same(
 ) -> None:
     toxic = Slicer("s", "upstream", average_size=SLICE_AVG, size_variation=SLICE_VAR)
     toxic.update({"delay": SLICE_DELAY_US})
-    results = [await run_script(seed, on, monkeypatch, toxic) for on in (False, True)]
     sizes = script_sizes(seed)
-    for got, expected, close, _, _ in results:
-        assert got == expected  # bytes and order
-        assert close == "fin"  # the EOF after them
-    assert results[0][4].state == results[1][4].state
-    for path, (_, _, _, times, start) in zip(("python", "compiled"), results, strict=True):
-        due = slice_model(times, sizes, start)
-        errs = [arrived - d for (_, arrived), d in zip(times, due, strict=True)]
-        judge_schedule(path, errs, SLICE_DELAY_US / 1e6 + EARLY_S)
+
+    def due_of(times: list[tuple[float, float]], start: Draws) -> list[float]:
+        return slice_model(times, sizes, start)
+
+    await judge_both_paths(seed, monkeypatch, toxic, due_of, SLICE_DELAY_US / 1e6 + EARLY_S)
