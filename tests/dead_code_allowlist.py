@@ -69,3 +69,7 @@ _.stderr_dropped
 # argparse expands an action's own attributes in its help: "%(toxic_types)s"
 # (faultnet/server/cli.py, the toxic types listed when the help is shown).
 _.toxic_types
+
+# A key of faultnet/chaostoolkit/__init__.py's Server (a TypedDict): the activities
+# pass it by keyword (api_url_=...) and api_request reads it by name.
+_.api_url_

@@ -34,7 +34,7 @@ line saying why, which Chaos Toolkit records as the activity's failure.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List  # noqa: UP035 (see Arguments)
+from typing import Any, Dict, List, TypedDict, Unpack  # noqa: UP035 (see Arguments)
 
 from faultnet._version import __version__
 from faultnet.server.client import DEFAULT_API, ApiClient, ApiFailure, ApiUnavailable
@@ -69,16 +69,18 @@ def api_url(api_url: str | None, configuration: dict[str, Any] | None) -> str:
     )
 
 
-def api_request(
-    method: str,
-    path: str,
-    body: Any = None,
-    *,
-    api_url_: str | None = None,
-    configuration: dict[str, Any] | None = None,
-) -> Any:
-    """One API call; any failure is an ``ActivityFailed`` saying why."""
-    client = ApiClient(api_url(api_url_, configuration), timeout=API_TIMEOUT_S)
+class Server(TypedDict, total=False):
+    """Which server an API call goes to (:func:`api_url`): an activity's ``api_url``
+    argument, and the experiment's configuration."""
+
+    api_url_: str | None
+    configuration: dict[str, Any] | None
+
+
+def api_request(method: str, path: str, body: Any = None, **server: Unpack[Server]) -> Any:
+    """One API call to *server*; any failure is an ``ActivityFailed`` saying why."""
+    where = api_url(server.get("api_url_"), server.get("configuration"))
+    client = ApiClient(where, timeout=API_TIMEOUT_S)
     try:
         return client.request(method, path, body)
     except ApiFailure as exc:
@@ -87,17 +89,10 @@ def api_request(
         raise ActivityFailed(str(exc)) from None
 
 
-def api_json(
-    method: str,
-    path: str,
-    body: Any = None,
-    *,
-    api_url_: str | None = None,
-    configuration: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+def api_json(method: str, path: str, body: Any = None, **server: Unpack[Server]) -> dict[str, Any]:
     """:func:`api_request` for a route that answers a JSON object (an ``ActivityFailed``
     if it answers anything else)."""
-    answer = api_request(method, path, body, api_url_=api_url_, configuration=configuration)
+    answer = api_request(method, path, body, **server)
     if not isinstance(answer, dict):
         raise ActivityFailed(f"{method} {path}: expected a JSON object, got {answer!r:.80}")
     return answer
