@@ -42,7 +42,7 @@ import fnmatch
 import ipaddress
 import random
 from collections import OrderedDict
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 import dns.exception
@@ -137,17 +137,8 @@ class DnsRule:
         return True
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "action": self.action,
-            "qname": self.qname,
-            "qtype": self.qtype,
-            "percent": self.percent,
-            "count": self.count,
-            "delay_ms": self.delay_ms,
-            "address": self.address,
-            "matched": self.matched,
-            "faulted": self.faulted,
-        }
+        """The rule's fields, in their order, its counts last (the private ones left out)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
 
 
 def _parse(data: bytes) -> dns.message.Message | None:

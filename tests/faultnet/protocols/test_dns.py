@@ -231,3 +231,19 @@ def test_an_answer_malformed_past_its_question_passes_untouched_and_unpaired() -
     bad = good[:6] + b"\x00\x02" + good[8:]  # two answers said, one there
     assert f.answer(bad) == bad
     assert f.answer(good) != good  # still paired: the well-formed answer is rewritten
+
+
+def test_a_rule_s_json_is_its_fields_in_order_and_its_counts_last() -> None:
+    # The API's and the event log's form of a rule (the UDP proxy's dns rules).
+    rule = DnsRule("rewrite", qname="a.test", address="10.0.0.1")
+    assert list(rule.to_json().items()) == [
+        ("action", "rewrite"),
+        ("qname", "a.test"),
+        ("qtype", "any"),
+        ("percent", 100.0),
+        ("count", 0),
+        ("delay_ms", 0.0),
+        ("address", "10.0.0.1"),
+        ("matched", 0),
+        ("faulted", 0),
+    ]
