@@ -26,6 +26,8 @@ The contract every plane keeps (and every plane runs the same tests):
   :meth:`Link.offer` / :meth:`Link.offer_eof` (gate first; DRAINED when held bytes went
   out). :meth:`Link.to_plane` hands the lane back once trio has taken every chunk
   (its toxics were removed).
+* **Rerouting.** :meth:`Link.reroute` swaps a live link's server socket for another
+  (the internal hop of two-way loss moves its bytes as two links of the plane).
 * **Compiled stages.** A plane may run a chain of toxics itself (:meth:`Link.set_stage`:
   the native plane runs latency, bandwidth and slicer on its thread): the lane's chunks then queue
   in the plane with their read times and leave when due, in order, the EOF after them,
@@ -82,14 +84,26 @@ OnEvent = Callable[[str, "str | None"], None]
 class Link(Protocol):
     """One connection in a plane: two lanes. Every method returns at once."""
 
-    #: The upstream connect is still under way (nothing is forwarded yet).
-    connecting: bool
-    #: The link has left the plane (ended by an event or by :meth:`end`).
-    ended: bool
-    #: The errno behind RESET or UPSTREAM_FAILED.
-    errno: int
-    #: The exception behind ERROR.
-    error: Exception | None
+    # Read-only to the core (a plane sets them; a link made of two, the hop's, derives
+    # them from its links).
+    @property
+    def connecting(self) -> bool:
+        """The upstream connect is still under way (nothing is forwarded yet)."""
+
+    @property
+    def ended(self) -> bool:
+        """The link has left the plane (ended by an event or by :meth:`end`)."""
+
+    @property
+    def errno(self) -> int:
+        """The errno behind RESET or UPSTREAM_FAILED."""
+
+    @property
+    def error(self) -> Exception | None:
+        """The exception behind ERROR."""
+
+    #: Where its events go (its owner may redirect them later: the hop does).
+    on_event: OnEvent
 
     def freeze(self, streams: Iterable[str]) -> None:
         """Close the lanes' gates: total on return."""
@@ -151,6 +165,17 @@ class Link(Protocol):
 
     def offer_eof(self, stream: str) -> bool:
         """Forward the EOF after what is held; False while frozen."""
+
+    def reroute(self, sock: socket.socket) -> int | None:
+        """Relay through *sock* in place of the server's socket from now on (the
+        internal hop: :mod:`faultnet.proxy._hop`): the upstream lane writes to it, the
+        downstream lane reads it. Bytes held keep their order (held upstream bytes go to
+        *sock*; held downstream bytes, read from the server, still go to the client), an
+        upstream EOF already forwarded is forwarded to *sock* too, and the server's
+        socket leaves the plane untouched (for another link). Returns the bytes the
+        upstream lane had written by then, all to the server's socket (its count goes
+        on: later bytes are written to *sock*), or None (nothing changed) while the link is connecting
+        or has ended."""
 
 
 class Plane(Protocol):

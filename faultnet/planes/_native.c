@@ -1787,6 +1787,68 @@ static PyObject *link_offer_eof(LinkObject *k, PyObject *arg) {
     return PyBool_FromLong(result);
 }
 
+/* _reroute(fd): the link's second socket is fd from now on, in place of the server's
+ * (the internal hop of two-way loss: faultnet/proxy/_hop.py): the upstream lane writes
+ * to it, the downstream lane reads it. What the lanes hold keeps its order: held or
+ * piped upstream bytes go to fd, held or piped downstream bytes (read from the former
+ * socket) still go to the client. An upstream EOF already forwarded is forwarded to fd
+ * too (its peer must see it). The former socket leaves the plane (no interest, no
+ * byfd entry): the caller adds it to another link. False (nothing changed) while the
+ * link is connecting or has ended. Kept in a function of its own (not in core_add's
+ * path): nothing else in the core changes a link's descriptors. */
+static int reroute_link(CoreObject *c, LinkObject *k, int fd) {
+    if (k->ended || k->connecting)
+        return 0;
+    if (grow_byfd(c, fd) < 0) {
+        contain(c, k, "realloc", ENOMEM);
+        return 0;
+    }
+    int old = k->fds[1];
+    if (k->mask[1] && c->ep >= 0)
+        epoll_ctl(c->ep, EPOLL_CTL_DEL, old, NULL);
+    k->mask[1] = 0;
+    if (old >= 0 && old < c->nbyfd && c->byfd[old] == k)
+        c->byfd[old] = NULL;
+    k->fds[1] = fd;
+    c->byfd[fd] = k;
+    k->lanes[UP].dst = fd;
+    lane_t *down = &k->lanes[DOWN];
+    down->src = fd;
+    down->rdhup = 0;  /* the former socket's */
+    down->burst = 0;  /* a burst of the former socket's: what is piped still goes out */
+    if (__atomic_load_n(&k->lanes[UP].eof_forwarded, __ATOMIC_ACQUIRE) &&
+        shutdown(fd, SHUT_WR) < 0 && errno != ENOTCONN) {
+        fail(c, k, UP, errno);
+        return 1;
+    }
+    service(c, fd); /* what the new socket has now: no edge announces it */
+    if (!k->ended)
+        service(c, k->fds[0]);
+    rearm(c, k);
+    return 1;
+}
+
+static PyObject *link_reroute(LinkObject *k, PyObject *arg) {
+    NEED_CORE(k);
+    int fd = (int)PyLong_AsLong(arg);
+    if (fd == -1 && PyErr_Occurred())
+        return NULL;
+    if (fd < 0) {
+        PyErr_SetString(PyExc_ValueError, "fd must be a descriptor");
+        return NULL;
+    }
+    CoreObject *c = k->core;
+    int done;
+    uint64_t up = 0;
+    LOCKED(c, {
+        up = k->lanes[UP].bytes; /* what the server's socket took: the rerouted count's base */
+        done = reroute_link(c, k, fd);
+    });
+    if (!done)
+        Py_RETURN_NONE;
+    return PyLong_FromUnsignedLongLong((unsigned long long)up);
+}
+
 static PyObject *link_fail_next(LinkObject *k, PyObject *unused) {
     NEED_CORE(k);
     LOCKED(k->core, k->fail_next = 1);
@@ -1838,6 +1900,9 @@ static PyMethodDef link_methods[] = {
     {"_stage_draws", (PyCFunction)link_stage_draws, METH_VARARGS, ""},
     {"_queued", (PyCFunction)link_queued, METH_O, "Bytes queued in the lane's inbox."},
     {"_bound", (PyCFunction)link_bound, METH_O, "The lane's inbox bound in bytes."},
+    {"_reroute", (PyCFunction)link_reroute, METH_O,
+     "The link's second socket is fd from now on (the hop: see reroute_link): the bytes "
+     "upstream wrote to the former one, or None (nothing changed)."},
     {"_fail_next", (PyCFunction)link_fail_next, METH_NOARGS,
      "Debug: the next handling of this link meets a bug (ERROR)."},
     {NULL}};

@@ -224,6 +224,15 @@ class Link(LinkBase["Plane", LaneView], _Base):
         done: bool = self._offer_eof(_INDEX[stream])
         return done
 
+    def reroute(self, sock: socket.socket) -> int | None:
+        """Relay through *sock* in place of the server's socket (see
+        :meth:`faultnet.planes.Link.reroute`; ``reroute_link`` in the C)."""
+        written = self._reroute(sock.fileno())
+        if written is not None:
+            self.fds = (self.fds[0], sock.fileno())
+            self.lanes["upstream"].dst = self.lanes["downstream"].src = sock
+        return written
+
 
 class Plane:
     """The compiled core and the trio task that delivers its events."""

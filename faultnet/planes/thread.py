@@ -361,6 +361,17 @@ class Link(LinkBase["Plane", Lane]):
                 self.plane._fail(self, lane, exc.args[0])
             return True
 
+    def reroute(self, sock: socket.socket) -> int | None:
+        """Relay through *sock* in place of the server's socket (see
+        :meth:`faultnet.planes.Link.reroute`): under the lock, so the thread is not
+        mid-syscall on either; what *sock* has already moves now, here."""
+        with self.plane.lock:
+            if self.ended or self.connecting:
+                return None
+            written = self.lanes["upstream"].bytes
+            self.plane._reroute(self, sock)
+            return written
+
 
 class Plane:
     """The forwarding thread, its epoll, and the lock every fault operation takes.
@@ -490,6 +501,30 @@ class Plane:
             else:
                 self._ep.modify(fd, mask)
             self._mask[fd] = mask
+
+    def _reroute(self, link: Link, sock: socket.socket) -> None:
+        """:meth:`Link.reroute` (lock held): the server's socket leaves the epoll and the
+        table untouched, *sock* takes its place in both lanes."""
+        old, fd = link.fds[1], sock.fileno()
+        if self._mask.pop(old, 0):
+            self._ep.unregister(old)
+        self._fds.pop(old, None)
+        up, down = link.lanes["upstream"], link.lanes["downstream"]
+        up.dst, up.dst_fd = sock, fd
+        down.src, down.src_fd = sock, fd
+        down.burst = False  # the former socket's burst: what it piped still goes out
+        link.fds = (link.fds[0], fd)
+        self._fds[fd] = (link, down, up)
+        self._mask[fd] = 0
+        if up.eof_forwarded:  # its peer must see the FIN the server's socket was sent
+            try:
+                sock.shutdown(socket.SHUT_WR)
+            except OSError as exc:
+                if exc.errno != errno.ENOTCONN:
+                    self._fail(link, up, exc.errno)
+                    return
+        self._service((fd, link.fds[0]))
+        self._rearm(link)
 
     def _end(self, link: Link) -> bool:
         if link.ended:

@@ -32,7 +32,7 @@ from faultnet import bpf, planes
 from faultnet.addresses import format_address
 from faultnet.eventlog import JsonlWriter
 from faultnet.proxy._faultstate import LABELS, FaultState
-from faultnet.proxy._hop import HOP, Hop
+from faultnet.proxy._hop import Hop, add_hop_links, board
 from faultnet.proxy._toxiclink import ToxicLink
 from faultnet.seeds import derive_seed
 from faultnet.sockopts import (
@@ -205,9 +205,10 @@ class Connection:
         self.stages: dict[str, ToxicStage | None] = {}
         #: Each stream's path through its toxics (chain, task, wake-ups): see _toxiclink.
         self.toxic_links = {s: ToxicLink(s, self) for s in STREAMS}
-        #: The internal hop (two-way loss), once the connection is on it, and its stage.
+        #: The internal hop (two-way loss), once the connection is on it.
         self.hop: Hop | None = None
-        self._hop_stage: ToxicStage | None = None
+        #: The plane :meth:`start` was given (the hop's links go into it).
+        self._plane: planes.Plane | None = None
         #: :meth:`start` has run: a hop can be set up (not before: see :meth:`_refilter`).
         self._started = False
         self._scope = trio.CancelScope()
@@ -289,10 +290,11 @@ class Connection:
 
     def _board_hop(self) -> None:
         """Put the connection's bytes through a hop of its own from now on (for good):
-        the hop joins both chains as their innermost layer, and both lanes go to the
-        toxic path. Bytes the plane already holds go out first, as for a toxic added
-        live. Failing to make the hop (out of descriptors) resets this connection only."""
-        if self.closing is not None or self._done.is_set():
+        its link becomes two links of the plane, joined (:mod:`faultnet.proxy._hop`);
+        toxics stay on the client's side of the hop. Bytes the plane already holds go
+        out first. Failing to make the hop (out of descriptors) resets this connection
+        only."""
+        if not self.live or self._done.is_set():
             return
         try:
             hop = Hop()
@@ -301,19 +303,31 @@ class Connection:
             self.end("reset")
             return
         self.hop = hop
-        rng = random.Random(derive_seed(self.proxy.seed, self.id, HOP.name))
-        stage = ToxicStage(HOP, self.id, "upstream", rng, self.sever, self.reset, self)
-        stage.pair()
-        stage.state["hop"] = hop
-        stage.state["on_failure"] = self._hop_failed
-        self._hop_stage = stage
         self.log_event("hop_opened", ports=hop.ports)
-        self._put_on_path(stage)
+        if self.link is not None:  # else _connect adds the hop's links
+            self._link_hop(self.link, hop)
 
-    def _hop_failed(self, why: str) -> None:
-        if self.closing is None and not self._done.is_set():
-            self.log_event("hop_failed", error=why)
-            self.end("reset")
+    def _link_hop(self, link: planes.Link, hop: Hop) -> None:
+        """Reroute the live *link* through *hop*; a link still connecting has read
+        nothing, so it is replaced by the hop's two links, which finish the connect."""
+        assert self._plane is not None and self.server is not None
+        frozen = sorted(self.faults.closed())
+        joined = board(self._plane, link, self.server, hop, frozen)
+        if joined is None:
+            link.end()
+            joined = add_hop_links(
+                self._plane,
+                self.client,
+                self.server,
+                hop,
+                self._on_plane_event,
+                frozen,
+                [s for s in STREAMS if self.wants_copy(s)],
+                self.proxy.connect_timeout,
+            )
+        self.link = joined
+        for toxic_link in self.toxic_links.values():
+            toxic_link.plane = joined
 
     @property
     def draining(self) -> bool:
@@ -460,9 +474,7 @@ class Connection:
         """The toxics that apply to *stream* here, in the order they were added (both-
         stream toxics as layers: see :func:`faultnet.toxics.chain.chain_of`), and the
         hop, innermost, once the connection is on it (the toxic link's ChainSource)."""
-        return chain_of(
-            (*(self.stages.get(t.name) for t in self.proxy.toxics), self._hop_stage), stream
-        )
+        return chain_of((self.stages.get(t.name) for t in self.proxy.toxics), stream)
 
     def chain(self, stream: str) -> ToxicChain:
         """*stream*'s chain as of now (built when the toxics change, not per call)."""
@@ -568,7 +580,7 @@ class Connection:
         with self._scope:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                for stage in (*self.stages.values(), self._hop_stage):
+                for stage in self.stages.values():
                     if stage is not None:
                         self.toxic_links[stage.stream].start_stage(nursery, stage)
                 # Every lane on the toxic path, not only those a toxic applies to now:
@@ -590,6 +602,7 @@ class Connection:
         plane's events end the connection."""
         for t in self.proxy.toxics:
             self.attach_toxic(t)
+        self._plane = plane
         self._started = True
         self._refilter()  # a hop it starts with (two-way loss with include_new)
         if self.closing is not None:
@@ -636,14 +649,16 @@ class Connection:
             return self._upstream_failed(err)
         self._refilter()  # the upstream socket's filter (loss applied while connecting)
         # No checkpoint from reading the state to add(): a fault cannot fall between.
-        self.link = link = plane.add(
-            self.client,
-            server,
-            self._on_plane_event,
-            frozen=sorted(self.faults.closed()),
-            to_trio=[s for s in STREAMS if self.wants_copy(s)],
-            connect_timeout=self.proxy.connect_timeout,
-        )
+        frozen = sorted(self.faults.closed())
+        to_trio = [s for s in STREAMS if self.wants_copy(s)]
+        timeout = self.proxy.connect_timeout
+        if self.hop is not None:  # two-way loss from the start: see faultnet.proxy._hop
+            link: planes.Link = add_hop_links(
+                plane, self.client, server, self.hop, self._on_plane_event, frozen, to_trio, timeout
+            )
+        else:
+            link = plane.add(self.client, server, self._on_plane_event, frozen, to_trio, timeout)
+        self.link = link
         for toxic_link in self.toxic_links.values():
             toxic_link.plane = link
         if any(self.wants_copy(s) for s in STREAMS):

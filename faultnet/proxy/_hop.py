@@ -19,45 +19,59 @@ ACKs) as a route loses round trips, so its keepalive and TCP_USER_TIMEOUT can gi
 (which directions, and how that matches the kernel's drop:
 faultnet/proxy/_faultstate.py).
 
-In the toxic chains (:mod:`faultnet.toxics.chain`) the hop is the innermost layer
-(:data:`HOP_LAYER`, nearest the server): the last link of the upstream chain, the first
-of the downstream one. Its ``on_chunk`` writes into its end (one writer at a time per
-end); its ``run`` reads the other ends and injects what arrives into the chain past the
-hop, so the plane's gates still decide what reaches either peer: freeze, blackhole and
-sever act on a connection on the hop as on any other, and what the hop holds is above
-the gate (bounded by the hop's socket buffers and one chunk per direction).
+Theory of operation
+-------------------
 
-A connection once on the hop stays on it: ``thaw`` takes the filters off and the hop goes
-on, lossless. A half-close crosses the hop as a FIN (``shutdown``), each way on its own;
-a reset from either peer is the plane's to pass on (it ends the connection, hop and
-all). If the hop itself fails (its TCP gave up under heavy loss) the connection is reset.
+The data plane moves the hop's bytes, not trio: the connection becomes two plane links,
+**front** (client, A) and **back** (B, upstream socket), joined here as one
+:class:`HopLink` that keeps the plane's :class:`~faultnet.planes.Link` interface for the
+connection. A connection boarding the hop live has its link *rerouted*
+(:meth:`~faultnet.planes.Link.reroute`): its second socket becomes A, what it held still
+goes out in order, and the upstream socket goes to a new back link. Measured (the
+bench's hop line, ``--quick``, native plane, at 0.001 % loss): when a trio task moved
+the hop's bytes, 688,828 user instructions per round trip (callgrind; the bare proxy
+863), RTT added 12.7x the bare proxy's, bulk 0.25x; as two links of the plane, 1,725
+instructions (2.0x bare: two relays), RTT added 1.43x, bulk 0.82x.
+
+* **Toxics** run on the front link's lanes, client side of the hop: the hop is the
+  innermost layer (nearest the server), last of the upstream chain, first of the
+  downstream one, as before.
+* **Faults** act on both links: a freeze closes a stream's gate on both (nothing reaches
+  either peer; what the hop holds stays in it, bounded by its socket buffers), thaw opens
+  both, and sever or reset ends both. A connection once on the hop stays on it: ``thaw``
+  takes the filters off and the hop goes on, lossless.
+* **Closes.** A half-close crosses the hop as a FIN, each way on its own. The connection
+  is DONE when both links are (every FIN has crossed); a reset of either (a peer's RST,
+  or the hop's own TCP giving up under heavy loss) or a failure ends the other link too
+  and is the connection's. Bytes in the hop's sockets are in flight
+  (:meth:`HopLink.holding`): a proxy closed under them resets both peers.
+
+A connection that boards while its upstream connect is under way (or before its link
+exists: ``include_new``) has read nothing yet, so it is set up as the two links at once,
+the back one finishing the connect (:func:`add_hop_links`). The front link then forwards
+what the client sends into the hop at once, where the connect would otherwise have
+held it in the client's socket.
 """
 
 from __future__ import annotations
 
+import fcntl
 import socket
-from collections.abc import Callable
-from typing import Any, cast
+import struct
+import termios
+from collections.abc import Iterable
 
-import trio
+from faultnet import bpf, planes
+from faultnet.sockopts import (
+    FilterDrops,
+    detach_filter,
+    set_linger_reset,
+    tcp_retransmits,
+    unread_bytes,
+)
 
-from faultnet import bpf
-from faultnet.sockopts import FilterDrops, detach_filter, set_linger_reset, tcp_retransmits
-from faultnet.toxics.base import Toxic, ToxicContext
-from faultnet.toxics.chain import ToxicStage
+__all__ = ["Hop", "HopLink", "add_hop_links", "board"]
 
-__all__ = ["HOP", "HOP_LAYER", "Hop", "HopToxic"]
-
-#: Below every toxic's layer: the hop is nearest the server (TLS towards it is 2).
-HOP_LAYER = 3
-#: What one read from a hop end takes: what one chunk in flight may hold.
-_CHUNK = 65536
-#: A write at least this long (a plane's full read, more than a loopback segment) is
-#: likely followed by more: see :meth:`Hop.write`.
-_FULL = 65536
-_TCP_NOTSENT_LOWAT, _UNBOUNDED = 25, 0x7FFFFFFF
-#: How long a corked end waits for the next write before it sends its tail.
-_FLUSH_S = 0.001
 #: The loopback address the hop listens on (its two ends and nothing else).
 _LOOPBACK = "127.0.0.1"
 
@@ -89,6 +103,16 @@ def _pair() -> tuple[socket.socket, socket.socket]:
     raise OSError("the hop's listener was taken by other connects three times")
 
 
+def _unsent(sock: socket.socket) -> int:
+    """Bytes *sock* holds that its peer has not acknowledged (``SIOCOUTQ``); 0 once it
+    is gone."""
+    try:
+        got = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+    except (OSError, ValueError):
+        return 0
+    return int(struct.unpack("i", got)[0])
+
+
 class Hop:
     """One connection's hop: ends A (the client's side) and B (the server's)."""
 
@@ -98,13 +122,6 @@ class Hop:
         self._drops = (FilterDrops(), FilterDrops())
         self._final: tuple[int, int] | None = None
         self.closed = False
-        # Wrapped for trio when the hop's task first runs.
-        self._streams: tuple[trio.SocketStream, trio.SocketStream] | None = None
-        self._locks = {"upstream": trio.Lock(), "downstream": trio.Lock()}
-        self._eof_sent = {"upstream": False, "downstream": False}
-        self._corked = {"upstream": False, "downstream": False}
-        self._written = {"upstream": 0, "downstream": 0}
-        self._flush = {"upstream": trio.Event(), "downstream": trio.Event()}
 
     @property
     def ports(self) -> list[int]:
@@ -133,165 +150,179 @@ class Hop:
         except OSError:
             return 0, 0
 
+    def holding(self, stream: str) -> bool:
+        """Whether *stream*'s bytes are inside the hop: sent into its end and not yet
+        acknowledged, or arrived at the other end and not yet read."""
+        into, out = (self.a, self.b) if stream == "upstream" else (self.b, self.a)
+        return _unsent(into) > 0 or unread_bytes(out) > 0
+
     def close(self) -> None:
-        """Close both ends (an RST: nothing of the hop lingers); tasks waiting on them
-        are woken with ClosedResourceError. Once."""
+        """Close both ends (an RST: nothing of the hop lingers), once; the plane has
+        forgotten them before (:meth:`HopLink.end`)."""
         if self.closed:
             return
         self._final = self.counts()
         self.closed = True
         for sock in (self.a, self.b):
-            trio.lowlevel.notify_closing(sock)
             set_linger_reset(sock)
             sock.close()
 
-    # -- moving bytes (trio) --
 
-    def _stream_pair(self) -> tuple[trio.SocketStream, trio.SocketStream]:
-        if self.closed:
-            raise ConnectionResetError("the hop is closed")
-        if self._streams is None:
-            self._streams = (
-                trio.SocketStream(trio.socket.from_stdlib_socket(self.a)),
-                trio.SocketStream(trio.socket.from_stdlib_socket(self.b)),
-            )
-            # trio's SocketStream bounds what a socket holds unsent to 16 KiB, less than
-            # one loopback segment: the sender then has nothing new to send while it
-            # recovers a loss, and every loss costs an RTO (8 MiB at 20 %: median 3.03 s
-            # against the kernel's route 1.07 s, 30 runs each). A route's sender has its
-            # whole send buffer; the hop is above the gate, so a freeze holds it all.
-            for sock in (self.a, self.b):
-                sock.setsockopt(socket.IPPROTO_TCP, _TCP_NOTSENT_LOWAT, _UNBOUNDED)
-        return self._streams
+class HopLink:
+    """A connection's two plane links through its hop, as one
+    :class:`~faultnet.planes.Link` (see the module's theory of operation)."""
 
-    def _into(self, stream: str) -> trio.SocketStream:
-        a, b = self._stream_pair()
-        return a if stream == "upstream" else b
+    #: The client's side of the hop (client, A): set right after construction.
+    front: planes.Link
 
-    async def write(self, stream: str, data: bytes) -> None:
-        """Send *stream*'s bytes into the hop (ConnectionResetError once it is closed).
+    def __init__(self, hop: Hop, on_event: planes.OnEvent) -> None:
+        self.back: planes.Link | None = None
+        self.hop = hop
+        self.on_event = on_event
+        #: Bytes written to the server before the link was rerouted into the hop.
+        self._up_before = 0
+        #: The links whose DONE came (the connection's comes with the second).
+        self._done: set[int] = set()
+        #: The link whose RESET, ERROR or UPSTREAM_FAILED ended the connection.
+        self._why: planes.Link | None = None
 
-        A burst crosses the hop in full segments, as it left its sender: a full read
-        (:data:`_FULL`, likely followed by more) is written corked (``TCP_CORK``), so
-        its tail shorter than a segment waits for the next write; a shorter write (the
-        burst's end) uncorks, and so does a moment (:data:`_FLUSH_S`) with no write.
-        Without it every 64 KiB read left as a 65,483-byte segment and a 53-byte one
-        (64 data segments for a 2 MiB download, where the server's own socket sent
-        43-47), and each extra segment is one more that the loss can hit."""
-        sock = self._into(stream).socket
-        full = len(data) >= _FULL
-        view = memoryview(data)
-        async with self._locks[stream]:
-            try:
-                if full != self._corked[stream]:
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, int(full))
-                    self._corked[stream] = full
-                while view:
-                    n = await sock.send(view)
-                    view = view[n:]
-            except (trio.ClosedResourceError, OSError) as exc:
-                raise ConnectionResetError("the hop is closed") from exc
-            self._written[stream] += 1
-            if full:
-                self._flush[stream].set()
+    def _links(self) -> tuple[planes.Link, ...]:
+        return (self.front,) if self.back is None else (self.front, self.back)
 
-    async def _uncork(self, stream: str) -> None:
-        """Uncork *stream*'s end once no write has come for :data:`_FLUSH_S` (a burst
-        that ended on a full read), so no tail waits for the kernel's 200 ms."""
-        while True:
-            await self._flush[stream].wait()
-            self._flush[stream] = trio.Event()
-            while True:
-                seen = self._written[stream]
-                await trio.sleep(_FLUSH_S)
-                if seen == self._written[stream]:
-                    break
-            async with self._locks[stream]:
-                if self._corked[stream] and not self.closed:
-                    self._into(stream).socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
-                    self._corked[stream] = False
+    def _event(self, which: planes.Link, kind: str, stream: str | None) -> None:
+        """An event of either link, in the trio thread: the connection's when it is."""
+        if kind in (planes.CHUNKS, planes.DRAINED):
+            self.on_event(kind, stream)  # the toxic path: the front link's only
+        elif kind == planes.DONE:
+            self._done.add(id(which))
+            if len(self._done) == len(self._links()):
+                self.on_event(kind, stream)
+        elif self._why is None:
+            self._why = which
+            for link in self._links():
+                link.end()
+            self.on_event(kind, stream)
 
-    async def write_eof(self, stream: str) -> None:
-        """*stream*'s FIN into the hop (once; a re-offered EOF does nothing)."""
-        async with self._locks[stream]:
-            if self._eof_sent[stream]:
-                return
-            self._eof_sent[stream] = True
-            try:
-                await self._into(stream).send_eof()  # a FIN pushes what a cork held
-            except (trio.ClosedResourceError, trio.BrokenResourceError) as exc:
-                raise ConnectionResetError("the hop is closed") from exc
+    def _front_event(self, kind: str, stream: str | None) -> None:
+        self._event(self.front, kind, stream)
 
-    async def run(self, links: dict[str, ToxicStage], on_failure: Callable[[str], None]) -> None:
-        """Read each end and inject what arrives past the hop, until both EOFs have
-        crossed or the hop is closed; *on_failure* (why) if the hop's TCP failed."""
-        if self.closed:
-            return  # the connection ended before this task ran
-        a, b = self._stream_pair()
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._out, b, links["upstream"], on_failure)
-            nursery.start_soon(self._out, a, links["downstream"], on_failure)
-            for stream in links:
-                nursery.start_soon(self._uncork, stream)
+    def _back_event(self, kind: str, stream: str | None) -> None:
+        assert self.back is not None
+        self._event(self.back, kind, stream)
 
-    async def _out(
-        self, src: trio.SocketStream, link: ToxicStage, on_failure: Callable[[str], None]
-    ) -> None:
-        try:
-            while True:
-                data = await src.receive_some(_CHUNK)
-                if not data:
-                    break
-                await link.inject(data)
-            await _inject_eof(link)
-        except trio.ClosedResourceError:
-            return  # closed by the connection's end
-        except trio.BrokenResourceError as exc:
-            if not self.closed:
-                on_failure(repr(exc.__cause__ or exc))
-        except ConnectionError:
-            return  # the stream no longer forwards: the connection is ending
+    # -- planes.Link --
 
+    @property
+    def connecting(self) -> bool:
+        return self.back is not None and self.back.connecting
 
-async def _inject_eof(stage: ToxicStage) -> None:
-    """Offer the EOF past the hop; again whenever the chain changes while a toxic after
-    it holds the EOF (as the toxic link does: faultnet/proxy/_toxiclink.py)."""
-    host = cast(Any, stage.host)
-    while True:
-        toxic_link = host.toxic_links[stage.stream]
-        changed: trio.Event = toxic_link.changed
-        await stage.inject_eof()
-        sink = host.sink(stage.stream)
-        if sink is None or sink.eof_offered or sink.plane is None or sink.plane.ended:
-            return
-        await changed.wait()
+    @property
+    def ended(self) -> bool:
+        return all(link.ended for link in self._links())
 
+    @property
+    def errno(self) -> int:
+        return self._why.errno if self._why is not None else 0
 
-class HopToxic(Toxic):
-    """The hop's place in a connection's chains (not a registered toxic, never listed):
-    its links' shared ``state["hop"]`` is the connection's :class:`Hop`."""
+    @property
+    def error(self) -> Exception | None:
+        return self._why.error if self._why is not None else None
 
-    type = "loss_hop"
-    both_streams = True
-    layer = HOP_LAYER
+    def freeze(self, streams: Iterable[str]) -> None:
+        streams = list(streams)
+        for link in self._links():
+            link.freeze(streams)
 
-    async def on_chunk(self, ctx: ToxicContext, data: bytes, t_read: float) -> None:
-        await _hop(ctx).write(ctx.stream, data)
+    def thaw(self, streams: Iterable[str]) -> None:
+        streams = list(streams)
+        for link in reversed(self._links()):  # the server's side first: room for the front
+            link.thaw(streams)
 
-    async def on_eof(self, ctx: ToxicContext) -> None:
-        await _hop(ctx).write_eof(ctx.stream)
+    def end(self) -> bool:
+        ended = [link.end() for link in self._links()]
+        return any(ended)
 
-    async def run(self, ctx: ToxicContext) -> None:
-        link = cast(ToxicStage, ctx)
-        up, down = link.on("upstream"), link.on("downstream")
-        assert up is not None and down is not None
-        await _hop(ctx).run({"upstream": up, "downstream": down}, ctx.state["on_failure"])
+    def counts(self) -> tuple[int, int]:
+        """Bytes written to the server (the back link's) and to the client (the front's)."""
+        up = self.back.counts()[0] if self.back is not None else 0
+        return self._up_before + up, self.front.counts()[1]
+
+    def eof_forwarded(self, stream: str) -> bool:
+        last = self.back if stream == "upstream" else self.front
+        return last is not None and last.eof_forwarded(stream)
+
+    def holding(self, stream: str) -> bool:
+        return any(link.holding(stream) for link in self._links()) or self.hop.holding(stream)
+
+    # The toxic path and compiled stages: the front link's lanes (client side of the hop).
+
+    def to_trio(self, stream: str) -> None:
+        self.front.to_trio(stream)
+
+    def to_plane(self, stream: str) -> bool:
+        return self.front.to_plane(stream)
+
+    def on_toxic_path(self, stream: str) -> bool:
+        return self.front.on_toxic_path(stream)
+
+    def set_stage(
+        self, stream: str, stage: tuple[str, float, float, float] | None, draws: int | None = None
+    ) -> bool:
+        return self.front.set_stage(stream, stage, draws)
+
+    def stage_draws(self, stream: str) -> int:
+        return self.front.stage_draws(stream)
+
+    def take(self, stream: str) -> list[bytes]:
+        return self.front.take(stream)
+
+    def take_timed(self, stream: str) -> list[tuple[bytes, float]]:
+        return self.front.take_timed(stream)
+
+    def offer(self, stream: str, data: bytes | memoryview) -> bool:
+        return self.front.offer(stream, data)
+
+    def offer_eof(self, stream: str) -> bool:
+        return self.front.offer_eof(stream)
+
+    def reroute(self, sock: socket.socket) -> int | None:
+        return None  # on the hop for good: nothing reroutes it again
 
 
-def _hop(ctx: ToxicContext) -> Hop:
-    hop: Hop = ctx.state["hop"]
-    return hop
+def board(
+    plane: planes.Plane, link: planes.Link, server: socket.socket, hop: Hop, frozen: Iterable[str]
+) -> HopLink | None:
+    """Put *link*, live (connected), through *hop*: it is rerouted into A, its events go
+    through the joined link, and the upstream socket joins a new back link from B. None
+    (nothing changed) if the link has ended or is still connecting (then
+    :func:`add_hop_links`, once it has been ended)."""
+    written = link.reroute(hop.a)
+    if written is None:
+        return None
+    joined = HopLink(hop, link.on_event)
+    joined.front = link
+    joined._up_before = written
+    link.on_event = joined._front_event
+    joined.back = plane.add(hop.b, server, joined._back_event, frozen=frozen)
+    return joined
 
 
-#: The one instance every connection's hop links share (per connection: their state).
-HOP = HopToxic("loss-hop", stream="both")
+def add_hop_links(
+    plane: planes.Plane,
+    client: socket.socket,
+    server: socket.socket,
+    hop: Hop,
+    on_event: planes.OnEvent,
+    frozen: Iterable[str],
+    to_trio: Iterable[str],
+    connect_timeout: float,
+) -> HopLink:
+    """A connection's links through *hop* from the start, the back one taking over the
+    upstream connect (see the module's docstring)."""
+    frozen = list(frozen)
+    joined = HopLink(hop, on_event)
+    joined.front = plane.add(client, hop.a, joined._front_event, frozen, to_trio)
+    joined.back = plane.add(
+        hop.b, server, joined._back_event, frozen, connect_timeout=connect_timeout
+    )
+    return joined

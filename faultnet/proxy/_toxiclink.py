@@ -9,13 +9,12 @@ signalled by the CHUNKS event), each with the time it was read. The :class:`Toxi
 of that stream owns what happens next, apart from the connection:
 
 * the stream's chain (:class:`~faultnet.toxics.chain.ToxicChain`), rebuilt by
-  :meth:`ToxicLink.rebuild` when the connection's toxics (or its hop) change, never per
-  chunk;
+  :meth:`ToxicLink.rebuild` when the connection's toxics change, never per chunk;
 * the one task that runs each chunk through it (:meth:`ToxicLink.run`) and is the
   chain's sink: what comes out is written with :meth:`~faultnet.planes.Link.offer`,
   gate first, by the plane;
 * the tasks of the stages at home on this stream (a toxic's ``run``: a both-stream
-  toxic's pair, the hop among them, is at home on the stream of its first stage);
+  toxic's pair is at home on the stream of its first stage);
 * its wake-ups: the plane's CHUNKS and DRAINED, a thaw, a change of chain.
 
 The same code serves every plane: it asks nothing of a plane but the interface.

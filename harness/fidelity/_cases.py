@@ -55,7 +55,7 @@ LOSS_TRY_BYTES, LOSS_GIVEN_S = 512 * 1024, 3.0
 #: threshold is above the judge's slack (harness.fidelity._observe.SLACK_S, the time the
 #: proxy may add to any answer), or that tolerance alone could move a try across it.
 #: A share of those slower than 0.19 s (one timeout waited out) was counted until it
-#: failed that: through the hop (two-way loss, its bytes through trio) downloads that
+#: failed that: through the hop (two-way loss, its bytes then through trio) downloads that
 #: waited no timeout took up to 0.18 s under load, and the share moved with the load,
 #: both ways (faultnet 65 % against the kernel's 81 % beside a second pytest worker;
 #: 94-95 % against 76-82 % beside two busy loops; the same when quiet), while "backed

@@ -290,6 +290,66 @@ async def test_half_close_each_way_then_done(plane_name: str) -> None:
         assert rig.link.end() is False  # already ended
 
 
+@asynccontextmanager
+async def _rerouted(rig: Rig) -> AsyncIterator[tuple[trio.SocketStream, int | None]]:
+    """Reroute *rig*'s link into a fresh loopback pair: (the app end of the pair, what
+    reroute returned). The plane's new socket is closed after the rig's link ends."""
+    with socket.create_server(("127.0.0.1", 0)) as lst:
+        mine, via = _tcp_pair(lst)
+    mine.setblocking(False)
+    rig.socks.append(mine)
+    stream = trio.SocketStream(trio.socket.from_stdlib_socket(via))
+    try:
+        yield stream, rig.link.reroute(mine)
+    finally:
+        await stream.aclose()
+
+
+async def test_a_rerouted_link_relays_through_its_new_socket_in_order(plane_name: str) -> None:
+    """reroute: held bytes go to the new socket, first; both ways then cross it; the
+    server's socket leaves the plane untouched; the count goes on (it returned the
+    count of the server's socket)."""
+    async with open_plane(plane_name) as plane, open_rig(plane) as rig:
+        await rig.app_client.send_all(b"before")
+        assert await _receive(rig.app_server, 6) == b"before"
+        rig.link.freeze(["upstream"])
+        await rig.app_client.send_all(b"held")
+        await _nothing_arrives(rig.app_server)
+        async with _rerouted(rig) as (via, written):
+            assert written == 6
+            rig.link.thaw(["upstream"])
+            assert await _receive(via, 4) == b"held"
+            await via.send_all(b"back")
+            assert await _receive(rig.app_client, 4) == b"back"
+            await rig.app_server.send_all(b"stale")  # the server's socket: no one reads it
+            await rig.app_client.send_eof()
+            with trio.fail_after(5):
+                assert await via.receive_some(10) == b""
+            assert unread_bytes(rig.socks[1]) == 5
+            assert rig.link.counts() == (10, 4) and not rig.events
+            assert rig.link.reroute(rig.socks[1]) == 10  # and back: the server's socket again
+            assert await _receive(rig.app_client, 5) == b"stale"
+
+
+async def test_an_eof_forwarded_before_a_reroute_is_forwarded_to_the_new_socket(
+    plane_name: str,
+) -> None:
+    async with open_plane(plane_name) as plane, open_rig(plane) as rig:
+        await rig.app_client.send_eof()
+        with trio.fail_after(5):
+            assert await rig.app_server.receive_some(10) == b""
+        async with _rerouted(rig) as (via, written):
+            assert written == 0
+            with trio.fail_after(5):
+                assert await via.receive_some(10) == b""
+            await via.send_all(b"reply")
+            assert await _receive(rig.app_client, 5) == b"reply"
+            await via.send_eof()
+            await rig.wait_event(planes.DONE)
+        rig.link.end()
+        assert rig.link.reroute(rig.socks[1]) is None  # ended: nothing changes
+
+
 def _held_after_shutdown() -> tuple[type[socket.socket], threading.Event, threading.Event]:
     """The thread plane's hook: a socket class whose shutdown() returns only once *go* is
     set (the FIN is out, the plane's lock held; *shut* says it got there), as the native

@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,7 +24,9 @@ from faultnet.modes import ModeArgumentError, request
 from faultnet.proxy import Proxy, _hop, open_proxy
 from faultnet.proxy._connection import Connection
 from faultnet.proxy._faultstate import client_leg_loss
+from faultnet.proxy._hop import HopLink
 from faultnet.sockopts import (
+    attach_drop_all,
     filter_length,
     set_keepalive,
     set_linger_reset,
@@ -33,6 +36,7 @@ from faultnet.sockopts import (
     tcp_unacked,
 )
 from faultnet.testing import echo_back, echo_server, read_exactly, start_server, wait_until
+from faultnet.toxics import Latency
 
 #: Every test here runs on every data plane built here (tests/faultnet/conftest.py).
 pytestmark = pytest.mark.usefixtures("each_plane")
@@ -403,3 +407,95 @@ async def test_a_hop_that_cannot_be_made_resets_that_connection_only(
             while await stream.receive_some(10):
                 pass
     assert any(r["event"] == "hop_failed" for r in read_jsonl(log).records)
+
+
+STREAMS = ("upstream", "downstream")
+
+
+async def test_the_plane_relays_the_hop_and_no_byte_crosses_trio() -> None:
+    """Two-way loss alone puts no stream on the toxic path: the plane moves client ->
+    A and B -> server (and back) as two links of its own, and a boarded connection's
+    bytes (those before and after) cross in order."""
+    async with echo_server() as up, open_proxy(up) as proxy:
+        stream = await trio.open_tcp_stream(*proxy.address)
+        await stream.send_all(b"before")
+        with trio.fail_after(10):
+            assert await read_exactly(stream, 6) == b"before"
+        await proxy.loss(0.001, both_ways=True)
+        conn = only_connection(proxy)
+        link = conn.link
+        assert isinstance(link, HopLink) and link.back is not None
+        assert not any(link.front.on_toxic_path(s) for s in STREAMS)
+        assert not any(conn.toxic_links[s].running for s in STREAMS)
+        await stream.send_all(b"after")
+        with trio.fail_after(10):
+            assert await read_exactly(stream, 5) == b"after"
+        # Counted where the peers read them: the server's side of the hop and the client's.
+        assert conn.counts() == (11, 11)
+        assert not any(link.front.on_toxic_path(s) or link.back.on_toxic_path(s) for s in STREAMS)
+        await stream.aclose()
+        await wait_until(lambda: not proxy.connections(), what="the connection ended")
+
+
+async def test_a_toxic_with_two_way_loss_runs_on_the_client_s_side_of_the_hop() -> None:
+    """A latency toxic on a connection on the hop delays its stream (its chain on the
+    front link, before the hop), bytes intact; removed, the stream is the plane's again."""
+    async with echo_server() as up, open_proxy(up) as proxy:
+        stream = await trio.open_tcp_stream(*proxy.address)
+        await proxy.loss(5, both_ways=True)
+        proxy.add_toxic(Latency("slow", stream="upstream", latency=200))
+        start = trio.current_time()
+        await stream.send_all(b"late")
+        with trio.fail_after(LOSSY_BOUND_S):
+            assert await read_exactly(stream, 4) == b"late"
+        assert trio.current_time() - start >= 0.2
+        proxy.remove_toxic("slow")
+        link = only_connection(proxy).link
+        assert isinstance(link, HopLink)
+        await wait_until(
+            lambda: not link.front.on_toxic_path("upstream"), what="the stream back on the plane"
+        )
+        await stream.send_all(b"fast")
+        with trio.fail_after(LOSSY_BOUND_S):
+            assert await read_exactly(stream, 4) == b"fast"
+        await stream.aclose()
+
+
+@pytest.mark.parametrize("when", ["include_new", "while_connecting"])
+async def test_the_hop_s_links_finish_the_upstream_connect_and_its_failure(
+    tmp_path: Any, when: str
+) -> None:
+    """A connection on the hop before its upstream connect completed (two-way loss with
+    include_new, or applied while the connect hangs) has its back link wait for the
+    connect: a connect that gets no answer ends it as ``upstream_failed``, as without
+    the hop, and leaves nothing open."""
+    log = tmp_path / "events.jsonl"
+    hanging = socket.socket()  # a listener that drops every SYN: connects to it hang
+    hanging.bind(("127.0.0.1", 0))
+    hanging.listen(8)
+    attach_drop_all(hanging)
+    try:
+        async with open_proxy(
+            hanging.getsockname(), event_log=str(log), connect_timeout=1.0
+        ) as proxy:
+            if when == "include_new":
+                await proxy.loss(5, both_ways=True, include_new=True)
+            client = await trio.open_tcp_stream(*proxy.address)
+            await wait_until(lambda: len(proxy._connections) == 1, what="the accept")
+            conn = only_connection(proxy)
+            if when == "while_connecting":
+                assert conn.link is not None and conn.link.connecting
+                assert await proxy.loss(5, both_ways=True) == 1
+            assert isinstance(conn.link, HopLink) and conn.link.connecting
+            with trio.fail_after(10):
+                assert await client.receive_some(10) == b""
+            await wait_until(lambda: not proxy._connections, what="the connection ended")
+            assert conn.hop is not None and conn.hop.closed and conn.link.ended
+            await client.aclose()
+    finally:
+        hanging.close()
+    records = read_jsonl(log).records
+    (failed,) = [r for r in records if r["event"] == "upstream_failed"]
+    assert "within 1.0 s" in failed["reason"]
+    (closed,) = [r for r in records if r["event"] == "conn_close"]
+    assert closed["how"] == "upstream_failed"

@@ -134,3 +134,23 @@ async def test_bytes_a_toxic_holds_are_in_flight_too(monkeypatch: pytest.MonkeyP
             )
         assert await _read_to_the_end(server) == (0, "reset")
         await client.aclose()
+
+
+@planes_here
+async def test_bytes_inside_the_hop_are_in_flight_too(plane: str) -> None:
+    """Bytes the plane wrote into a connection's internal hop (two-way loss) and the
+    hop's TCP has not delivered (100 % loss: every segment of the hop dropped) are in
+    flight: the proxy's close resets both peers, as for bytes held anywhere else."""
+    async with accept_server() as (upstream, accepted):
+        async with open_proxy(upstream, dataplane=plane) as proxy:
+            assert proxy.address is not None
+            client = await trio.open_tcp_stream(*proxy.address)
+            server = await accepted.receive()
+            assert await proxy.loss(100, both_ways=True) == 1
+            (conn,) = proxy._connections.values()
+            hop = conn.hop
+            assert hop is not None
+            await client.send_all(b"lost in the hop")
+            await wait_until(lambda: hop.holding("upstream"), what="bytes inside the hop")
+        assert await _read_to_the_end(server) == (0, "reset")
+        assert await _read_to_the_end(client) == (0, "reset")
