@@ -82,6 +82,11 @@ the same runs: a thread per direction blocking in readv, 0.98-1.18x (this plane
 scratch forwarding loop in C under the same kind of lock: 0.72-0.75x (this plane
 0.99-1.14x). What stands between this loop and a clear lead is the interpreter.
 
+**Rerouting.** :meth:`Link.reroute` (the internal hop of two-way loss) swaps a live
+link's server socket for another under the lock: the old one leaves the epoll and the
+fd table, the new one takes its place in both lanes, and what it already holds moves at
+once, as in :meth:`Plane.add`.
+
 **Descriptors.** Only the trio side closes sockets, and only after :meth:`Link.end`
 (which unregisters them under the lock) or the ``done`` event; the thread forgets a
 link's descriptors before either, so it never makes a syscall on a reused number.

@@ -314,6 +314,8 @@ class Connection:
         frozen = sorted(self.faults.closed())
         joined = board(self._plane, link, self.server, hop, frozen)
         if joined is None:
+            if link.ended:
+                return  # ended meanwhile: its event, still to come, ends the connection
             link.end()
             joined = add_hop_links(
                 self._plane,
