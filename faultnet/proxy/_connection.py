@@ -474,8 +474,8 @@ class Connection:
 
     def build_chain(self, stream: str) -> ToxicChain:
         """The toxics that apply to *stream* here, in the order they were added (both-
-        stream toxics as layers: see :func:`faultnet.toxics.chain.chain_of`), and the
-        hop, innermost, once the connection is on it (the toxic link's ChainSource)."""
+        stream toxics as layers: see :func:`faultnet.toxics.chain.chain_of`; the toxic
+        link's ChainSource). The hop is not in it: the plane relays it, past the chain."""
         return chain_of((self.stages.get(t.name) for t in self.proxy.toxics), stream)
 
     def chain(self, stream: str) -> ToxicChain:
