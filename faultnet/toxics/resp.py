@@ -45,6 +45,7 @@ The toxic sees both streams (``both_streams``), whatever its ``stream`` says.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import itertools
 
 from faultnet.protocols.resp import PUSH_COMMANDS, Plan, Request, Session, error_reply
@@ -74,6 +75,13 @@ def _error(text: str) -> None:
             )
 
 
+@functools.lru_cache(maxsize=64)
+def _names(command: str) -> frozenset[str]:
+    """The names a ``command`` attribute lists, upper case: parsed once per text, not
+    per command (the set built per command was ~5 % of a non-matching toxic's time)."""
+    return frozenset(n.strip().upper() for n in command.split(",") if n.strip())
+
+
 @register
 class Redis(ProtocolToxic):
     """Redis faults on matching commands (see the module docstring)."""
@@ -100,8 +108,7 @@ class Redis(ProtocolToxic):
     def matches(self, request: Request) -> bool:
         """Whether ``command`` and ``key`` name *request* (not percent, not count)."""
         if self.command:
-            names = {n.strip().upper() for n in self.command.split(",") if n.strip()}
-            if request.name.decode("latin-1") not in names:
+            if request.name.decode("latin-1") not in _names(self.command):
                 return False
         if self.key:  # Redis's keys are binary-safe and case-sensitive
             key = request.key
