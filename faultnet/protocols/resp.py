@@ -197,6 +197,66 @@ class Scanner:
             out.append(Segment(head + data[start:], self._current))
         return out
 
+    def whole(self, data: bytes) -> list[tuple[bytes, Request | None, int]]:
+        """The whole values *data* begins with, each as (its type, its request, where it
+        ends), found with no call per line: what :meth:`feed` would find, for the values
+        most traffic is (a command of bulk strings, each kept argument within
+        :data:`MAX_ARG`; a reply of one line, or a bulk string). Stops at the first
+        other one, or one not whole (the caller feeds the rest); none unless between
+        values with nothing carried. Pipelined traffic is made of these: ~12 calls per
+        command each way were most of a toxic's cost (issue 34)."""
+        out: list[tuple[bytes, Request | None, int]] = []
+        if self._kind or self._line:
+            return out
+        i, n, commands = 0, len(data), self.commands
+        while i < n:
+            kind = data[i : i + 1]
+            end = self._whole_command(data, i) if commands else self._whole_reply(data, i)
+            if end is None:
+                break
+            i, request = end
+            out.append((kind, request, i))
+            self._current = kind
+        return out
+
+    def _whole_command(self, data: bytes, i: int) -> tuple[int, Request | None] | None:
+        """Where the command of bulk strings at *i* ends, and its request; None if it is
+        not one, or not whole (see :meth:`whole`)."""
+        if data[i] != 42:  # b"*": an inline command goes the long way
+            return None
+        argc, at = _number(data, i)
+        if argc is None or argc <= 0 or at > len(data):
+            return None
+        args: list[bytes] = []
+        for index in range(argc):
+            if at >= len(data) or data[at] != 36:  # b"$"
+                return None
+            size, start = _number(data, at)
+            if size is None or size < 0 or (index < 2 and size > MAX_ARG):
+                return None
+            at = start + size + 2
+            if at > len(data):
+                return None
+            if index < 2:
+                args.append(data[start : start + size])
+        self._argc = argc
+        return at, Request(args[0].upper(), args[1] if argc > 1 else None)
+
+    @staticmethod
+    def _whole_reply(data: bytes, i: int) -> tuple[int, Request | None] | None:
+        """Where the reply at *i* ends, if it is one line or a bulk string, whole."""
+        first = data[i]
+        if first in _SIMPLE:
+            j = data.find(b"\n", i)
+            return None if j < 0 or j - i > MAX_LINE else (j + 1, None)
+        if first not in _BULK:
+            return None
+        size, at = _number(data, i, signed=True)
+        if size is None or at > len(data):
+            return None
+        end = at if size < 0 else at + size + 2  # a null has no body
+        return None if end > len(data) else (end, None)
+
     # -- internals --
 
     def _on_line(self, line: bytes) -> Request | None:
@@ -301,6 +361,20 @@ class Scanner:
         self._kind = b""
 
 
+def _number(data: bytes, i: int, signed: bool = False) -> tuple[int | None, int]:
+    """The length on the header line at *i* (its type byte, digits, CRLF or LF), as
+    :meth:`Scanner._size` reads it, and where the line ends; None when the line is not
+    whole or not such a number (the long way then decides)."""
+    j = data.find(b"\n", i, i + 24)
+    if j < 0:
+        return None, len(data) + 1
+    text = data[i + 1 : j - 1] if data[j - 1] == 13 else data[i + 1 : j]  # 13: CR
+    digits = text[1:] if signed and text[:1] == b"-" else text
+    if not (digits.isdigit() and len(digits) <= 19):
+        return None, j + 1
+    return int(text), j + 1
+
+
 # -- plans and commands ------------------------------------------------------------------
 
 
@@ -336,7 +410,14 @@ Log = Callable[..., None]
 # -- the states, all in one place --------------------------------------------------------
 
 
-class Up(enum.Enum):
+class _Member(enum.Enum):
+    """An enum whose members hash by identity, in C: Enum's own ``__hash__`` is Python,
+    and a transition's lookup hashed two members (~10 calls per pipelined command)."""
+
+    __hash__ = object.__hash__
+
+
+class Up(_Member):
     """The client-to-server stream."""
 
     IDLE = "idle"  # between commands
@@ -348,7 +429,7 @@ class Up(enum.Enum):
     DONE = "done"
 
 
-class Down(enum.Enum):
+class Down(_Member):
     """The server-to-client stream."""
 
     UNSYNCED = "unsynced"  # the session began mid-stream: pass until a command is seen
@@ -358,7 +439,7 @@ class Down(enum.Enum):
     DONE = "done"
 
 
-class Ev(enum.Enum):
+class Ev(_Member):
     """What moves a stream from one state to another."""
 
     BEGIN = "begin"  # a value's first bytes
@@ -411,6 +492,9 @@ class _Slot:
     logged: bool = False
     #: When the first byte of its reply reached the proxy.
     reply_at: float | None = None
+    #: No plan touched it (decide said None) and it enters no pushes: its reply passes
+    #: as it comes, nothing logged, nothing after it.
+    plain: bool = False
 
 
 class _Part(enum.Enum):
@@ -509,6 +593,10 @@ class Session(Duplex):
             return
         if self.up is Up.OPAQUE:
             return self._emit(Forward(UP, self._commands.rest() + data, now))
+        if self.up is Up.IDLE:
+            data = self._whole_commands(data, now)
+            if not data or self._up_is(Up.HELD, Up.DONE):
+                return
         for seg in self._commands.feed(data):
             if self._up_is(Up.OPAQUE):  # behind a push command: as it came
                 self._emit(Forward(UP, seg.data, now))
@@ -516,6 +604,36 @@ class Session(Duplex):
                 return
             else:
                 self._command_piece(seg, now)
+
+    def _whole_commands(self, data: bytes, now: float) -> bytes:
+        """The whole commands *data* begins with (:meth:`Scanner.whole`), each as
+        :meth:`_command_piece` takes a command in one piece; what is left of *data* (from
+        the first other one, or once a command leaves the stream other than idle)."""
+        start = passed = 0  # plain commands from *passed* to *start* go in one Forward
+        for _, request, end in self._commands.whole(data):
+            assert request is not None
+            if self.down is Down.UNSYNCED:
+                self._go_down(Ev.BEGIN)
+            plan = self.decide(request)
+            if plan is None and request.name not in PUSH_COMMANDS:
+                # Idle to idle (BEGIN, FORWARDED, VALUE_END), its reply owed in order.
+                self.slots.append(_Slot(Plan(), request, plain=True))
+                start = end
+                continue
+            self._emit(Forward(UP, data[passed:start], now))
+            self._go_up(Ev.BEGIN)
+            self._kept += data[start:end]
+            start = passed = end
+            self._on_command(request, now, plan)
+            if not self._up_is(Up.SENDING, Up.DROPPING):
+                break  # held, or the connection ended
+            self._go_up(Ev.VALUE_END)
+            if self._pushes:
+                self._go_up(Ev.OPAQUE)
+                break
+        self._emit(Forward(UP, data[passed:start], now))
+        self._sync(now)
+        return data[start:]
 
     def _command_piece(self, seg: Segment, now: float) -> None:
         if seg.unreadable:
@@ -540,8 +658,9 @@ class Session(Duplex):
             if self._pushes:
                 self._go_up(Ev.OPAQUE)
 
-    def _on_command(self, request: Request, now: float) -> None:
-        plan = self.decide(request) or Plan()
+    def _on_command(self, request: Request, now: float, plan: Plan | None = None) -> None:
+        """*request* known, with its plan if decided already (None: ask ``decide``)."""
+        plan = plan or self.decide(request) or Plan()
         slot = _Slot(plan, request)
         kept, self._kept = bytes(self._kept), bytearray()
         if plan.hold:
@@ -591,6 +710,10 @@ class Session(Duplex):
     def _downstream(self, data: bytes, now: float) -> None:
         if self.down is Down.DONE:
             return
+        if self.down is Down.IDLE and not self._out:
+            data = self._whole_replies(data, now)
+            if not data or self._down_is(Down.DONE):
+                return
         if self.down in (Down.OPAQUE, Down.UNSYNCED):
             self._out.append(_Out(_Part.RAW, self._replies.rest() + data, None, now))
             return self._pump(now)
@@ -605,6 +728,43 @@ class Session(Duplex):
             else:
                 self._reply_piece(seg, now)
         self._pump(now)
+
+    def _whole_replies(self, data: bytes, now: float) -> bytes:
+        """The whole replies *data* begins with (:meth:`Scanner.whole`) while nothing
+        waits to go to the client, each as :meth:`_reply_piece` and :meth:`_pump` take a
+        reply in one piece; what is left of *data* (from the first reply whose plan
+        delays or closes, or once something waits or the stream is not idle)."""
+        start = passed = 0  # plain replies from *passed* to *start* go in one Forward
+        for _, _, end in self._replies.whole(data):
+            slot = self._head()
+            if slot is not None and slot.plain:  # REPLYING and back: nothing else to do
+                self.slots.popleft()
+                start = end
+                continue
+            self._emit(Forward(DOWN, data[passed:start], now))
+            passed = start
+            self._sync(now)  # what the plain replies' ends would have queued
+            if self._out or not self._down_is(Down.IDLE):
+                break
+            slot = self._head()
+            if slot is not None and (slot.plan.delay or slot.plan.close):
+                break
+            self._go_down(Ev.BEGIN)
+            if slot is not None:
+                if slot.reply_at is None:
+                    slot.reply_at = now
+                self._log(slot)
+                self.slots.popleft()
+            self._emit(Forward(DOWN, data[start:end], now))
+            start = passed = end
+            self._go_down(Ev.VALUE_END)
+            self._sync(now)
+            if self._out or not self._down_is(Down.IDLE):
+                break
+        if passed < start:
+            self._emit(Forward(DOWN, data[passed:start], now))
+            self._sync(now)
+        return data[start:]
 
     def _reply_piece(self, seg: Segment, now: float) -> None:
         if self.down is Down.IDLE:

@@ -454,3 +454,112 @@ def test_down_state_unsynced_ends_at_the_first_command() -> None:
     assert session.down is Down.UNSYNCED
     session.receive(U, GET, 0)
     assert session.down is Down.IDLE and session.up is Up.IDLE
+
+
+# -- the shortcut for whole values (issue 34) -------------------------------------------
+
+
+#: bytes -> what Scanner.whole finds: (type, request, end) of each whole value it takes.
+WHOLE_ROWS: dict[str, tuple[bool, bytes, list[tuple[bytes, object, int]]]] = {
+    "pipelined commands": (
+        True,
+        GET + SET,
+        [(b"*", Request(b"GET", b"k"), len(GET)), (b"*", Request(b"SET", b"k"), len(GET + SET))],
+    ),
+    "a name alone, any case, LF only": (
+        True,
+        b"*1\n$4\nping\r\n",
+        [(b"*", Request(b"PING", None), 12)],
+    ),
+    "stops at an inline command": (
+        True,
+        GET + b"PING\r\n" + GET,
+        [(b"*", Request(b"GET", b"k"), len(GET))],
+    ),
+    "stops at one not whole": (True, GET + SET[:-1], [(b"*", Request(b"GET", b"k"), len(GET))]),
+    "an empty command goes the long way": (True, b"*0\r\n" + GET, []),
+    "a null argument goes the long way": (True, b"*1\r\n$-1\r\n", []),
+    "a name past MAX_ARG goes the long way": (True, cmd(b"x" * (MAX_ARG + 1)), []),
+    "replies of a line and bulk strings": (
+        False,
+        OK + BULK + NIL + READONLY,
+        [(b"+", None, 5), (b"$", None, 14), (b"$", None, 19), (b"-", None, 19 + len(READONLY))],
+    ),
+    "stops at an aggregate": (False, OK + b"*1\r\n" + OK, [(b"+", None, 5)]),
+    "stops at a length that is not a number": (False, OK + b"$+3\r\nabc\r\n", [(b"+", None, 5)]),
+}
+
+
+@pytest.mark.parametrize("name", list(WHOLE_ROWS))
+def test_the_scanner_takes_whole_common_values_at_once(name: str) -> None:
+    commands, data, expected = WHOLE_ROWS[name]
+    assert Scanner(commands).whole(data) == expected
+
+
+def test_the_shortcut_takes_nothing_inside_a_value() -> None:
+    scanner = Scanner(commands=True)
+    scanner.feed(GET[:5])
+    assert scanner.whole(GET[5:] + GET) == []
+
+
+class LongWay(Scanner):
+    """A scanner without its shortcut: every value goes through ``feed``."""
+
+    def whole(self, data: bytes) -> list[tuple[bytes, Request | None, int]]:
+        return []
+
+
+def each_way(
+    decide: Callable[[Request], Plan | None], events: list[tuple[str, bytes, float]]
+) -> list[object]:
+    """The commands after each event and the faults logged, with the shortcut and the
+    long way."""
+    outs: list[object] = []
+    for scanner in (Scanner, LongWay):
+        log: list[dict[str, object]] = []
+        session = Session(decide, lambda event, _log=log, **fields: _log.append(fields))
+        session._commands, session._replies = scanner(True), scanner(False)
+        got = []
+        for kind, data, now in events:
+            if kind in (U, D):
+                cmds = session.receive(kind, data, now)
+            elif kind == "timer":
+                cmds = session.timer(D, now)
+            else:
+                cmds = session.receive_eof(kind.removesuffix("_eof"), now)
+            got.append([simple(c) for c in cmds])
+        outs.append((got, log, session.up, session.down))
+    return outs
+
+
+#: A client's pipelined commands and the server's replies (one more than asked for, and
+#: a push command's, at the end), for plans on keys b, d, h, c.
+PIPE_UP = GET + GET_B + cmd(b"GET", b"d") + SET + cmd(b"GET", b"c") + cmd(b"GET", b"h") + GET
+PIPE_DOWN = BULK + NIL + OK + READONLY + BULK + OK + b":1\r\n" + BULK
+
+
+@pytest.mark.parametrize(
+    "plans",
+    [{}, {"b": ERROR}, {"d": DELAY}, {"c": CLOSE}, {"h": HOLD}, {"b": ERROR, "d": DELAY}],
+    ids=["none", "error", "delay", "close", "hold", "error+delay"],
+)
+def test_the_shortcut_does_what_the_long_way_does_at_every_chunk_size(
+    plans: dict[str, Plan],
+) -> None:
+    for size in range(1, max(len(PIPE_UP), len(PIPE_DOWN)) + 1):
+        events: list[tuple[str, bytes, float]] = []
+        for at in range(0, max(len(PIPE_UP), len(PIPE_DOWN)), size):
+            events += [(U, PIPE_UP[at : at + size], at), (D, PIPE_DOWN[at : at + size], at)]
+        events += [("timer", b"", 1000.0), ("upstream_eof", b"", 1000.0)]
+        events += [("downstream_eof", b"", 1000.0)]
+        fast, slow = each_way(plan_for(**plans), events)
+        assert fast == slow, size
+
+
+@pytest.mark.parametrize("name", list(ROWS))
+def test_the_shortcut_does_what_the_long_way_does_in_each_row(name: str) -> None:
+    row = ROWS[name]
+    kinds = {"up": U, "down": D, "up_eof": "upstream_eof", "down_eof": "downstream_eof"}
+    events = [(kinds.get(k, k), d, t) for k, d, t, _ in row.steps]
+    fast, slow = each_way(row.decide, events)
+    assert fast == slow
