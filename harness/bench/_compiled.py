@@ -175,16 +175,26 @@ def _control(*args: str) -> None:
         raise EnvironmentProblem(f"callgrind_control {' '.join(args)}: {done.stderr.strip()}")
 
 
+#: A client's argv in its ``pause`` mode, given the port it connects to and its count.
+ClientArgv = Callable[[int, int], list[str]]
+
+
+def pingpong_argv(client: str) -> ClientArgv:
+    """The compiled client's argv: *count* round trips after 200 warm ones, paused."""
+    return lambda port, count: [client, HOST, str(port), str(count), "200", "pause"]
+
+
 def _measure(
-    client: str, port: int, pid_of_connection: Callable[[], int], out_dir: Path, count: int
+    client: ClientArgv, port: int, pid_of_connection: Callable[[], int], out_dir: Path, count: int
 ) -> int:
     """Instructions per round trip of the process ``pid_of_connection()`` names once the
-    client is connected and warm."""
+    client (any that speaks the compiled client's ``pause`` protocol) is connected and
+    warm."""
 
     def failed(err: str) -> Exception:
-        return EnvironmentProblem(f"the compiled client failed: {err}")
+        return EnvironmentProblem(f"the client failed: {err}")
 
-    with _paused([client, HOST, str(port), str(count), "200", "pause"], failed) as proc:
+    with _paused(client(port, count), failed) as proc:
         pid = pid_of_connection()
         before = set(out_dir.iterdir())
         _control("-z", str(pid))
@@ -234,7 +244,9 @@ def callgrind_line(
                         time.sleep(0.01)  # another process's fork: no event to wait on
                     return kids[0]
 
-                out["socat"] = _measure(client, port, socat_connection, out_dir, count)
+                out["socat"] = _measure(
+                    pingpong_argv(client), port, socat_connection, out_dir, count
+                )
             except (EnvironmentProblem, OSError, subprocess.SubprocessError) as exc:
                 out["socat_error"] = str(exc)
             finally:
@@ -244,7 +256,9 @@ def callgrind_line(
                             _control("-k", str(kid))
                 child.stop(grace=10.0)
         try:
-            out["faultnet"] = _proxy_under(cg, client, up_port, proxy_argv, count, (), out_dir)
+            out["faultnet"] = _proxy_under(
+                cg, pingpong_argv(client), up_port, proxy_argv, count, (), out_dir
+            )
         except (EnvironmentProblem, OSError, subprocess.SubprocessError) as exc:
             out["faultnet_error"] = str(exc)
     return out
@@ -252,7 +266,7 @@ def callgrind_line(
 
 def _proxy_under(
     cg: list[str],
-    client: str,
+    client: ClientArgv,
     up_port: int,
     proxy_argv: list[str],
     count: int,
@@ -276,11 +290,19 @@ def _proxy_under(
 
 
 def proxy_instructions(
-    client: str, up_port: int, proxy_argv: list[str], count: int, setup: Sequence[str]
+    client: str | ClientArgv,
+    up_port: int,
+    proxy_argv: list[str],
+    count: int,
+    setup: Sequence[str],
 ) -> dict[str, Any]:
     """``{"per_rtt": N}``: user instructions per round trip of a faultnet proxy process
     given *setup* (its role's commands: a toxic, a hop), or why not (``skipped``,
-    ``error``)."""
+    ``error``). *client* is the compiled client's path, or the argv of another client
+    that speaks its ``pause`` protocol (a round trip is then whatever that client's
+    one exchange is: an HTTP request and its response)."""
+    if isinstance(client, str):
+        client = pingpong_argv(client)
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         return {"skipped": "valgrind is not installed"}

@@ -24,6 +24,10 @@ the hop line's baseline. The lines, in order:
   the toxic and bare (the same proxy, the toxic removed), rounds rotating the arms.
 * **postgres**: a ``postgres`` toxic matching no query, ``pgbench -S``'s added latency
   against a bare proxy's (:mod:`harness.bench._pgbench`: a PostgreSQL of its own).
+* **http1**, **http2**, **http_bulk** (issue 33): an HTTP toxic matching no request,
+  keep-alive requests' added latency and the proxy's instructions per request (HTTP/1.1,
+  h2c), and a bulk download, against a bare proxy's (:mod:`harness.bench._http`: an
+  nginx of its own).
 
 Each transfer is verified byte for byte and each echo compared: one check for the
 section. The targets (issue 32's Targets) are rows of ``_toxic_targets.TOXIC_TARGETS``,
@@ -43,6 +47,8 @@ from typing import Any
 from harness.bench._children import Child, _self_argv
 from harness.bench._compiled import pingpong_around, pingpong_paced, proxy_instructions
 from harness.bench._context import _dataplane_argv, _log, _median, _pin, _Run, _unpin, rotations
+from harness.bench._http import NO_MATCH as HTTP_NO_MATCH
+from harness.bench._http import http_bulk_line, http_line
 from harness.bench._measure import bulk_once, percentile
 from harness.bench._pgbench import pgbench_line
 from harness.bench._phases import RttTally, added_over, ping
@@ -388,8 +394,26 @@ def _postgres(s: _Section) -> dict[str, Any]:
     return pgbench_line(s.ctx, ToxicProxy)
 
 
+_HTTP_SETUP = ToxicProxy.toxic_command("http_abort", "nomatch", **HTTP_NO_MATCH)
+
+
+def _http(protocol: str) -> Callable[[_Section], dict[str, Any]]:
+    def line(s: _Section) -> dict[str, Any]:
+        out = http_line(s.ctx, ToxicProxy, _HTTP_SETUP, protocol)
+        s.bad += [f"http {protocol} {arm}: a request failed" for arm in out.get("failed", [])]
+        return out
+
+    return line
+
+
+def _http_bulk(s: _Section) -> dict[str, Any]:
+    out = http_bulk_line(s.ctx, ToxicProxy, s.block)
+    s.bad += [f"http bulk {why}" for why in out.get("failed", [])]
+    return out
+
+
 #: The lines in the order they run (the hop last of the echo's: its connections keep
-#: their hop; the postgres line has a server and proxies of its own).
+#: their hop; the postgres and HTTP lines have a server and proxies of their own).
 LINES: tuple[tuple[str, Callable[[_Section], dict[str, Any]]], ...] = (
     ("latency0", _latency0),
     ("latency5", _latency5),
@@ -399,6 +423,9 @@ LINES: tuple[tuple[str, Callable[[_Section], dict[str, Any]]], ...] = (
     ("redis", _redis),
     ("hop", _hop),
     ("postgres", _postgres),
+    ("http1", _http("h1")),
+    ("http2", _http("h2")),
+    ("http_bulk", _http_bulk),
 )
 
 

@@ -7,6 +7,11 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
+from harness.bench._http import (
+    TARGET_HTTP_ADDED_VS_BARE,
+    TARGET_HTTP_BULK_VS_BARE,
+    TARGET_HTTP_INSTRUCTIONS,
+)
 from harness.bench._pgbench import TARGET_PG_ADDED_VS_BARE
 from harness.bench._targets import Facts, Figure, Target
 from harness.bench._toxic import (
@@ -83,6 +88,22 @@ def _hop_instructions_note(f: Facts) -> str:
     return f"hop instructions: {ins.get('skipped') or ins.get('error') or 'not measured'}"
 
 
+def _http_instructions(name: str) -> Callable[[Facts], Figure]:
+    def figure(f: Facts) -> Figure:
+        line = _line(f, name)
+        ins = line.get("instructions", {})
+        bare = ins.get("bare_per_rtt")
+        note = (
+            line.get("skipped")
+            or ins.get("skipped")
+            or ins.get("error")
+            or (f"bare proxy: {bare:,}" if bare else "")
+        )
+        return Figure(ins.get("per_rtt"), note)
+
+    return figure
+
+
 def _hop_added(f: Facts) -> Figure:
     return Figure(_line(f, "hop").get("added_vs_bare"), _hop_instructions_note(f))
 
@@ -124,6 +145,21 @@ TOXIC_TARGETS: tuple[Target, ...] = (
     Target(f"a non-matching postgres toxic: pgbench -S added latency vs bare proxy, "
            f"target <= {TARGET_PG_ADDED_VS_BARE:g}x",
            _ratio_of("postgres", "added_vs_bare"), TARGET_PG_ADDED_VS_BARE, "<="),
+    *(
+        row
+        for name, what in (("http1", "HTTP/1.1"), ("http2", "HTTP/2"))
+        for row in (
+            Target(f"a non-matching {what} toxic: proxy instructions per keep-alive request "
+                   f"(callgrind) <= {TARGET_HTTP_INSTRUCTIONS:,}",
+                   _http_instructions(name), TARGET_HTTP_INSTRUCTIONS, "<=", "{:,.0f}"),
+            Target(f"a non-matching {what} toxic: added latency per keep-alive request <= "
+                   f"{TARGET_HTTP_ADDED_VS_BARE:g}x the bare proxy's",
+                   _ratio_of(name, "added_vs_bare"), TARGET_HTTP_ADDED_VS_BARE, "<="),
+        )
+    ),
+    Target("a non-matching HTTP/1.1 toxic: a --toxic-bytes download (issue 33: 100 MB) "
+           f">= {TARGET_HTTP_BULK_VS_BARE:g}x the bare proxy's rate",
+           _ratio_of("http_bulk", "bulk_vs_bare"), TARGET_HTTP_BULK_VS_BARE, ">="),
 )  # fmt: skip
 
 
@@ -180,12 +216,31 @@ def report_lines(doc: dict[str, Any]) -> list[str]:
         {arm: {"ms": _median(xs)} for arm, xs in pg.get("latency_ms", {}).items()}, "ms", ".3f"
     )
     out.append(f"  postgres: pgbench -S latency average ms, {shown}")
+    for name, what in (("http1", "HTTP/1.1"), ("http2", "HTTP/2")):
+        line = doc.get(name, {})
+        shown = line.get("skipped") or _arms_line(
+            {a: {"ms": _median(xs)} for a, xs in line.get("round_p50_ms", {}).items()},
+            "ms",
+            ".3f",
+        )
+        out.append(f"  {what} (non-matching toxic): keep-alive request p50 ms, {shown}")
+        out.append(f"  {what}: instructions per request: {_http_shown_instructions(line)}")
+    bulk = doc.get("http_bulk", {})
+    shown = bulk.get("skipped") or _arms_line(
+        {a: {"mbps": v} for a, v in bulk.get("mbps", {}).items()}, "mbps", ".0f"
+    )
+    out.append(f"  HTTP/1.1 download (non-matching toxic): MB/s, {shown}")
     return out
 
 
 def _median(xs: list[float | None]) -> float | None:
     got = sorted(x for x in xs if x is not None)
     return got[len(got) // 2] if got else None
+
+
+def _http_shown_instructions(line: dict[str, Any]) -> str:
+    bare = line.get("instructions", {}).get("bare_per_rtt")
+    return _shown_instructions(line) + (f"; bare proxy {bare:,}" if bare else "")
 
 
 def _shown_instructions(line: dict[str, Any]) -> str:

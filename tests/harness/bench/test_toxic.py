@@ -5,11 +5,15 @@ row's bound. No speed is asserted: the bench measures it, tests never require it
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from harness.bench import _httpclient
+from harness.bench._http import Nginx, _fetch, _nginx, _p50_ms
 from harness.bench._targets import TARGETS, Facts, Figure, Target, judge
 from harness.bench._toxic import LATENCY_MS
 from harness.bench._toxic_targets import TOXIC_TARGETS
@@ -22,7 +26,8 @@ TINY_TOXIC = [
     "--freeze-window", "0.05", "--requests", "0", "--churn", "0", "--loss-bytes", "0",
     "--datagrams", "0", "--callgrind", "0", "--toxic-bytes", "1M",
 ]  # fmt: skip
-LINES = ("latency0", "latency5", "slicer", "bandwidth", "after_removal", "redis", "hop", "postgres")
+LINES = ("latency0", "latency5", "slicer", "bandwidth", "after_removal", "redis", "hop", "postgres",
+         "http1", "http2", "http_bulk")  # fmt: skip
 
 
 def test_a_tiny_run_prints_every_toxic_line_with_its_target(tmp_path: Path) -> None:
@@ -45,9 +50,9 @@ def test_a_tiny_run_prints_every_toxic_line_with_its_target(tmp_path: Path) -> N
     assert toxic["redis"] == {"skipped": "--requests 0"}  # redis-benchmark's GETs: none
     checks = {c["name"]: c["ok"] for c in doc["checks"]}
     assert checks["toxic lines: every transfer and echo came back intact"] is True
-    # The bench's ten targets, then the toxic lines' twelve, each with its status.
+    # The bench's ten targets, then the toxic lines' seventeen, each with its status.
     names = [t["target"] for t in doc["targets"]]
-    assert len(names) == len(TARGETS) + len(TOXIC_TARGETS) == 22
+    assert len(names) == len(TARGETS) + len(TOXIC_TARGETS) == 27
     assert all(t["status"] in {"MET", "MISSED", "N/A"} for t in doc["targets"])
     for t in doc["targets"][len(TARGETS) :]:
         assert f"{t['status']:6}  {t['target']}: {t['shown']}" in out.stdout
@@ -59,6 +64,18 @@ def test_a_tiny_run_prints_every_toxic_line_with_its_target(tmp_path: Path) -> N
         no_bare = all(added <= 0 for added in pg["added_ms"]["faultnet"])
         assert (pg["added_vs_bare"] is None) == no_bare, pg
     assert "postgres: pgbench -S latency average ms" in out.stdout
+    for name in ("http1", "http2"):
+        line = toxic[name]
+        assert "skipped" in line or (
+            None not in line["round_p50_ms"]["toxic"] and line["added_vs_bare"] is not None
+        ), line
+        assert line.get("instructions", {}).get("skipped") == "not run (--callgrind 0)" or (
+            "skipped" in line
+        )
+    bulk = toxic["http_bulk"]
+    assert "skipped" in bulk or bulk["bulk_vs_bare"] is not None, bulk
+    assert "HTTP/2 (non-matching toxic): keep-alive request p50 ms" in out.stdout
+    assert "HTTP/1.1 download (non-matching toxic): MB/s" in out.stdout
 
 
 def test_the_toxic_check_goes_red_when_a_transfer_through_a_toxic_is_corrupted(
@@ -107,7 +124,8 @@ def test_each_row_is_met_on_its_side_of_the_bound_and_missed_on_the_other(row: T
 
 
 def _toxic_doc(good: bool) -> dict[str, Any]:
-    """A toxic section's figures all inside (or all outside) issue 32's targets."""
+    """A toxic section's figures all inside (or all outside) issues 32's and 33's
+    targets."""
 
     def pick(inside: float, outside: float) -> float:
         return inside if good else outside
@@ -126,6 +144,11 @@ def _toxic_doc(good: bool) -> dict[str, Any]:
                 "instructions": {"skipped": "not run"}},
         "redis": {"added_vs_bare": pick(1.8, 2.6)},
         "postgres": {"added_vs_bare": pick(1.5, 3.0)},
+        # issue 33's "before": 1.14 M instructions a keep-alive request
+        **{name: {"added_vs_bare": pick(2.5, 4.3),
+                  "instructions": {"per_rtt": pick(240_000, 1_140_000), "bare_per_rtt": 864}}
+           for name in ("http1", "http2")},
+        "http_bulk": {"bulk_vs_bare": pick(0.6, 0.3)},
     }  # fmt: skip
 
 
@@ -151,3 +174,55 @@ def test_a_row_with_a_direction_the_judge_does_not_know_is_refused() -> None:
     row = Target("x", lambda f: Figure(1.0), 1.0, "==")
     with pytest.raises(ValueError, match="direction"):
         judge(row, Facts({"direct": {}, "socat": {}, "faultnet": {}}, {}))
+
+
+# -- the HTTP lines' own checks -----------------------------------------------------------
+
+
+def test_a_download_that_differs_from_the_file_is_not_counted(tmp_path: Path) -> None:
+    """The HTTP bulk line's check: what curl got through the proxy is compared with the
+    file byte for byte; a file that differs from the one served (here: one byte) fails."""
+    exe = _nginx()
+    if exe is None or shutil.which("curl") is None:
+        pytest.skip("nginx or curl is not installed")
+    served = bytes(range(256)) * 4096
+    (tmp_path / "bulk").write_bytes(served)
+    nginx = Nginx(exe, tmp_path, http2=False)
+    try:
+        same = tmp_path / "same"
+        same.write_bytes(served)
+        mbps, why = _fetch(nginx.port, same, len(served))
+        assert mbps is not None and mbps > 0 and why == ""
+        other = tmp_path / "other"
+        other.write_bytes(served[:-1] + b"x")
+        assert _fetch(nginx.port, other, len(served)) == (
+            None,
+            f"content differs ({len(served)} of {len(served)} bytes)",
+        )
+        assert _fetch(nginx.port, same, len(served) + 1)[0] is None  # a short body
+    finally:
+        nginx.stop()
+
+
+@pytest.mark.parametrize("protocol", ["h1", "h2"])
+def test_the_keep_alive_client_fails_on_a_status_that_is_not_200(
+    tmp_path: Path, protocol: str
+) -> None:
+    """A request the bench's nginx does not answer 200 (here: no such path) is a failed
+    request, not a sample."""
+    exe = _nginx()
+    if exe is None:
+        pytest.skip("nginx is not installed")
+    nginx = Nginx(exe, tmp_path, http2=protocol == "h2")
+    try:
+        ok = run_module("harness.bench._httpclient", protocol, "127.0.0.1", str(nginx.port),
+                        "20", "2", timeout=60)  # fmt: skip
+        assert ok.returncode == 0 and len(ok.stdout.split()) == 20, ok.stderr
+        assert _p50_ms(protocol, nginx.port, 20, 2) is not None
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(_httpclient, "PATH", "/no-such-path")
+            sock = socket.create_connection(("127.0.0.1", nginx.port))
+            with sock, pytest.raises(OSError, match="status"):
+                {"h1": _httpclient._h1, "h2": _httpclient._h2}[protocol](sock, "x")()
+    finally:
+        nginx.stop()
