@@ -216,6 +216,12 @@ def report_lines(doc: dict[str, Any]) -> list[str]:
         {arm: {"ms": _median(xs)} for arm, xs in pg.get("latency_ms", {}).items()}, "ms", ".3f"
     )
     out.append(f"  postgres: pgbench -S latency average ms, {shown}")
+    return out + _http_lines(doc)
+
+
+def _http_lines(doc: dict[str, Any]) -> list[str]:
+    """The HTTP lines' figures (issue 33)."""
+    out: list[str] = []
     for name, what in (("http1", "HTTP/1.1"), ("http2", "HTTP/2")):
         line = doc.get(name, {})
         shown = line.get("skipped") or _arms_line(
