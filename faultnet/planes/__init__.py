@@ -32,7 +32,9 @@ The contract every plane keeps (and every plane runs the same tests):
   the native plane runs latency, bandwidth and slicer on its thread): the lane's chunks then queue
   in the plane with their read times and leave when due, in order, the EOF after them,
   under the same gate, bounded by the same bytes. A plane without that stage says so,
-  and the chain runs in trio. The trio side of that path is the core's (:mod:`faultnet.proxy`), not a plane's.
+  and the chain runs in trio. A plane names the stages it runs (:attr:`Plane.stages`)
+  and gives one to many links' lanes in one call (:meth:`Plane.set_stages`: a toxic
+  added to every connection of a proxy is one hand-off, not a call per connection). The trio side of that path is the core's (:mod:`faultnet.proxy`), not a plane's.
 
 Planes are registered in :data:`PLANES` (name -> module exposing ``Plane`` and
 ``AVAILABLE``), fastest first; :func:`default_plane` is the first available one unless
@@ -54,6 +56,7 @@ __all__ = [
     "ERROR",
     "PLANES",
     "RESET",
+    "Stage",
     "UPSTREAM_FAILED",
     "Link",
     "LinkBase",
@@ -62,6 +65,7 @@ __all__ = [
     "check_plane",
     "default_plane",
     "make_plane",
+    "stage_draws",
 ]
 
 #: Event kinds delivered to ``on_event(kind, stream)``.
@@ -79,6 +83,19 @@ PLANES: dict[str, str] = {
 }
 
 OnEvent = Callable[[str, "str | None"], None]
+
+#: A compiled stage's form: (kind, a, b, c), as :meth:`Link.set_stage` takes it.
+Stage = tuple[str, float, float, float]
+
+
+def stage_draws(stage: Stage) -> bool:
+    """Whether a compiled stage of this form draws from its generator: latency with a
+    jitter, the slicer with a size variation (``draw_uniform``, ``slice_head`` in the
+    C). One that does not never needs its generator's state handed over, which costs a
+    seeded ``random.Random`` per connection (~11 us: issue 36); it is handed when an
+    update makes the stage draw (:meth:`faultnet.proxy._toxiclink.ToxicLink.retune`)."""
+    kind, a, b, _ = stage
+    return (kind == "latency" and b > 0) or (kind == "slicer" and a > 0 and b > 0)
 
 
 class Link(Protocol):
@@ -185,6 +202,8 @@ class Plane(Protocol):
 
     #: Its name in :data:`PLANES`.
     name: str
+    #: The kinds of compiled stage it runs (:meth:`Link.set_stage`; empty: none).
+    stages: frozenset[str]
 
     def start(self, token: object) -> None:
         """Start forwarding; events reach trio through *token* (a TrioToken)."""
@@ -209,6 +228,15 @@ class Plane(Protocol):
     def settle(self) -> None:
         """Move, in the calling thread, whatever is ready now (faults call it before
         counting connections)."""
+
+    def set_stages(
+        self, links: list[Link], stream: str, stage: Stage | None, draws: list[int] | None
+    ) -> None:
+        """What :meth:`Link.set_stage` does, for *stream* of every link in *links* at
+        once (one of :attr:`stages`, or None), each generator first set to its entry of
+        *draws* if given; a lane on the toxic path goes back to the plane with it, as
+        :meth:`Link.to_plane`. A link that has ended is left alone. ValueError for a
+        stage this plane does not run."""
 
 
 _P = TypeVar("_P")

@@ -1248,6 +1248,71 @@ static PyObject *core_add(CoreObject *c, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static void stage_lane(CoreObject *c, LinkObject *k, int li, int kind, double a, double b,
+                       double third);
+static int plane_lane(CoreObject *c, LinkObject *k, int li);
+static int stage_args_ok(int li, int kind);
+
+/* set_stages(links, lane, kind, a, b, c, draws): one toxic's compiled stage on lane
+ * *lane* of every link in the list *links* (a toxic added to, or removed from, a
+ * proxy's connections: issue 36), in one call and one hold of the mutex, so the add is
+ * one hand-off to the plane, not a call per connection. Each lane gets what
+ * _set_stage gives it, its generator first set to draws[i] where *draws* is a list
+ * (None: the lanes' own are kept, for a stage that does not draw); a lane still on the
+ * toxic path is then handed back to the plane with the stage (_to_plane), as a toxic
+ * link's to_stage() does. A link that has ended is left alone. */
+static PyObject *core_set_stages(CoreObject *c, PyObject *args) {
+    PyObject *links, *draws;
+    int li, kind;
+    double a, b, third;
+    if (!PyArg_ParseTuple(args, "O!iidddO", &PyList_Type, &links, &li, &kind, &a, &b, &third,
+                          &draws))
+        return NULL;
+    if (!stage_args_ok(li, kind))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(links);
+    if (draws != Py_None && (!PyList_Check(draws) || PyList_GET_SIZE(draws) != n)) {
+        PyErr_SetString(PyExc_ValueError, "draws must be None or a list as long as links");
+        return NULL;
+    }
+    uint64_t *states = NULL;
+    if (draws != Py_None && n) {
+        states = malloc(n * sizeof *states);
+        if (!states)
+            return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(links, i);
+        if (!PyObject_TypeCheck(item, &LinkType) || ((LinkObject *)item)->core != c) {
+            free(states);
+            PyErr_SetString(PyExc_ValueError, "links must be links of this plane");
+            return NULL;
+        }
+        if (states) {
+            states[i] = PyLong_AsUnsignedLongLongMask(PyList_GET_ITEM(draws, i));
+            if (PyErr_Occurred()) {
+                free(states);
+                return NULL;
+            }
+        }
+    }
+    /* The list holds its links: none is freed while the GIL is let go below. */
+    LOCKED(c, {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            LinkObject *k = (LinkObject *)PyList_GET_ITEM(links, i);
+            if (k->ended)
+                continue;
+            if (states)
+                k->lanes[li].draws = states[i];
+            stage_lane(c, k, li, kind, a, b, third);
+            if (kind != STAGE_NONE && k->lanes[li].to_trio)
+                plane_lane(c, k, li);
+        }
+    });
+    free(states);
+    Py_RETURN_NONE;
+}
+
 static PyObject *core_settle(CoreObject *c, PyObject *unused) {
     if (c->unlocked) /* the breakage: no mutex to service anything under */
         Py_RETURN_NONE;
@@ -1376,6 +1441,8 @@ static PyMethodDef core_methods[] = {
     {"add", (PyCFunction)core_add, METH_VARARGS,
      "add(link, client_fd, server_fd, frozen_mask, to_trio_mask, connect_timeout or -1)"},
     {"settle", (PyCFunction)core_settle, METH_NOARGS, "Move what is ready now, here."},
+    {"set_stages", (PyCFunction)core_set_stages, METH_VARARGS,
+     "set_stages(links, lane, kind, a, b, c, draws): one stage on many links' lanes."},
     {"drain", (PyCFunction)core_drain, METH_NOARGS, "The batch of events [(link, kind, lane)]."},
     {"set_unlocked", (PyCFunction)core_set_unlocked, METH_O,
      "Debug: freeze and counts skip the mutex (the breakage of the stress test)."},
@@ -1560,47 +1627,76 @@ static PyObject *link_to_trio(LinkObject *k, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-/* _set_stage(lane, kind, a, b[, c]): the lane's compiled stage from now on: latency (a
- * ms, jitter b ms), bandwidth (a KB/s, b unused) or slicer (average_size a, size_variation
- * b bytes, delay c us)
- * (kind STAGE_NONE: none; what it queued then leaves at once, in order). A chunk whose
- * delay was drawn keeps it, as in the Python toxic (where that chunk is asleep). */
+/* The lane's compiled stage from now on, under the mutex: latency (a ms, jitter b ms),
+ * bandwidth (a KB/s, b unused) or slicer (average_size a, size_variation b bytes, delay
+ * c us) (kind STAGE_NONE: none; what it queued then leaves at once, in order). A chunk
+ * whose delay was drawn keeps it, as in the Python toxic (where that chunk is asleep). */
+static void stage_lane(CoreObject *c, LinkObject *k, int li, int kind, double a, double b,
+                       double third) {
+    lane_t *l = &k->lanes[li];
+    if (kind == STAGE_NONE) /* removed: the chunk it held goes too (as Toxiproxy's) */
+        l->head_set = 0;
+    if (kind != l->stage)
+        l->clock = l->next_set = 0; /* a new stage starts with no backlog */
+    l->stage = kind == STAGE_NONE && l->inbox && !l->to_trio ? STAGE_DRAIN : kind;
+    if (kind == STAGE_BANDWIDTH) {
+        l->rate_kbps = a;
+    } else if (kind == STAGE_SLICER) {
+        l->slice_avg = (long long)a;
+        l->slice_var = (long long)b;
+        l->slice_delay = third > 0 ? third / 1e6 : 0;
+    } else {
+        l->lat_ms = a;
+        l->jit_ms = b;
+    }
+    l->bound = kind == STAGE_LATENCY ? stage_bound(a, b) : INBOX_BYTES;
+    if (!k->ended && !l->to_trio && l->inbox) {
+        if (list_timed(c, k, li) < 0)
+            contain(c, k, "realloc", ENOMEM);
+        run_timers(c);
+        rearm(c, k);
+    }
+}
+
+/* Back from trio to the plane, under the mutex: 0 (nothing changed) while chunks read
+ * for trio wait in the inbox with no stage (trio takes them first); else the lane
+ * forwards by itself again, at once: bytes trio's last offer left held go out first
+ * (they are the lane's held bytes), then what the socket has, read here as add() does
+ * (no edge may come for bytes already queued). With a stage, what trio has not taken is
+ * the stage's to deliver. */
+static int plane_lane(CoreObject *c, LinkObject *k, int li) {
+    lane_t *l = &k->lanes[li];
+    if (l->inbox && !l->stage)
+        return 0;
+    l->to_trio = l->waiting = l->notified = 0;
+    if (l->inbox && list_timed(c, k, li) < 0)
+        contain(c, k, "realloc", ENOMEM);
+    if (!k->ended && !k->connecting) {
+        handle(c, k, li);
+        run_timers(c);
+    }
+    return 1;
+}
+
+static int stage_args_ok(int li, int kind) {
+    if ((li != 0 && li != 1) || kind < STAGE_NONE || kind == STAGE_DRAIN || kind > STAGE_SLICER) {
+        PyErr_SetString(PyExc_ValueError, "lane must be 0 or 1, kind a STAGE_ constant");
+        return 0;
+    }
+    return 1;
+}
+
+/* _set_stage(lane, kind, a, b[, c]): the lane's compiled stage (see stage_lane). */
 static PyObject *link_set_stage(LinkObject *k, PyObject *args) {
     NEED_CORE(k);
     int li, kind;
     double lat, jit, third = 0;
     if (!PyArg_ParseTuple(args, "iidd|d", &li, &kind, &lat, &jit, &third))
         return NULL;
-    if ((li != 0 && li != 1) || kind < STAGE_NONE || kind == STAGE_DRAIN || kind > STAGE_SLICER) {
-        PyErr_SetString(PyExc_ValueError, "lane must be 0 or 1, kind a STAGE_ constant");
+    if (!stage_args_ok(li, kind))
         return NULL;
-    }
     CoreObject *c = k->core;
-    LOCKED(c, {
-        lane_t *l = &k->lanes[li];
-        if (kind == STAGE_NONE) /* removed: the chunk it held goes too (as Toxiproxy's) */
-            l->head_set = 0;
-        if (kind != l->stage)
-            l->clock = l->next_set = 0; /* a new stage starts with no backlog */
-        l->stage = kind == STAGE_NONE && l->inbox && !l->to_trio ? STAGE_DRAIN : kind;
-        if (kind == STAGE_BANDWIDTH) {
-            l->rate_kbps = lat;
-        } else if (kind == STAGE_SLICER) {
-            l->slice_avg = (long long)lat;
-            l->slice_var = (long long)jit;
-            l->slice_delay = third > 0 ? third / 1e6 : 0;
-        } else {
-            l->lat_ms = lat;
-            l->jit_ms = jit;
-        }
-        l->bound = kind == STAGE_LATENCY ? stage_bound(lat, jit) : INBOX_BYTES;
-        if (!k->ended && !l->to_trio && l->inbox) {
-            if (list_timed(c, k, li) < 0)
-                contain(c, k, "realloc", ENOMEM);
-            run_timers(c);
-            rearm(c, k);
-        }
-    });
+    LOCKED(c, stage_lane(c, k, li, kind, lat, jit, third));
     Py_RETURN_NONE;
 }
 
@@ -1650,11 +1746,7 @@ static PyObject *link_stage_draws(LinkObject *k, PyObject *args) {
     return PyLong_FromUnsignedLongLong(got);
 }
 
-/* Back from trio to the plane: 0 (nothing changed) while chunks read for trio wait in
- * the inbox (trio takes them first); else the lane forwards by itself again, at once:
- * bytes trio's last offer left held go out first (they are the lane's held bytes), then
- * what the socket has, read here as add() does (no edge may come for bytes already
- * queued). */
+/* _to_plane(lane): back from trio to the plane (see plane_lane). */
 static PyObject *link_to_plane(LinkObject *k, PyObject *arg) {
     NEED_CORE(k);
     int li = lane_arg(arg);
@@ -1662,21 +1754,7 @@ static PyObject *link_to_plane(LinkObject *k, PyObject *arg) {
         return NULL;
     CoreObject *c = k->core;
     int done;
-    LOCKED(c, {
-        lane_t *l = &k->lanes[li];
-        if (l->inbox && !l->stage) {
-            done = 0;
-        } else { /* with a stage, what trio has not taken is the stage's to deliver */
-            done = 1;
-            l->to_trio = l->waiting = l->notified = 0;
-            if (l->inbox && list_timed(c, k, li) < 0)
-                contain(c, k, "realloc", ENOMEM);
-            if (!k->ended && !k->connecting) {
-                handle(c, k, li);
-                run_timers(c);
-            }
-        }
-    });
+    LOCKED(c, done = plane_lane(c, k, li));
     return PyBool_FromLong(done);
 }
 

@@ -238,6 +238,7 @@ class Plane:
     """The compiled core and the trio task that delivers its events."""
 
     name = "native"
+    stages = frozenset(_STAGE_KINDS)
 
     def __init__(self, splice: bool = True) -> None:
         if not AVAILABLE:
@@ -319,3 +320,21 @@ class Plane:
     def settle(self) -> None:
         """Move, in the calling thread (GIL released), whatever epoll reports ready now."""
         self._core.settle()
+
+    def set_stages(
+        self,
+        links: list[Link],
+        stream: str,
+        stage: tuple[str, float, float, float] | None,
+        draws: list[int] | None,
+    ) -> None:
+        """*stage* on *stream* of every link in *links*: one C call, one hold of the
+        mutex (see :meth:`faultnet.planes.Plane.set_stages`)."""
+        if stage is None:
+            kind, a, b, c = _native.STAGE_NONE, 0.0, 0.0, 0.0
+        else:
+            name, a, b, c = stage
+            if name not in _STAGE_KINDS:
+                raise ValueError(f"the native plane runs no {name!r} stage")
+            kind = _STAGE_KINDS[name]
+        self._core.set_stages(links, _INDEX[stream], kind, a, b, c, draws)  # type: ignore[arg-type]

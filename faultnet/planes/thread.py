@@ -386,6 +386,8 @@ class Plane:
     """
 
     name = "thread"
+    #: It compiles no stage: every chain runs in trio.
+    stages: frozenset[str] = frozenset()
 
     def __init__(self, splice: bool = True) -> None:
         self.lock = threading.Lock()
@@ -476,6 +478,17 @@ class Plane:
                 self._service(link.fds)
                 self._rearm(link)
         return link
+
+    def set_stages(
+        self,
+        links: list[Link],
+        stream: str,
+        stage: tuple[str, float, float, float] | None,
+        draws: list[int] | None,
+    ) -> None:
+        """No stage but None (see :meth:`faultnet.planes.Plane.set_stages`)."""
+        if stage is not None:
+            raise ValueError(f"the thread plane runs no {stage[0]!r} stage")
 
     def settle(self) -> None:
         """Move, in the calling thread, whatever is ready now (one epoll_wait that does

@@ -33,6 +33,7 @@ from faultnet.addresses import format_address
 from faultnet.eventlog import JsonlWriter
 from faultnet.proxy._faultstate import LABELS, FaultState
 from faultnet.proxy._hop import Hop, add_hop_links, board
+from faultnet.proxy._toxicbatch import ToxicBatch
 from faultnet.proxy._toxiclink import ToxicLink
 from faultnet.seeds import derive_seed
 from faultnet.sockopts import (
@@ -491,7 +492,10 @@ class Connection:
     def seed(self) -> int:
         return self.proxy.seed
 
-    def attach_toxic(self, toxic: Toxic) -> None:
+    def attach_toxic(self, toxic: Toxic, batch: ToxicBatch | None = None) -> None:
+        """Decide *toxic* for this connection and put its stage on the path; with
+        *batch* (the toxic added to every connection at once), a stage the plane can
+        run compiled on an idle stream is left for the batch to hand the plane."""
         if toxic.name in self.stages:  # already decided for this connection: kept
             return
         # Decided once per connection and kept; toxicity 0 never applies
@@ -510,7 +514,8 @@ class Connection:
         if toxic.both_streams:
             stage.pair()
         self.stages[toxic.name] = stage
-        self._put_on_path(stage)
+        if batch is None or not batch.take(self.toxic_links[stage.stream], stage):
+            self._put_on_path(stage)
 
     def _put_on_path(self, stage: ToxicStage) -> None:
         """*stage* is in this connection's chains from now on: its streams go to trio.
@@ -558,8 +563,17 @@ class Connection:
             for s in stage.streams:
                 self.toxic_links[s].retune()
 
-    def detach_toxic(self, name: str) -> None:
+    def detach_toxic(self, name: str, batch: ToxicBatch | None = None) -> None:
+        """Take toxic *name* off this connection; with *batch* (the toxic removed from
+        every connection at once), a stage the plane ran compiled as its stream's whole
+        chain is left for the batch to take off the lane."""
         stage = self.stages.pop(name, None)
+        if (
+            stage is not None
+            and batch is not None
+            and batch.take_off(self.toxic_links[stage.stream], stage)
+        ):
+            return
         if stage is not None:
             self.toxic_links[stage.stream].stop_stage(name)
             for s in stage.streams:

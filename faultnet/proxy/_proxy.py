@@ -34,6 +34,7 @@ from faultnet.proxy._faultstate import (
     NewConnectionFaults,
 )
 from faultnet.proxy._reserve import DescriptorReserve
+from faultnet.proxy._toxicbatch import ToxicBatch
 from faultnet.proxybase import ProxyBase
 from faultnet.sockopts import (
     bound_unsent,
@@ -768,8 +769,11 @@ class Proxy(ProxyBase):
             raise ValueError(f"stream must be one of {', '.join(STREAMS)}, not {toxic.stream!r}")
         self.toxics.append(toxic)
         try:
+            # One pass, one hand-off to the plane (see _toxicbatch).
+            batch = ToxicBatch(toxic, self._plane)
             for c in self._live():
-                c.attach_toxic(toxic)
+                c.attach_toxic(toxic, batch)
+            batch.hand_off(self._plane, adding=True)
         except BaseException:
             # All or nothing: a toxic that is not on every live connection is on none.
             self.toxics.remove(toxic)
@@ -805,8 +809,10 @@ class Proxy(ProxyBase):
     def remove_toxic(self, name: str) -> Toxic:
         toxic = self.get_toxic(name)
         self.toxics.remove(toxic)
+        batch = ToxicBatch(toxic, self._plane)  # one pass, one hand-off (see _toxicbatch)
         for c in self._connections.values():
-            c.detach_toxic(name)
+            c.detach_toxic(name, batch)
+        batch.hand_off(self._plane, adding=False)
         self.log.write("toxic_removed", toxic=name)
         return toxic
 

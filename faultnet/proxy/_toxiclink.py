@@ -28,6 +28,17 @@ An attribute update reaches the stage through :meth:`ToxicLink.retune`; a rebuil
 of another form takes the stream back to trio (or, empty, to the plain fast path).
 ``FAULTNET_COMPILED_STAGES=0`` keeps every chain in trio (the reference the differential
 test compares the compiled stages with).
+
+The stage's generator (:mod:`faultnet.toxics.draws`) is handed to the plane only when
+its form draws (:func:`faultnet.planes.stage_draws`: a jitter, a size variation), and
+taken back only if it was handed (:attr:`ToxicLink.handed`): a stage that never drew
+leaves the generator where the toxic would seed it, so its sequence is the same, and a
+latency toxic without jitter seeds no ``random.Random`` per connection (issue 36).
+
+**Many at once.** A toxic added to (or removed from) a proxy's connections takes each
+idle stream onto the compiled stage (or off it) with :meth:`ToxicLink.staged` and
+:meth:`ToxicLink.unstaged`, which only set what this object holds; the caller hands the
+plane every such lane in one call (:mod:`faultnet.proxy._toxicbatch`).
 """
 
 from __future__ import annotations
@@ -37,7 +48,7 @@ from typing import Protocol
 
 import trio
 
-from faultnet.planes import Link
+from faultnet.planes import Link, stage_draws
 from faultnet.toxics.base import Toxic
 from faultnet.toxics.chain import ToxicChain, ToxicStage
 from faultnet.toxics.clock import monotonic_offset
@@ -86,6 +97,9 @@ class ToxicLink:
         self.holding = False
         #: The stage the plane runs compiled for this stream (None: trio runs the chain).
         self.compiled: ToxicStage | None = None
+        #: The plane's stage holds the generator of :attr:`compiled` (handed over because
+        #: its form draws); False: the toxic's own is where it was.
+        self.handed = False
         self._may_compile = os.environ.get(COMPILED_STAGES_ENV, "1") != "0"
 
     # -- the connection's side --
@@ -110,13 +124,15 @@ class ToxicLink:
             return
         wanted = self._compilable()
         if wanted is not None:
+            if wanted is not old:  # another toxic of that form: the generator is its own
+                self._take_back(old, link)
             form = wanted.toxic.compiled()
             draws = None
-            if wanted is not old:  # another toxic of that form: the generator is its own
-                draws_of(old.state, old.rng).state = link.stage_draws(self.stream)
+            if form is not None and stage_draws(form) and not self.handed:
                 draws = draws_of(wanted.state, wanted.rng).state
             if form is not None and link.set_stage(self.stream, form, draws):
                 self.compiled = wanted
+                self.handed = self.handed or draws is not None
                 return
         # Off the stage: its generator state comes back to the Python toxic.
         self.compiled = None
@@ -124,7 +140,14 @@ class ToxicLink:
             link.to_trio(self.stream)  # the stage's queue goes to trio, read times kept
         else:
             link.set_stage(self.stream, None)
-        draws_of(old.state, old.rng).state = link.stage_draws(self.stream)
+        self._take_back(old, link)
+
+    def _take_back(self, stage: ToxicStage, link: Link) -> None:
+        """The generator the plane drew *stage*'s draws from, back to the toxic (if it
+        was handed: else the toxic's own is untouched)."""
+        if self.handed:
+            draws_of(stage.state, stage.rng).state = link.stage_draws(self.stream)
+            self.handed = False
 
     def _compilable(self) -> ToxicStage | None:
         """The chain's one stage, if the plane may run it compiled."""
@@ -140,13 +163,51 @@ class ToxicLink:
         if link is None or stage is None:
             return False
         form = stage.toxic.compiled()
-        draws = draws_of(stage.state, stage.rng)
-        if form is None or not link.set_stage(self.stream, form, draws.state):
+        if form is None:
+            return False
+        draws = draws_of(stage.state, stage.rng).state if stage_draws(form) else None
+        if not link.set_stage(self.stream, form, draws):
             return False
         if not link.to_plane(self.stream):  # with a stage set it always takes the lane
             link.set_stage(self.stream, None)
             return False
         self.compiled = stage
+        self.handed = draws is not None
+        return True
+
+    def idle(self) -> bool:
+        """In the plane, no toxic on it and no task running it: a stage can be set on
+        it without waking anything (:meth:`staged`)."""
+        return (
+            self.plane is not None
+            and not self.running
+            and self.compiled is None
+            and not self.chain.stages
+        )
+
+    def may_compile(self) -> bool:
+        """Whether a compiled stage may run this stream (``FAULTNET_COMPILED_STAGES``)."""
+        return self._may_compile
+
+    def staged(self, stage: ToxicStage, handed: bool) -> None:
+        """*stage* is this :meth:`idle` stream's whole chain, run compiled by the plane:
+        what :meth:`rebuild` and :meth:`to_stage` would make of it, the plane told by the
+        caller (one call for many: :meth:`faultnet.planes.Plane.set_stages`). No task
+        waits on an idle stream, so nothing is woken. *handed*: its generator goes
+        with it."""
+        self.chain = ToxicChain([stage])
+        self.compiled = stage
+        self.handed = handed
+
+    def unstaged(self, stage: ToxicStage) -> bool:
+        """Take *stage*, removed, off this stream if it is the whole chain and the plane
+        runs it compiled (the caller then sets no stage on the lane, for many at once):
+        True if it did. Its generator is not taken back: the stage is gone."""
+        if self.compiled is not stage or len(self.chain.stages) != 1 or self.running:
+            return False
+        self.chain = ToxicChain([])
+        self.compiled = None
+        self.handed = False
         return True
 
     def wake(self) -> None:

@@ -1,0 +1,148 @@
+"""A toxic added to (or removed from) a proxy's connections is one pass over them and
+one hand-off to the plane (issue 36, item 3), asserted by structure, not by timing: the
+plane is called once for every connection's lane (``Plane.set_stages``), no
+connection's lane is called on its own, and no connection builds a chain.
+
+The calls are counted by wrapping the real methods (instrumentation: each still runs),
+on the native plane, whose compiled latency stage is what the batch hands over; real
+connections to a real echo server, each verified by a round trip. The delay itself is
+checked as a lower bound only (a chunk cannot come back sooner than its latency).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import trio
+
+from faultnet.planes import native
+from faultnet.proxy import Proxy, open_proxy
+from faultnet.proxy._connection import Connection, _decided_rng
+from faultnet.proxy._toxiclink import COMPILED_STAGES_ENV
+from faultnet.testing import echo_server
+from faultnet.toxics import Latency
+from tests.faultnet.sockets import read_exactly
+
+pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason="the native plane is not built")
+
+N = 12
+LATENCY_MS = 60
+
+
+@pytest.fixture(autouse=True)
+def native_plane(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAULTNET_DATAPLANE", "native")
+    monkeypatch.delenv(COMPILED_STAGES_ENV, raising=False)
+
+
+@pytest.fixture
+def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+    """Every call from now on to the plane's batch, to a link's own lane-moving methods,
+    and to a connection's chain building and per-connection path (name, detail)."""
+    seen: list[tuple[str, Any]] = []
+
+    def counted(cls: type, name: str, detail: Callable[..., Any]) -> None:
+        real = getattr(cls, name)
+
+        @functools.wraps(real)
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            seen.append((name, detail(*args)))
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, name, wrapper)
+
+    counted(
+        native.Plane, "set_stages", lambda links, stream, stage, draws: (len(links), stream, stage)
+    )
+    for name in ("set_stage", "to_trio", "to_plane", "stage_draws"):
+        counted(native.Link, name, lambda *args: args[0])
+    counted(Connection, "build_chain", lambda stream: stream)
+    counted(Connection, "_put_on_path", lambda stage: stage.toxic.name)
+    return seen
+
+
+async def round_trip_s(stream: trio.SocketStream) -> float:
+    t0 = time.monotonic()
+    await stream.send_all(b"x")
+    with trio.fail_after(5):
+        assert await read_exactly(stream, 1) == b"x"
+    return time.monotonic() - t0
+
+
+@pytest.fixture
+async def proxy_with_connections() -> AsyncIterator[tuple[Proxy, list[trio.SocketStream]]]:
+    async with echo_server() as upstream, open_proxy(upstream) as proxy:
+        assert proxy.address is not None
+        streams = [await trio.open_tcp_stream(*proxy.address) for _ in range(N)]
+        for s in streams:  # through to the upstream: each link is in the plane
+            await round_trip_s(s)
+        yield proxy, streams
+        for s in streams:
+            await s.aclose()
+
+
+async def test_a_toxic_added_to_every_connection_is_one_hand_off_to_the_plane(
+    proxy_with_connections: tuple[Proxy, list[trio.SocketStream]],
+    calls: list[tuple[str, Any]],
+) -> None:
+    proxy, streams = proxy_with_connections
+    proxy.add_toxic(Latency("lat", "downstream", latency=LATENCY_MS))
+    assert calls == [("set_stages", (N, "downstream", ("latency", LATENCY_MS, 0.0, 0.0)))]
+    for conn in proxy._connections.values():
+        assert conn.toxic_links["downstream"].compiled is conn.stages["lat"]
+        assert [s.toxic.name for s in conn.chain("downstream").stages] == ["lat"]
+    # In force on every connection once the add returned: the echo comes back late.
+    for s in streams:
+        assert await round_trip_s(s) >= LATENCY_MS / 1000 * 0.95
+
+    del calls[:]
+    proxy.remove_toxic("lat")
+    assert calls == [("set_stages", (N, "downstream", None))]
+    for conn in proxy._connections.values():
+        assert (
+            not conn.chain("downstream").stages and conn.toxic_links["downstream"].compiled is None
+        )
+        assert conn.link is not None and not conn.link.on_toxic_path("downstream")
+    for s in streams:  # still forwarded (no bound above: the machine may be loaded)
+        await round_trip_s(s)
+
+
+async def test_a_stream_that_has_a_toxic_already_goes_the_per_connection_way(
+    proxy_with_connections: tuple[Proxy, list[trio.SocketStream]],
+    calls: list[tuple[str, Any]],
+) -> None:
+    proxy, streams = proxy_with_connections
+    proxy.add_toxic(Latency("first", "downstream", latency=1))
+    del calls[:]
+    # Two toxics on one stream are a chain trio runs: not the batch's to hand over.
+    proxy.add_toxic(Latency("second", "downstream", latency=1))
+    assert ("set_stages", (0, "downstream", ("latency", 1.0, 0.0, 0.0))) not in calls
+    assert [c for c in calls if c[0] == "_put_on_path"] == [("_put_on_path", "second")] * N
+    for conn in proxy._connections.values():
+        names = [s.toxic.name for s in conn.chain("downstream").stages]
+        assert names == ["first", "second"] and conn.toxic_links["downstream"].compiled is None
+    for s in streams:
+        await round_trip_s(s)
+
+
+async def test_a_stage_that_starts_drawing_gets_its_generator_then(
+    proxy_with_connections: tuple[Proxy, list[trio.SocketStream]],
+    calls: list[tuple[str, Any]],
+) -> None:
+    """A latency without jitter hands the plane no generator (seeding one per
+    connection was ~11 us); an update that adds jitter hands each lane the state the
+    toxic's own generator starts at, so the plane draws what trio would."""
+    proxy, streams = proxy_with_connections
+    proxy.add_toxic(Latency("lat", "downstream", latency=1))
+    assert not any(c.toxic_links["downstream"].handed for c in proxy._connections.values())
+    proxy.update_toxic("lat", {"jitter": 1})
+    for conn in proxy._connections.values():
+        assert conn.toxic_links["downstream"].handed
+        fresh = _decided_rng((proxy.seed, conn.id, "lat")).getrandbits(64)
+        assert conn.link is not None and conn.link.stage_draws("downstream") == fresh
+    for s in streams:
+        await round_trip_s(s)
