@@ -229,6 +229,11 @@ class Plane(Protocol):
         """Move, in the calling thread, whatever is ready now (faults call it before
         counting connections)."""
 
+    def freeze(self, links: list[Link], streams: Iterable[str]) -> tuple[int, int]:
+        """What :meth:`Link.freeze` does, for every link in *links* at once (a fault on
+        many connections: one call); returns (upstream, downstream), the bytes they had
+        written when their gates closed, summed (:meth:`Link.counts` of each)."""
+
     def set_stages(
         self, links: list[Link], stream: str, stage: Stage | None, draws: list[int] | None
     ) -> None:

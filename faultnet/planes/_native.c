@@ -1313,6 +1313,50 @@ static PyObject *core_set_stages(CoreObject *c, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* freeze(links, mask): close the gates of the lanes in *mask* on every link in the list
+ * *links* (a fault on a proxy's connections: issue 36) in one call and one hold of the
+ * mutex, total on return as _freeze is for each; returns (upstream, downstream), the
+ * bytes the links had written when their gates closed, summed (their counters are final
+ * for the frozen lanes). The debug switch set_unlocked applies as in _freeze. */
+static PyObject *core_freeze(CoreObject *c, PyObject *args) {
+    PyObject *links;
+    int mask;
+    if (!PyArg_ParseTuple(args, "O!i", &PyList_Type, &links, &mask))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(links);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(links, i);
+        if (!PyObject_TypeCheck(item, &LinkType) || ((LinkObject *)item)->core != c) {
+            PyErr_SetString(PyExc_ValueError, "links must be links of this plane");
+            return NULL;
+        }
+    }
+    uint64_t up = 0, down = 0;
+    if (c->unlocked) { /* the breakage, as link_freeze's */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            LinkObject *k = (LinkObject *)PyList_GET_ITEM(links, i);
+            for (int s = 0; s < 2; s++)
+                if (mask & (1 << s))
+                    __atomic_store_n(&k->lanes[s].open, 0, __ATOMIC_RELAXED);
+            up += __atomic_load_n(&k->lanes[UP].bytes, __ATOMIC_RELAXED);
+            down += __atomic_load_n(&k->lanes[DOWN].bytes, __ATOMIC_RELAXED);
+        }
+    } else {
+        /* The list holds its links: none is freed while the GIL is let go. */
+        LOCKED(c, {
+            for (Py_ssize_t i = 0; i < n; i++) {
+                LinkObject *k = (LinkObject *)PyList_GET_ITEM(links, i);
+                for (int s = 0; s < 2; s++)
+                    if (mask & (1 << s))
+                        k->lanes[s].open = 0;
+                up += k->lanes[UP].bytes;
+                down += k->lanes[DOWN].bytes;
+            }
+        });
+    }
+    return Py_BuildValue("KK", (unsigned long long)up, (unsigned long long)down);
+}
+
 static PyObject *core_settle(CoreObject *c, PyObject *unused) {
     if (c->unlocked) /* the breakage: no mutex to service anything under */
         Py_RETURN_NONE;
@@ -1441,6 +1485,8 @@ static PyMethodDef core_methods[] = {
     {"add", (PyCFunction)core_add, METH_VARARGS,
      "add(link, client_fd, server_fd, frozen_mask, to_trio_mask, connect_timeout or -1)"},
     {"settle", (PyCFunction)core_settle, METH_NOARGS, "Move what is ready now, here."},
+    {"freeze", (PyCFunction)core_freeze, METH_VARARGS,
+     "freeze(links, mask): close many links' gates at once; (up, down) bytes."},
     {"set_stages", (PyCFunction)core_set_stages, METH_VARARGS,
      "set_stages(links, lane, kind, a, b, c, draws): one stage on many links' lanes."},
     {"drain", (PyCFunction)core_drain, METH_NOARGS, "The batch of events [(link, kind, lane)]."},

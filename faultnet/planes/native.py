@@ -321,6 +321,12 @@ class Plane:
         """Move, in the calling thread (GIL released), whatever epoll reports ready now."""
         self._core.settle()
 
+    def freeze(self, links: list[Link], streams: Iterable[str]) -> tuple[int, int]:
+        """Close the gates of *streams* on every link: one C call, one hold of the mutex
+        (see :meth:`faultnet.planes.Plane.freeze`)."""
+        counts: tuple[int, int] = self._core.freeze(links, _mask(streams))  # type: ignore[arg-type]
+        return counts
+
     def set_stages(
         self,
         links: list[Link],

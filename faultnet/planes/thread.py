@@ -479,6 +479,18 @@ class Plane:
                 self._rearm(link)
         return link
 
+    def freeze(self, links: list[Link], streams: Iterable[str]) -> tuple[int, int]:
+        """Each link's :meth:`Link.freeze`, then its counts, summed (a lock per link:
+        the lock is not reentrant, and the stress test's breakage replaces
+        ``Link.freeze``)."""
+        up = down = 0
+        for link in links:
+            link.freeze(streams)
+            u, d = link.counts()
+            up += u
+            down += d
+        return up, down
+
     def set_stages(
         self,
         links: list[Link],

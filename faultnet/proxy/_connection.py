@@ -183,7 +183,7 @@ class Connection:
         self.server: socket.socket | None = None
         #: This connection in the plane (None until the upstream connect is started).
         self.link: planes.Link | None = None
-        #: The faults in force; changed only by :meth:`enter`.
+        #: The faults in force; changed only by :meth:`enter` (or :meth:`enter_gated`).
         self.faults = FaultState()
         #: The filter on each socket now (what :meth:`_refilter` last attached).
         self._filters: dict[str, bpf.Program | None] = {
@@ -236,6 +236,26 @@ class Connection:
             self.link.thaw(sorted(opening))
             for s in opening:
                 self.toxic_links[s].wake()
+
+    def enter_gated(
+        self,
+        faults: FaultState,
+        closing: frozenset[str] | None,
+        gates: dict[frozenset[str], list[planes.Link]],
+    ) -> bool:
+        """Make *faults* the state in force if all it changes is gates that close:
+        *closing*, the streams whose gates it closes from this connection's state (None
+        if a gate opens), and no socket's filter changes (a freeze of an open
+        connection). Those gates are left for the caller to close, this link listed in
+        *gates* under *closing* (one plane call for many:
+        :meth:`faultnet.planes.Plane.freeze`; total once that returns). True if so; else
+        nothing changed (use :meth:`enter`)."""
+        link = self.link
+        if closing is None or link is None or self._filters != faults.filters():
+            return False
+        self.faults = faults
+        gates[closing].append(link)
+        return True
 
     def apply(
         self, mode: str, streams: tuple[str, ...], fraction: float = 0.0, both_ways: bool = False
