@@ -67,7 +67,7 @@ import socket
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from faultnet.planes import CHUNKS, DONE, DRAINED, ERROR, RESET, UPSTREAM_FAILED, LinkBase
+from faultnet.planes import CHUNKS, DONE, DRAINED, ERROR, RESET, UPSTREAM_FAILED, LinkBase, Stage
 
 if TYPE_CHECKING:
     import trio
@@ -328,11 +328,7 @@ class Plane:
         return counts
 
     def set_stages(
-        self,
-        links: list[Link],
-        stream: str,
-        stage: tuple[str, float, float, float] | None,
-        draws: list[int] | None,
+        self, links: list[Link], stream: str, stage: Stage | None, draws: list[int] | None
     ) -> None:
         """*stage* on *stream* of every link in *links*: one C call, one hold of the
         mutex (see :meth:`faultnet.planes.Plane.set_stages`)."""

@@ -106,7 +106,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, cast
 
-from faultnet.planes import CHUNKS, DONE, DRAINED, ERROR, RESET, UPSTREAM_FAILED, LinkBase
+from faultnet.planes import CHUNKS, DONE, DRAINED, ERROR, RESET, UPSTREAM_FAILED, LinkBase, Stage
 from faultnet.planes._pipes import SPLICE_CHUNK, PipePool
 from faultnet.sockopts import tcp_state
 
@@ -492,11 +492,7 @@ class Plane:
         return up, down
 
     def set_stages(
-        self,
-        links: list[Link],
-        stream: str,
-        stage: tuple[str, float, float, float] | None,
-        draws: list[int] | None,
+        self, links: list[Link], stream: str, stage: Stage | None, draws: list[int] | None
     ) -> None:
         """No stage but None (see :meth:`faultnet.planes.Plane.set_stages`)."""
         if stage is not None:

@@ -609,18 +609,22 @@ class Proxy(ProxyBase):
         # issue 36's 9,000: 77 ms through the API against 60).
         # Each state's next one, and the gates it closes (None: one opens), worked out
         # once per distinct state, not per connection.
-        plan: dict[FaultState, tuple[FaultState, frozenset[str] | None]] = {}
+        # Keyed by the state object (states are shared: FaultState.apply is cached), its
+        # entry holding it alive so the id is not reused: FaultState's hash is a Python
+        # call, ~700 instructions a connection.
+        plan: dict[int, tuple[FaultState, FaultState, frozenset[str] | None]] = {}
         gates: collections.defaultdict[frozenset[str], list[planes.Link]] = collections.defaultdict(
             list
         )
         for c in conns:
             before = c.faults
-            step = plan.get(before)
-            if step is None:
+            step = plan.get(id(before))
+            if step is None or step[0] is not before:
                 after = before.apply(mode, streams)
                 opening = before.closed() - after.closed()
-                step = plan[before] = (after, None if opening else after.closed() - before.closed())
-            if c.enter_gated(*step, gates):
+                closing = None if opening else after.closed() - before.closed()
+                step = plan[id(before)] = (before, after, closing)
+            if c.enter_gated(step[1], step[2], gates):
                 self._table.relabel(c)
                 continue
             self._transition(c, mode, streams)
