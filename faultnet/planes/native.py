@@ -323,15 +323,25 @@ class Plane:
 
     def freeze(self, links: list[Link], streams: Iterable[str]) -> tuple[int, int]:
         """Close the gates of *streams* on every link: one C call, one hold of the mutex
-        (see :meth:`faultnet.planes.Plane.freeze`)."""
-        counts: tuple[int, int] = self._core.freeze(links, _mask(streams))  # type: ignore[arg-type]
-        return counts
+        (see :meth:`faultnet.planes.Plane.freeze`). A link that is not one of this
+        plane's own (a connection's joined links: faultnet/proxy/_hop.py) is frozen and
+        counted by its own methods."""
+        streams = list(streams)
+        own, others = _own(links)
+        up, down = self._core.freeze(own, _mask(streams))  # type: ignore[arg-type]
+        for link in others:
+            link.freeze(streams)
+            u, d = link.counts()
+            up += u
+            down += d
+        return up, down
 
     def set_stages(
         self, links: list[Link], stream: str, stage: Stage | None, draws: list[int] | None
     ) -> None:
         """*stage* on *stream* of every link in *links*: one C call, one hold of the
-        mutex (see :meth:`faultnet.planes.Plane.set_stages`)."""
+        mutex (see :meth:`faultnet.planes.Plane.set_stages`); a link not of this plane's
+        own (a connection's joined links: faultnet/proxy/_hop.py) by its own calls."""
         if stage is None:
             kind, a, b, c = _native.STAGE_NONE, 0.0, 0.0, 0.0
         else:
@@ -339,4 +349,22 @@ class Plane:
             if name not in _STAGE_KINDS:
                 raise ValueError(f"the native plane runs no {name!r} stage")
             kind = _STAGE_KINDS[name]
-        self._core.set_stages(links, _INDEX[stream], kind, a, b, c, draws)  # type: ignore[arg-type]
+        own, others = _own(links)
+        if others:  # a connection's joined links (rare): each as a toxic link's to_stage()
+            i_of = {id(link): i for i, link in enumerate(links)}
+            for link in others:
+                link.set_stage(stream, stage, None if draws is None else draws[i_of[id(link)]])
+                if stage is not None and link.on_toxic_path(stream):
+                    link.to_plane(stream)
+            if draws is not None:
+                draws = [draws[i_of[id(link)]] for link in own]
+        self._core.set_stages(own, _INDEX[stream], kind, a, b, c, draws)  # type: ignore[arg-type]
+
+
+def _own(links: list[Link]) -> tuple[list[Link], list[Link]]:
+    """*links* split into this plane's own links (one C call takes them all) and the
+    others (a connection's joined links, faultnet/proxy/_hop.py: each its own calls)."""
+    own = [link for link in links if type(link) is Link]
+    if len(own) == len(links):
+        return own, []
+    return own, [link for link in links if type(link) is not Link]

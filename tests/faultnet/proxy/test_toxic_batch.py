@@ -146,3 +146,29 @@ async def test_a_stage_that_starts_drawing_gets_its_generator_then(
         assert conn.link is not None and conn.link.stage_draws("downstream") == fresh
     for s in streams:
         await round_trip_s(s)
+
+
+async def test_a_connection_on_its_hop_takes_the_batch_by_its_own_calls(
+    proxy_with_connections: tuple[Proxy, list[trio.SocketStream]],
+    calls: list[tuple[str, Any]],
+) -> None:
+    """A connection under two-way loss is two joined links (faultnet/proxy/_hop.py), not
+    one of the plane's own: the batch gives it the stage through its own calls, the
+    others in the one C call; a freeze counts it and holds it like the rest."""
+    proxy, streams = proxy_with_connections
+    await proxy.loss(0.001, both_ways=True, only=[1])
+    hopped = proxy._connections[1]
+    assert hopped.hop is not None and type(hopped.link) is not native.Link
+    del calls[:]
+    proxy.add_toxic(Latency("lat", "downstream", latency=LATENCY_MS))
+    assert ("set_stages", (N, "downstream", ("latency", LATENCY_MS, 0.0, 0.0))) in calls
+    for conn in proxy._connections.values():
+        assert conn.toxic_links["downstream"].compiled is conn.stages["lat"]
+    for s in streams:
+        assert await round_trip_s(s) >= LATENCY_MS / 1000 * 0.95
+    assert await proxy.freeze() == N
+    assert proxy.connection_counts() == {"frozen": N}
+    await proxy.thaw()
+    proxy.remove_toxic("lat")
+    for s in streams:
+        await round_trip_s(s)
