@@ -64,6 +64,7 @@ __all__ = [
     "available_planes",
     "check_plane",
     "default_plane",
+    "freeze_each",
     "make_plane",
     "stage_draws",
 ]
@@ -272,6 +273,19 @@ class LinkBase(Generic[_P, _L]):
         }
         # The compiled base's own init (the native plane's: its lanes own no pipe yet).
         super().__init__()
+
+
+def freeze_each(links: Iterable[Link], streams: Iterable[str]) -> tuple[int, int]:
+    """:meth:`Plane.freeze` one link at a time: each link's own :meth:`Link.freeze`,
+    then its :meth:`Link.counts`, summed."""
+    streams = list(streams)
+    up = down = 0
+    for link in links:
+        link.freeze(streams)
+        u, d = link.counts()
+        up += u
+        down += d
+    return up, down
 
 
 def available_planes() -> list[str]:

@@ -67,6 +67,7 @@ import socket
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
+from faultnet import planes as _planes
 from faultnet.planes import CHUNKS, DONE, DRAINED, ERROR, RESET, UPSTREAM_FAILED, LinkBase, Stage
 
 if TYPE_CHECKING:
@@ -329,11 +330,9 @@ class Plane:
         streams = list(streams)
         own, others = _own(links)
         up, down = self._core.freeze(own, _mask(streams))  # type: ignore[arg-type]
-        for link in others:
-            link.freeze(streams)
-            u, d = link.counts()
-            up += u
-            down += d
+        if others:
+            u, d = _planes.freeze_each(others, streams)
+            up, down = up + u, down + d
         return up, down
 
     def set_stages(

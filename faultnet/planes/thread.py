@@ -106,7 +106,17 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, cast
 
-from faultnet.planes import CHUNKS, DONE, DRAINED, ERROR, RESET, UPSTREAM_FAILED, LinkBase, Stage
+from faultnet.planes import (
+    CHUNKS,
+    DONE,
+    DRAINED,
+    ERROR,
+    RESET,
+    UPSTREAM_FAILED,
+    LinkBase,
+    Stage,
+    freeze_each,
+)
 from faultnet.planes._pipes import SPLICE_CHUNK, PipePool
 from faultnet.sockopts import tcp_state
 
@@ -483,13 +493,7 @@ class Plane:
         """Each link's :meth:`Link.freeze`, then its counts, summed (a lock per link:
         the lock is not reentrant, and the stress test's breakage replaces
         ``Link.freeze``)."""
-        up = down = 0
-        for link in links:
-            link.freeze(streams)
-            u, d = link.counts()
-            up += u
-            down += d
-        return up, down
+        return freeze_each(links, streams)
 
     def set_stages(
         self, links: list[Link], stream: str, stage: Stage | None, draws: list[int] | None
