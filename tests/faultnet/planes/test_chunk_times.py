@@ -5,7 +5,10 @@ read it, the inbox is bounded in bytes, and a lane goes back to the plane
 
 from __future__ import annotations
 
+import fcntl
 import socket
+import struct
+import termios
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -27,7 +30,8 @@ def plane_name(request: pytest.FixtureRequest) -> str:
 class Rig:
     """A plane link between two loopback connections; the ends the test drives."""
 
-    def __init__(self) -> None:
+    def __init__(self, plane: planes.Plane) -> None:
+        self.plane = plane
         self.link: planes.Link
         self.app_client: socket.socket
         self.app_server: socket.socket
@@ -45,6 +49,12 @@ class Rig:
         self.chunks = trio.Event()
 
 
+def _unsent(sock: socket.socket) -> int:
+    """Bytes *sock* has sent that its peer's kernel has not taken (``SIOCOUTQ``)."""
+    got = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+    return int(struct.unpack("i", got)[0])
+
+
 def _tcp_pair(lst: socket.socket) -> tuple[socket.socket, socket.socket]:
     a = socket.create_connection(lst.getsockname())
     b, _ = lst.accept()
@@ -55,7 +65,7 @@ def _tcp_pair(lst: socket.socket) -> tuple[socket.socket, socket.socket]:
 async def open_rig(name: str, to_trio: list[str]) -> AsyncIterator[Rig]:
     plane = planes.make_plane(name)
     plane.start(trio.lowlevel.current_trio_token())
-    rig = Rig()
+    rig = Rig(plane)
     with socket.create_server(("127.0.0.1", 0)) as lst:
         rig.app_client, client = _tcp_pair(lst)
         rig.client = client
@@ -110,9 +120,23 @@ async def test_the_inbox_holds_many_small_chunks_and_a_bounded_number_of_bytes(
                     sent += rig.app_client.send(b"x" * 65536)
                 except BlockingIOError:
                     await trio.sleep(0.001)
-        await wait_until(lambda: unread_bytes(rig.client) > 0, 10, what="the plane to stop reading")
+
+        # What the plane has read: sent, less what is still in either kernel. Bytes
+        # unread in its socket alone do not say it stopped: under load (stress-ng on
+        # both CPUs) its thread had not read at all yet, and the inbox held 0.
+        def read_by_plane() -> int:
+            return sent - _unsent(rig.app_client) - unread_bytes(rig.client)
+
+        bound = 1 << 20
+        await wait_until(
+            lambda: read_by_plane() >= bound - 65536, 10, what="the plane to fill its inbox"
+        )
+        # Whatever it would read now, it reads here (one pass in this thread): a plane
+        # with no bound empties its socket.
+        rig.plane.settle()
+        assert unread_bytes(rig.client) > 0, "the plane read on past its bound"
         held = sum(len(d) for d, _ in rig.link.take_timed("upstream"))
-        assert 0 < held <= (1 << 20) + 65536
+        assert bound - 65536 <= held <= bound + 65536
 
 
 async def test_to_plane_waits_for_trio_to_take_every_chunk(plane_name: str) -> None:
