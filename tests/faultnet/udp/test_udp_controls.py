@@ -3,14 +3,17 @@ breakage; and it goes red itself when a real mode is broken."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import trio
 
 from faultnet.controls import ControlFailed
-from faultnet.udp.controls import assert_udp_delayed
+from faultnet.testing import udp_echo_server
+from faultnet.udp.controls import assert_udp_delayed, assert_udp_silent
 from faultnet.udp.controltest import run_udp_control_test
 from faultnet.udp.modes import UDP_MODES
-from faultnet.udp.proxy import UdpProxy
+from faultnet.udp.proxy import UdpProxy, open_udp_proxy
 
 #: The negative control, and every UDP mode with a control (the table's).
 MODES = {"pass", *(m.name for m in UDP_MODES.values() if m.control)}
@@ -61,3 +64,26 @@ async def test_the_delay_control_is_not_fooled_by_one_late_echo() -> None:
             await assert_udp_delayed(sock.getsockname(), 100.0)
         nursery.cancel_scope.cancel()
     sock.close()
+
+
+async def test_the_silence_control_sees_a_delayed_reply_across_a_stall() -> None:
+    """The breakage that passed once in a loaded suite run: datagrams only delayed
+    (20 ms), yet no reply inside the 300 ms window. The proxy runs in this process, and
+    a machine that stalls the whole process past the window let the window's deadline
+    expire in the same pass as the proxy's delay, before the reply could be sent. The
+    stand-in for the stall: a task that blocks the loop for 400 ms (the window must
+    count the time this process ran, not the time it was stalled)."""
+
+    async def stall() -> None:
+        await trio.sleep(0.005)  # the datagram is out, its delay under way
+        time.sleep(0.4)  # noqa: ASYNC251 - the stall itself: nothing in the loop runs
+
+    async with (
+        udp_echo_server() as (upstream, _),
+        open_udp_proxy(upstream, seed=1) as proxy,
+    ):
+        await proxy.latency(20)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stall)
+            with pytest.raises(ControlFailed, match="datagrams still cross"):
+                await assert_udp_silent(proxy.address)
