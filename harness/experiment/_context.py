@@ -40,7 +40,7 @@ from harness.env import EnvState
 from harness.experiment._contract import parse_botevents
 from harness.experiment._helpers import RunProblem, unique_nick
 from harness.experiment._result import Result
-from harness.experiment._timescale import TimeScale
+from harness.experiment._timescale import HANDSHAKE_S, TimeScale
 
 __all__ = ["BotHandle", "Context"]
 
@@ -128,6 +128,9 @@ class Context:
     log: JsonlWriter = field(init=False)
     _progress: TextIO | None = field(default=None, init=False)
     _spawned: list[str] = field(default_factory=list, init=False)
+    #: The attempt's overall bound (the runner's); each bot's start extends it by what
+    #: the start took (see :meth:`bot`).
+    backstop: trio.CancelScope | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -302,6 +305,7 @@ class Context:
         env = self.bot_env(nick, token, host, int(port))
         call_dir = self.run_dir / "calls" / label
         entered = False
+        t0 = trio.current_time()
         try:
             async with open_mcp(
                 self.bot_argv,
@@ -310,12 +314,14 @@ class Context:
                 # A post waits at most the confirmation budget; anything past this is a
                 # hung call, and the experiments pass their own tighter bound anyway.
                 timeout=self.scale.bound(60, floor=30),
-                # The SDK bot takes 1-2.5 s to answer initialize on an idle machine; four
-                # starting at once on 2 loaded cores took over 10 s, hence the floor.
-                # 30 s at real time, scaled with the rest.
-                handshake_timeout=self.scale.bound(30, floor=20),
+                handshake_timeout=HANDSHAKE_S,
             ) as drv:
                 entered = True
+                # A start is the machine's load, not the experiment's time: the attempt's
+                # bound (scaled scenario time) does not pay for it. Each start is bounded
+                # on its own (HANDSHAKE_S), so the bound stays finite.
+                if self.backstop is not None:
+                    self.backstop.deadline += trio.current_time() - t0
                 handle = BotHandle(drv, nick, label, self)
                 ident = drv.identity
                 self.log.write(
@@ -355,9 +361,14 @@ class Context:
         with contextlib.suppress(Exception):
             (self.run_dir / f"{label}.stderr").write_text(drv.stderr_text())
 
+    @property
+    def connect_bound(self) -> float:
+        """How long a started bot has to report ``connected`` (:meth:`connected`)."""
+        return self.scale.bound(15, floor=20)
+
     async def connected(self, bot: BotHandle) -> dict[str, Any]:
         """Wait for the bot's first ``connected`` BOTEVENT (bounded); RunProblem if never."""
-        ev = await bot.wait_event("connected", self.scale.bound(15, floor=20))
+        ev = await bot.wait_event("connected", self.connect_bound)
         if ev is None:
             tail = " | ".join(bot.drv.stderr_text().splitlines()[-5:])
             raise RunProblem(f"{bot.label} ({bot.nick}) never connected; stderr tail: {tail}")

@@ -229,3 +229,23 @@ async def test_a_passing_run_leaves_no_temporary_directory(
     assert json.loads((tmp_path / "o").read_text())["report"] is None
     assert await runner.amain(_fake_experiment(fail_odd=False), [*argv, "--keep"]) == 0
     assert len(list(tmp.iterdir())) == 1
+
+
+async def test_a_bots_start_extends_the_attempts_bound(tmp_path: Path, state_dir: Path) -> None:
+    """The attempt's backstop bounds scenario time, scaled; a bot's start is the
+    machine's (three fleet runs side by side under stress-ng: four bots one after
+    another took 80 s and ran the backstop out). Each start moves the deadline on by
+    what it took: here a BOT_BIN that sleeps 1.5 s before it starts."""
+    moved: list[float] = []
+
+    async def run(ctx: Context) -> None:
+        assert ctx.backstop is not None
+        before = ctx.backstop.deadline
+        async with ctx.bot("nick", "token", "w01", via=None):
+            moved.append(ctx.backstop.deadline - before)
+        ctx.result.check("a control", True, role="control")
+
+    slow_bot = f"sh -c 'sleep 1.5; exec {sys.executable} -m harness.bot'"
+    argv = ["--bot-bin", slow_bot, "--state", str(state_dir), "--run-dir", str(tmp_path / "r")]
+    assert await runner.amain(fake_experiment(run, extra="x"), argv) == 0
+    assert len(moved) == 1 and moved[0] >= 1.5, moved
