@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -178,10 +179,27 @@ RUNS = {
 }
 
 
+#: A run's bound: the three side by side took about 25 s on an idle 2-core machine and
+#: 75 s at load 12.
+RUN_TIMEOUT_S = 240
+
+
+@dataclass(frozen=True)
+class FleetRun:
+    """One run of the module: its ``--run-dir``, its exit code (None: killed at the
+    bound) and what it printed."""
+
+    dir: Path
+    code: int | None
+    output: str
+
+
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def fleet_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, FleetRun]:
     """The main run, the control run and a leaking main run, side by side (each its own
-    environment)."""
+    environment). Never fails itself: a run that failed fails only the tests that read
+    it (see :func:`_usable`); one that once missed its bots' start bound under load had
+    errored all 11 tests of the module."""
     base = tmp_path_factory.mktemp("fleet")
     procs = {}
     for name, (mode, defect) in RUNS.items():
@@ -209,15 +227,43 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             text=True,
             env=_env(),
         )
+    runs = {}
     for name, proc in procs.items():
-        out, _ = proc.communicate(timeout=240)
-        assert proc.returncode == 0, out
-        assert out.strip().splitlines()[-1] == str(base / name)  # the run dir, last line
-    return {name: base / name for name in procs}
+        try:
+            out, _ = proc.communicate(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # the runner's children die with it (its parent-death signal)
+            out, _ = proc.communicate()
+            out = f"killed after {RUN_TIMEOUT_S} s\n{out}"
+        runs[name] = FleetRun(base / name, proc.returncode if proc.returncode >= 0 else None, out)
+    return runs
 
 
-def test_the_control_fails_with_lost_posts_as_it_must(pair: dict[str, Path]) -> None:
-    code, doc = _verify(pair["control"])
+def _usable(runs: dict[str, FleetRun], name: str) -> Path:
+    """The run directory of run *name*, or this test fails with the run's output."""
+    run = runs[name]
+    assert run.code == 0, f"the {name} run failed (exit {run.code}):\n{run.output}"
+    assert run.output.strip().splitlines()[-1] == str(run.dir)  # the run dir, last line
+    return run.dir
+
+
+@pytest.fixture(scope="module")
+def main_run(fleet_runs: dict[str, FleetRun]) -> Path:
+    return _usable(fleet_runs, "main")
+
+
+@pytest.fixture(scope="module")
+def control_run(fleet_runs: dict[str, FleetRun]) -> Path:
+    return _usable(fleet_runs, "control")
+
+
+@pytest.fixture(scope="module")
+def leaky_run(fleet_runs: dict[str, FleetRun]) -> Path:
+    return _usable(fleet_runs, "leaky")
+
+
+def test_the_control_fails_with_lost_posts_as_it_must(control_run: Path) -> None:
+    code, doc = _verify(control_run)
     assert doc["mode"] == "control"
     loss = _check(doc, "no silent loss")
     assert not loss["passed"] and doc["summary"]["lost"] > 0, loss
@@ -225,8 +271,8 @@ def test_the_control_fails_with_lost_posts_as_it_must(pair: dict[str, Path]) -> 
     assert code == 0 and doc["ok"] and "as it must" in doc["message"]
 
 
-def test_the_main_case_passes(pair: dict[str, Path]) -> None:
-    code, doc = _verify(pair["main"])
+def test_the_main_case_passes(main_run: Path) -> None:
+    code, doc = _verify(main_run)
     failed = [c for c in doc["checks"] if not c["passed"]]
     assert code == 0 and not failed, failed
     assert doc["summary"]["posts during outages"] > 0
@@ -234,9 +280,9 @@ def test_the_main_case_passes(pair: dict[str, Path]) -> None:
     assert all(j["effects"] or j["non_effect_reason"] for j in doc["joins"])
 
 
-def _copy(pair: dict[str, Path], tmp_path: Path) -> Path:
+def _copy(main_run: Path, tmp_path: Path) -> Path:
     run = tmp_path / "run"
-    shutil.copytree(pair["main"], run, ignore=shutil.ignore_patterns("env"))
+    shutil.copytree(main_run, run, ignore=shutil.ignore_patterns("env"))
     return run
 
 
@@ -245,12 +291,10 @@ def _rewrite(path: Path, change) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in change(lines)))
 
 
-def test_a_control_that_loses_nothing_fails_the_harness(
-    pair: dict[str, Path], tmp_path: Path
-) -> None:
+def test_a_control_that_loses_nothing_fails_the_harness(main_run: Path, tmp_path: Path) -> None:
     """A control whose bots are fixed: the main run's records are exactly that (the
     control's workload, seed and schedule with confirming bots), relabelled control."""
-    run = _copy(pair, tmp_path)
+    run = _copy(main_run, tmp_path)
     manifest = json.loads((run / "manifest.json").read_text())
     manifest["mode"] = "control"
     (run / "manifest.json").write_text(json.dumps(manifest))
@@ -265,9 +309,9 @@ def _first_claimed(run: Path, label: str = "w01") -> dict[str, Any]:
 
 
 def test_a_claimed_post_the_observer_never_got_is_a_silent_loss(
-    pair: dict[str, Path], tmp_path: Path
+    main_run: Path, tmp_path: Path
 ) -> None:
-    run = _copy(pair, tmp_path)
+    run = _copy(main_run, tmp_path)
     text = _first_claimed(run)["text"]
     _rewrite(
         run / "observer.jsonl", lambda recs: [r for r in recs if text not in r.get("text", "")]
@@ -277,8 +321,8 @@ def test_a_claimed_post_the_observer_never_got_is_a_silent_loss(
     assert doc["summary"]["lost"] == 1
 
 
-def test_an_outage_post_that_claims_delivery_fails(pair: dict[str, Path], tmp_path: Path) -> None:
-    run = _copy(pair, tmp_path)
+def test_an_outage_post_that_claims_delivery_fails(main_run: Path, tmp_path: Path) -> None:
+    run = _copy(main_run, tmp_path)
     _, doc = _judge(run)
     post_of = {}
     for j in doc["joins"]:
@@ -298,8 +342,8 @@ def test_an_outage_post_that_claims_delivery_fails(pair: dict[str, Path], tmp_pa
     assert code == 1 and not _check(doc, "during an outage")["passed"]
 
 
-def test_a_bot_that_never_came_back_fails_liveness(pair: dict[str, Path], tmp_path: Path) -> None:
-    run = _copy(pair, tmp_path)
+def test_a_bot_that_never_came_back_fails_liveness(main_run: Path, tmp_path: Path) -> None:
+    run = _copy(main_run, tmp_path)
     _rewrite(
         run / "bots/w02/posts.jsonl", lambda recs: [r for r in recs if r["kind"] != "roll_call"]
     )
@@ -323,15 +367,15 @@ def _link_downs(run: Path) -> dict[str, int]:
     return downs
 
 
-def test_a_bot_that_leaks_descriptors_fails_flatness(pair: dict[str, Path]) -> None:
+def test_a_bot_that_leaks_descriptors_fails_flatness(leaky_run: Path) -> None:
     """Each bot's descriptors grew by exactly its links that went down, and the bots that
     lost more links than the tolerance are the check's evidence. How many links go down
     depends on the machine's load (a loaded bot misses PONGs: 2-5 a bot at load 5, seed
     7), so the test reads that from the run instead of expecting a number."""
-    code, doc = _verify(pair["leaky"])
+    code, doc = _verify(leaky_run)
     flat = _check(doc, "descriptors")
-    downs = _link_downs(pair["leaky"])
-    tol = int(facts(pair["leaky"]).timing["fd_tolerance"])
+    downs = _link_downs(leaky_run)
+    tol = int(facts(leaky_run).timing["fd_tolerance"])
     over = sorted(label for label, n in downs.items() if n > tol)
     assert over, f"no bot lost more than {tol} link(s), so none can show the leak: {downs}"
     assert code == 1 and not flat["passed"], flat
@@ -345,8 +389,8 @@ def test_a_bot_that_leaks_descriptors_fails_flatness(pair: dict[str, Path]) -> N
     assert not others, others
 
 
-def test_descriptors_that_grow_fail_flatness(pair: dict[str, Path], tmp_path: Path) -> None:
-    run = _copy(pair, tmp_path)
+def test_descriptors_that_grow_fail_flatness(main_run: Path, tmp_path: Path) -> None:
+    run = _copy(main_run, tmp_path)
 
     def leak(recs: list[dict]) -> list[dict]:
         recs[-1]["fds"] += 2  # the final sample: two descriptors more than the baseline
@@ -357,8 +401,8 @@ def test_descriptors_that_grow_fail_flatness(pair: dict[str, Path], tmp_path: Pa
     assert code == 1 and list(_check(doc, "descriptors")["evidence"]) == ["w03"]
 
 
-def test_a_post_without_its_call_record_fails(pair: dict[str, Path], tmp_path: Path) -> None:
-    run = _copy(pair, tmp_path)
+def test_a_post_without_its_call_record_fails(main_run: Path, tmp_path: Path) -> None:
+    run = _copy(main_run, tmp_path)
     for f in (run / "calls" / "w04").glob("*.jsonl"):
         f.unlink()
     code, doc = _judge(run)
@@ -366,11 +410,11 @@ def test_a_post_without_its_call_record_fails(pair: dict[str, Path], tmp_path: P
 
 
 def test_a_fault_with_no_effect_and_no_reason_fails_the_join(
-    pair: dict[str, Path], tmp_path: Path
+    main_run: Path, tmp_path: Path
 ) -> None:
     """Erase what a bot logged after a sever that took its connection down: the fault is
     in the log, its effect is not, and no reason explains that."""
-    run = _copy(pair, tmp_path)
+    run = _copy(main_run, tmp_path)
     faults = [json.loads(x) for x in (run / "faults.jsonl").read_text().splitlines()]
     sever = next(
         f
@@ -399,8 +443,8 @@ def test_a_fault_with_no_effect_and_no_reason_fails_the_join(
     assert [j["counter"] for j in join["evidence"]][:1] == [sever["counter"]]
 
 
-def test_an_unfinished_run_is_unusable(pair: dict[str, Path], tmp_path: Path) -> None:
-    run = _copy(pair, tmp_path)
+def test_an_unfinished_run_is_unusable(main_run: Path, tmp_path: Path) -> None:
+    run = _copy(main_run, tmp_path)
     manifest = json.loads((run / "manifest.json").read_text())
     manifest["status"] = "running"
     (run / "manifest.json").write_text(json.dumps(manifest))
