@@ -173,9 +173,17 @@ def calls_recorded(f: Facts) -> Finding:
 # --------------------------------------------------------------------------- joins
 
 
-def _effects(f: Facts, i: int, ep: Episode, bot: Bot, horizon: float) -> list[dict[str, Any]]:
+def _effects(
+    f: Facts, i: int, ep: Episode, bot: Bot, horizon: float, bound: float
+) -> list[dict[str, Any]]:
     """What followed *ep* on its bot until *horizon*: its own events, then its posts in
-    the outage (claimed or unconfirmed), each with its time after the fault began."""
+    the outage (claimed or unconfirmed), each with its time after the fault began.
+
+    The end of the session the fault took down is its effect whenever it came (within
+    *bound* of the fault): under load (stress-ng on both CPUs) a bot read a sever's EOF
+    395 ms after it, past the next fault on its link (340 ms after, a freeze that
+    found no connection), and the sever was left with no effect."""
+    taken = bot.session_at(ep.began) if ep.conns else None
     effects = [
         {
             "effect": e["event"],
@@ -183,7 +191,16 @@ def _effects(f: Facts, i: int, ep: Episode, bot: Bot, horizon: float) -> list[di
             "after_s": round(float(e.get("mono", 0)) - ep.began, 3),
         }
         for e in bot.events
-        if ep.began <= float(e.get("mono", 0)) <= horizon and e.get("event") in OWN_EFFECTS
+        if e.get("event") in OWN_EFFECTS
+        and ep.began <= float(e.get("mono", 0))
+        and (
+            float(e.get("mono", 0)) <= horizon
+            or (
+                taken is not None
+                and e.get("session") == taken
+                and float(e.get("mono", 0)) <= (ep.ended or ep.start) + bound
+            )
+        )
     ]
     w = f.windows.get(i)
     if w is not None:
@@ -222,7 +239,7 @@ def joins(f: Facts) -> list[dict[str, Any]]:
         if bot is None:
             continue
         nxt = next((e.began for e in f.eps[i + 1 :] if e.target == ep.target), float("inf"))
-        effects = _effects(f, i, ep, bot, min((ep.ended or ep.start) + bound, nxt))
+        effects = _effects(f, i, ep, bot, min((ep.ended or ep.start) + bound, nxt), bound)
         out.append(
             {
                 "counter": ep.counter,

@@ -101,6 +101,19 @@ class Bot:
                 state = False
         return state
 
+    def session_at(self, t: float) -> int | None:
+        """The bot's session that was up at *t* (its latest ``connected`` at or before
+        *t*, not yet ended), or None."""
+        session = None
+        for e in self.events:
+            if float(e.get("mono", 0)) > t:
+                break
+            if e.get("event") == "connected":
+                session = e.get("session")
+            elif e.get("event") in ("disconnected", "pong_timeout"):
+                session = None
+        return session
+
     def first(self, name: str, after: float, before: float = float("inf")) -> float | None:
         for e in self.events:
             m = float(e.get("mono", 0))

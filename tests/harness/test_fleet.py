@@ -443,6 +443,43 @@ def test_a_fault_with_no_effect_and_no_reason_fails_the_join(
     assert [j["counter"] for j in join["evidence"]][:1] == [sever["counter"]]
 
 
+def test_a_taken_sessions_end_is_the_faults_effect_past_the_next_fault(
+    main_run: Path, tmp_path: Path
+) -> None:
+    """Under load a bot read a sever's EOF 395 ms after it, past the next fault on its
+    link (a freeze 340 ms after, which found no connection): the end of the session a
+    fault took down is that fault's effect, whenever it comes. Made here by putting
+    such a freeze between a sever (or reset) and the disconnect it caused."""
+    run = _copy(main_run, tmp_path)
+    _, doc = _judge(run)
+    join, down = next(
+        (j, e["after_s"])
+        for j in doc["joins"]
+        if j["episode"] in ("sever", "reset") and j["conns"]
+        for e in j["effects"]
+        if e["effect"] == "disconnected" and e["after_s"] > 0
+    )
+    faults = [json.loads(x) for x in (run / "faults.jsonl").read_text().splitlines()]
+    fault = next(
+        r
+        for r in faults
+        if r["event"] == "fault"
+        and r["counter"] == join["counter"]
+        and r["target"].split("@")[0] == join["target"]
+    )
+    t = fault["began"] + down / 2
+    between = {
+        **fault,
+        **{"counter": 10_000, "action": "freeze", "detail": {}, "began": t, "mono": t},
+        "result": {"connections": 0, "conns": []},
+    }
+    _rewrite(run / "faults.jsonl", lambda recs: sorted([*recs, between], key=lambda r: r["mono"]))
+    code, doc = _judge(run)
+    (after,) = [j for j in doc["joins"] if j["counter"] == join["counter"]]
+    assert any(e["effect"] == "disconnected" for e in after["effects"]), after
+    assert _check(doc, "joined")["passed"], _check(doc, "joined")
+
+
 def test_an_unfinished_run_is_unusable(main_run: Path, tmp_path: Path) -> None:
     run = _copy(main_run, tmp_path)
     manifest = json.loads((run / "manifest.json").read_text())
