@@ -150,6 +150,12 @@ print("stdin open")
 """
 
 
+#: A child's clean exit. Under ``scripts/memcheck asan`` the child inherits the
+#: sanitizers and exits with LeakSanitizer's 99 for CPython's objects alive at exit; an
+#: error of the core there is judged by memcheck from the sanitizers' log, not this code.
+_CLEAN_EXITS = (0, 99) if "exitcode=99" in os.environ.get("ASAN_OPTIONS", "") else (0,)
+
+
 def test_a_link_the_stopped_core_refuses_closes_no_descriptor_when_freed() -> None:
     done = subprocess.run(
         [sys.executable, "-c", _REFUSED_LINK],
@@ -158,5 +164,5 @@ def test_a_link_the_stopped_core_refuses_closes_no_descriptor_when_freed() -> No
         text=True,
         timeout=60,
     )
-    assert done.returncode == 0, done.stderr
+    assert done.returncode in _CLEAN_EXITS, done.stderr
     assert done.stdout.splitlines() == ["refused: the plane has stopped", "stdin open"]
