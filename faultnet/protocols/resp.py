@@ -30,7 +30,8 @@ error a plan answers with goes out when every earlier reply has. RESP3's push fr
 (``>``: client-side caching's invalidations) are no command's reply and pass between
 them. A command that turns the connection into a stream of pushes (``SUBSCRIBE``,
 ``PSUBSCRIBE``, ``SSUBSCRIBE``, ``MONITOR``) makes it opaque once forwarded: the
-client's stream at once, the server's once every reply before it has passed. Opaque is
+client's stream at once, the server's once every reply before it has passed; either
+way each byte goes on in the order it came, however the reads split them. Opaque is
 for good (a ``RESET`` that leaves pub/sub is not followed).
 
 Every state of the two streams and every transition between them is in
@@ -150,6 +151,10 @@ class Scanner:
         rest = bytes(self._line)
         self._line.clear()
         return rest
+
+    def carry(self, line: bytes) -> None:
+        """Keep *line* again, as :meth:`rest` took it: the incomplete line fed last."""
+        self._line[:0] = line
 
     def feed(self, data: bytes) -> list[Segment]:
         """The pieces of *data* (after any incomplete line kept from before), in order,
@@ -604,6 +609,8 @@ class Session(Duplex):
                 return
             else:
                 self._command_piece(seg, now)
+        if self._up_is(Up.OPAQUE):  # the line it ends with is no command's: on it goes
+            self._emit(Forward(UP, self._commands.rest(), now))
 
     def _whole_commands(self, data: bytes, now: float) -> bytes:
         """The whole commands *data* begins with (:meth:`Scanner.whole`), each as
@@ -717,7 +724,12 @@ class Session(Duplex):
         if self.down in (Down.OPAQUE, Down.UNSYNCED):
             self._out.append(_Out(_Part.RAW, self._replies.rest() + data, None, now))
             return self._pump(now)
-        for seg in self._replies.feed(data):
+        segments = self._replies.feed(data)
+        # The incomplete line the chunk ends with comes after all its pieces: out of the
+        # scanner while they are queued, or turning opaque among them (_sync) would send
+        # it ahead of the replies still to queue.
+        line = self._replies.rest()
+        for seg in segments:
             if self._down_is(Down.DONE):  # a close plan ended the connection
                 return
             if self._down_is(Down.OPAQUE):
@@ -727,6 +739,10 @@ class Session(Duplex):
                 self._out.append(_Out(_Part.RAW, seg.data, None, now))
             else:
                 self._reply_piece(seg, now)
+        if not self._down_is(Down.OPAQUE):
+            self._replies.carry(line)
+        elif line:
+            self._out.append(_Out(_Part.RAW, line, None, now))
         self._pump(now)
 
     def _whole_replies(self, data: bytes, now: float) -> bytes:
@@ -799,9 +815,9 @@ class Session(Duplex):
             self.slots.clear()
             self._go_down(Ev.OPAQUE)
             if self._replies.buffered:
-                # What the scanner kept of a value begun (its line) is the server's too.
-                self._out.append(_Out(_Part.RAW, bytes(self._replies._line), None, now))
-            self._replies = Scanner(commands=False)
+                # What the scanner kept of a value begun (its line) is the server's too,
+                # the last it sent (none while a chunk's pieces are queued: _downstream).
+                self._out.append(_Out(_Part.RAW, self._replies.rest(), None, now))
         self._pump(now)
 
     def _downstream_eof(self, now: float) -> None:

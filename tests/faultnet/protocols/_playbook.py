@@ -57,3 +57,8 @@ def play(session: Played, steps: Iterable[Step], timer: str | None = None) -> No
     for i, (kind, arg, now, expected) in enumerate(steps):
         got = event(session, kind, timer if kind == "timer" and timer else arg, now)
         assert [simple(c) for c in got] == expected, (i, kind, arg)
+
+
+def in_chunks(data: bytes, size: int) -> list[bytes]:
+    """*data* as reads of *size* bytes (the last one shorter): a stream at a chunk size."""
+    return [data[at : at + size] for at in range(0, len(data), size)]

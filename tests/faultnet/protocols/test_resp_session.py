@@ -22,7 +22,7 @@ from faultnet.protocols.resp import (
     Up,
     error_reply,
 )
-from tests.faultnet.protocols._playbook import D, U, play, simple
+from tests.faultnet.protocols._playbook import D, U, in_chunks, play, simple
 
 
 def cmd(*args: bytes) -> bytes:
@@ -338,6 +338,32 @@ ROWS: dict[str, Row] = {
             ),
         ],
     ),
+    # The server's read: the reply owed, SUBSCRIBE's, a push's first line and part of its
+    # next (once sent ahead of SUBSCRIBE's reply: ...$7*3\r\n$9\r\nsubscribe...).
+    "SUBSCRIBE entered mid-read: a push's line begun goes after": Row(
+        plan_for(),
+        [
+            ("up", GET + cmd(b"SUBSCRIBE", b"c"), 0, [("fwd", U, GET + cmd(b"SUBSCRIBE", b"c"))]),
+            (
+                "down",
+                BULK + b"*3\r\n$9\r\nsubscribe\r\n$1\r\nc\r\n:1\r\n>3\r\n$7",
+                0,
+                [("fwd", D, BULK + b"*3\r\n$9\r\nsubscribe\r\n$1\r\nc\r\n:1\r\n>3\r\n$7")],
+            ),
+            ("down", b"\r\nmessage\r\n", 0, [("fwd", D, b"\r\nmessage\r\n")]),
+        ],
+    ),
+    "...and behind an aggregate, which only the long way takes": Row(
+        plan_for(),
+        [
+            ("up", GET + cmd(b"MONITOR"), 0, [("fwd", U, GET + cmd(b"MONITOR"))]),
+            ("down", b"*1\r\n:1\r\n+OK\r\n+1.0", 0, [("fwd", D, b"*1\r\n:1\r\n+OK\r\n+1.0")]),
+        ],
+    ),
+    "a push command's client stream: a line begun goes on at once": Row(
+        plan_for(),
+        [("up", cmd(b"SUBSCRIBE", b"c") + b"PI", 0, [("fwd", U, cmd(b"SUBSCRIBE", b"c") + b"PI")])],
+    ),
     "bytes that are not RESP: opaque both ways, after the replies owed": Row(
         plan_for(b=ERROR),
         [
@@ -563,3 +589,75 @@ def test_the_shortcut_does_what_the_long_way_does_in_each_row(name: str) -> None
     events = [(kinds.get(k, k), d, t) for k, d, t, _ in row.steps]
     fast, slow = each_way(row.decide, events)
     assert fast == slow
+
+
+# -- pushes entered mid-chunk: every byte in the server's order --------------------------
+
+
+SUB = cmd(b"SUBSCRIBE", b"c")
+#: A RESP3 message on channel c, and the replies that enter each kind of pushes.
+MESSAGE = b">3\r\n$7\r\nmessage\r\n$1\r\nc\r\n$2\r\nhi\r\n"
+SUB_REPLY = b"*3\r\n$9\r\nsubscribe\r\n$1\r\nc\r\n:1\r\n"
+LIST = b"*1\r\n$3\r\nabc\r\n"  # an aggregate: the shortcut leaves it to the long way
+
+#: the client's pipelined commands -> the server's stream: a reply owed, the push
+#: command's reply, pushes (plans: GET b answered with READONLY, in its place).
+PUSH_ROWS: dict[str, tuple[bytes, bytes]] = {
+    "SUBSCRIBE after a bulk reply": (GET + SUB, BULK + SUB_REPLY + MESSAGE + MESSAGE),
+    "SUBSCRIBE after an aggregate": (cmd(b"LRANGE", b"k") + SUB, LIST + SUB_REPLY + MESSAGE),
+    "SUBSCRIBE after an answered command": (GET + GET_B + SUB, BULK + SUB_REPLY + MESSAGE),
+    "PSUBSCRIBE": (
+        GET + cmd(b"PSUBSCRIBE", b"c*"),
+        BULK
+        + b"*3\r\n$10\r\npsubscribe\r\n$2\r\nc*\r\n:1\r\n"
+        + b">4\r\n$8\r\npmessage\r\n$2\r\nc*\r\n$1\r\nc\r\n$2\r\nhi\r\n",
+    ),
+    "SSUBSCRIBE": (
+        cmd(b"LRANGE", b"k") + cmd(b"SSUBSCRIBE", b"c"),
+        LIST
+        + b"*3\r\n$10\r\nssubscribe\r\n$1\r\nc\r\n:1\r\n"
+        + b">3\r\n$8\r\nsmessage\r\n$1\r\nc\r\n$2\r\nhi\r\n",
+    ),
+    "MONITOR": (GET + cmd(b"MONITOR"), BULK + OK + b'+1.0 [0 x] "GET" "k"\r\n' * 2),
+    "not RESP": (GET + b"*1\r\n+X\r\n", BULK + b"-ERR Protocol error\r\n+x\r\n"),
+}
+
+
+def through(scanner: type[Scanner], up: bytes, down: bytes, size: int) -> tuple[bytes, bytes]:
+    """*up*, then *down*, in reads of *size* bytes: what each side receives, in order.
+    Once a stream is opaque, all of it that came has gone on (nothing kept behind)."""
+    session = Session(plan_for(b=ERROR))
+    session._commands, session._replies = scanner(True), scanner(False)
+    sent = {U: b"", D: b""}
+    for stream, data in ((U, up), (D, down)):
+        came = b""
+        for chunk in in_chunks(data, size):
+            came += chunk
+            for c in session.receive(stream, chunk, 0):
+                if isinstance(c, Forward | Inject):
+                    sent[c.stream] += c.data
+            state = session.up if stream == U else session.down
+            if state in (Up.OPAQUE, Down.OPAQUE):
+                want = came.replace(GET_B, b"") if stream == U else came_down(came, up)
+                assert sent[stream] == want, (stream, size)
+    return sent[U], sent[D]
+
+
+def came_down(came: bytes, up: bytes) -> bytes:
+    """What the client gets of the server's *came*: READONLY after GET k's reply if GET
+    b was sent (the rows' answered command)."""
+    if GET_B not in up or not came.startswith(BULK):
+        return came
+    return BULK + READONLY + came[len(BULK) :]
+
+
+@pytest.mark.parametrize("name", list(PUSH_ROWS))
+@pytest.mark.parametrize("scanner", [Scanner, LongWay], ids=["shortcut", "long way"])
+def test_pushes_entered_mid_chunk_keep_the_servers_order_at_every_chunk_size(
+    name: str, scanner: type[Scanner]
+) -> None:
+    up, down = PUSH_ROWS[name]
+    for size in range(1, max(len(up), len(down)) + 1):
+        sent_up, sent_down = through(scanner, up + b"PING\r\n", down, size)
+        assert sent_up == (up + b"PING\r\n").replace(GET_B, b""), size
+        assert sent_down == came_down(down, up), size
