@@ -24,6 +24,7 @@ from faultnet.protocols.postgres import (
     is_transaction_start,
     parse_error_response,
 )
+from tests.faultnet.protocols._playbook import in_chunks
 
 UP, DOWN = "upstream", "downstream"
 
@@ -221,6 +222,59 @@ def test_a_startup_fault_answers_and_closes_the_server_never_sees_it() -> None:
     cmds = r.up(STARTUP)
     assert cmds == [Inject(DOWN, fatal), Close()]
     assert r.logged[0]["event"] == "pg_fault" and r.logged[0]["kind"] == "startup"
+
+
+#: A session turning opaque (TLS accepted, a cancel, a direct ClientHello) or changing
+#: mode (an SSL no, COPY's data) mid-read: each stream's reads in causal order, each
+#: read given at every chunk size.
+HELLO, SERVER_HELLO = b"\x16\x03\x01\x00\x05hello", b"\x16\x03\x03\x00\x06server"
+SWITCH_ROWS: dict[str, list[tuple[str, bytes]]] = {
+    "TLS accepted, the ClientHello early": [(UP, SSL_REQUEST + HELLO), (DOWN, b"S" + SERVER_HELLO)],
+    "GSS accepted": [(UP, GSS_REQUEST), (DOWN, b"G" + SERVER_HELLO), (UP, HELLO)],
+    "an SSL no, the startup early": [
+        (UP, SSL_REQUEST + STARTUP), (DOWN, b"N" + AUTH_OK + ready("I")),
+        (UP, query("SELECT 1")), (DOWN, ROWS + ready("I")),
+    ],
+    "a cancel": [(UP, CANCEL + b"more"), (DOWN, b"whatever the server says")],
+    "a cancel, a server that spoke first": [
+        (DOWN, b"E\0\0"), (UP, CANCEL + b"more"), (DOWN, b"\0\x09 says"),
+    ],
+    "a direct ClientHello": [(UP, HELLO + HELLO), (DOWN, SERVER_HELLO)],
+    "COPY in": [
+        (UP, STARTUP), (DOWN, AUTH_OK + ready("I")),
+        (UP, query("COPY t FROM STDIN")), (DOWN, msg(b"G", b"\0\0\0")),
+        (UP, msg(b"d", b"1\n") + msg(b"d", b"22\n") + msg(b"c") + query("SELECT 1")),
+        (DOWN, msg(b"C", b"COPY 2\0") + ready("I") + ROWS + ready("I")),
+    ],
+    "COPY out": [
+        (UP, STARTUP + query("COPY t TO STDOUT") + query("SELECT 1")),
+        (DOWN, AUTH_OK + ready("I") + msg(b"H", b"\0\0\0") + msg(b"d", b"1\n") + msg(b"c")
+         + msg(b"C", b"COPY 1\0") + ready("I") + ROWS + ready("I")),
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(SWITCH_ROWS))
+def test_a_stream_switching_mid_read_keeps_every_byte_in_order_at_every_chunk_size(
+    name: str,
+) -> None:
+    reads = SWITCH_ROWS[name]
+    for size in range(1, max(len(data) for _, data in reads) + 1):
+        r = Recorder()
+        came = {UP: b"", DOWN: b""}
+        out = {UP: b"", DOWN: b""}
+        for stream, data in reads:
+            for chunk in in_chunks(data, size):
+                came[stream] += chunk
+                cmds = r.session.receive(stream, chunk, 0.0)
+                out[UP] += sent(cmds, UP)
+                out[DOWN] += sent(cmds, DOWN)
+                # Opaque: all that came has gone on, nothing kept behind.
+                if r.session.up is Up.OPAQUE:
+                    assert out[UP] == came[UP], (size, stream)
+                if r.session.down is Down.OPAQUE:
+                    assert out[DOWN] == came[DOWN], (size, stream)
+        assert out == came, size
 
 
 # -- the plans -------------------------------------------------------------------------
