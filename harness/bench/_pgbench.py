@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.bench._context import _dataplane_argv, _Run, rotations
-from harness.bench._targets import median_ratio
+from harness.bench._targets import added_rounds
 
 __all__ = ["NO_MATCH", "TARGET_PG_ADDED_VS_BARE", "pgbench_line"]
 
@@ -92,17 +92,10 @@ def pgbench_line(ctx: _Run, proxy: Callable[[int, list[str]], Any]) -> dict[str,
         finally:
             bare.stop()
             toxic.stop()
-    added = {
-        arm: [
-            None if a is None or d is None else a - d
-            for a, d in zip(xs, rounds["direct"], strict=True)
-        ]
-        for arm, xs in rounds.items()
-        if arm != "direct"
-    }
+    added, vs_bare = added_rounds(rounds, "faultnet")
     return {
         "transactions": transactions,
         "latency_ms": rounds,
         "added_ms": added,
-        "added_vs_bare": median_ratio(added["toxic"], added["faultnet"]),
+        "added_vs_bare": vs_bare,
     }

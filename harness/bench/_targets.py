@@ -101,6 +101,23 @@ def median_ratio(xs: list[float | None], ys: list[float | None]) -> float | None
     return statistics.median(rs) if rs else None
 
 
+def added_rounds(
+    p50: dict[str, list[float | None]], bare: str
+) -> tuple[dict[str, list[float | None]], float | None]:
+    """A request/response line's rounds: each arm's per-round figure over ``direct``'s
+    (None where either is missing), and the ``toxic`` arm's added over the *bare* arm's
+    (:func:`median_ratio`; None when no round's bare arm added time)."""
+    added = {
+        arm: [
+            None if a is None or d is None else a - d
+            for a, d in zip(xs, p50["direct"], strict=True)
+        ]
+        for arm, xs in p50.items()
+        if arm != "direct"
+    }
+    return added, median_ratio(added["toxic"], added[bare])
+
+
 def ratios(arms: Arms) -> dict[str, float | None]:
     """faultnet's figures over direct's and socat's (``KEY_vs_ARM``), and the derived ones."""
     out: dict[str, float | None] = {}

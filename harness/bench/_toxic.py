@@ -54,7 +54,7 @@ from harness.bench._pgbench import pgbench_line
 from harness.bench._phases import RttTally, added_over, ping
 from harness.bench._reqresp import REDIS_CLIENTS, RedisServer, find_redis, redis_latency
 from harness.bench._stream import CHILD_START_S
-from harness.bench._targets import median_ratio
+from harness.bench._targets import added_rounds, median_ratio
 
 __all__ = ["LINES", "ToxicProxy", "toxic_phase"]
 
@@ -361,7 +361,7 @@ def _redis(s: _Section) -> dict[str, Any]:
     tp = ToxicProxy(redis.port, s.tp.proxy_argv)
     try:
         ports = {"direct": redis.port, "bare": tp.addr[1], "toxic": tp.addr[1]}
-        p50: dict[str, list[float]] = {arm: [] for arm in ports}
+        p50: dict[str, list[float | None]] = {arm: [] for arm in ports}
         for order in rotations(list(ports), s.ctx.p.rounds):
             for arm in order:
 
@@ -376,17 +376,14 @@ def _redis(s: _Section) -> dict[str, Any]:
     finally:
         tp.stop()
         redis.stop()
-    added = {
-        arm: [x - d for x, d in zip(p50[arm], p50["direct"], strict=True)]
-        for arm in ("bare", "toxic")
-    }
+    added, vs_bare = added_rounds(p50, "bare")
     return {
         "pipeline": REDIS_PIPELINE,
         "clients": REDIS_CLIENTS,
         "toxic": {"type": "redis", **REDIS_NO_MATCH},
         "round_p50_ms": p50,
         "round_added_ms": added,
-        "added_vs_bare": median_ratio(list(added["toxic"]), list(added["bare"])),
+        "added_vs_bare": vs_bare,
     }
 
 
