@@ -7,6 +7,7 @@ import os
 import statistics
 import sys
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +74,22 @@ def rotations(order: list[str], rounds: int) -> list[list[str]]:
     """*order* for each of *rounds* rounds, rotated so no arm always runs first or last."""
     n = len(order)
     return [order[r % n :] + order[: r % n] for r in range(rounds)]
+
+
+def rotating_rounds(
+    ports: dict[str, int],
+    rounds: int,
+    measure: Callable[[int], float | None],
+    during_toxic: Callable[[], AbstractContextManager[object]] = nullcontext,
+) -> dict[str, list[float | None]]:
+    """Each arm's figure, *measure* of its port once a round in :func:`rotations`'
+    order; the ``toxic`` arm's inside *during_toxic* (its toxic there for its round)."""
+    out: dict[str, list[float | None]] = {arm: [] for arm in ports}
+    for order in rotations(list(ports), rounds):
+        for arm in order:
+            with during_toxic() if arm == "toxic" else nullcontext():
+                out[arm].append(measure(ports[arm]))
+    return out
 
 
 def _pin(pids: Sequence[int], cpus: set[int]) -> dict[int, set[int]]:

@@ -35,7 +35,7 @@ from typing import Any
 
 from harness.bench._children import start_listening
 from harness.bench._compiled import proxy_instructions
-from harness.bench._context import _dataplane_argv, _Run, rotations
+from harness.bench._context import _dataplane_argv, _Run, rotating_rounds, rotations
 from harness.bench._measure import percentile
 from harness.bench._stream import HOST
 from harness.bench._targets import added_rounds, median_ratio
@@ -158,14 +158,12 @@ def http_line(ctx: _Run, proxy: ProxyFactory, setup: str, protocol: str) -> dict
             tp = proxy(nginx.port, _dataplane_argv(ctx.p))
             try:
                 ports = {"direct": nginx.port, "bare": tp.addr[1], "toxic": tp.addr[1]}
-                p50: dict[str, list[float | None]] = {arm: [] for arm in ports}
-                for order in rotations(list(ports), ctx.p.rounds):
-                    for arm in order:
-                        if arm == "toxic":
-                            with tp.toxic("http_abort", "nomatch", **NO_MATCH):
-                                p50[arm].append(_p50_ms(protocol, ports[arm], count, warmup))
-                        else:
-                            p50[arm].append(_p50_ms(protocol, ports[arm], count, warmup))
+                p50 = rotating_rounds(
+                    ports,
+                    ctx.p.rounds,
+                    lambda port: _p50_ms(protocol, port, count, warmup),
+                    lambda: tp.toxic("http_abort", "nomatch", **NO_MATCH),
+                )
             finally:
                 tp.stop()
             instructions = _instructions(ctx, protocol, nginx.port, setup)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from harness.bench._context import _dataplane_argv, _Run, rotations
+from harness.bench._context import _dataplane_argv, _Run, rotating_rounds
 from harness.bench._targets import added_rounds
 
 __all__ = ["NO_MATCH", "TARGET_PG_ADDED_VS_BARE", "pgbench_line"]
@@ -85,10 +85,9 @@ def pgbench_line(ctx: _Run, proxy: Callable[[int, list[str]], Any]) -> dict[str,
         try:
             toxic.add("postgres", "nomatch", **NO_MATCH)
             ports = {"direct": port, "faultnet": bare.addr[1], "toxic": toxic.addr[1]}
-            rounds: dict[str, list[float | None]] = {arm: [] for arm in ports}
-            for order in rotations(list(ports), ctx.p.rounds):
-                for arm in order:
-                    rounds[arm].append(_latency_ms(bindir, ports[arm], transactions))
+            rounds = rotating_rounds(
+                ports, ctx.p.rounds, lambda p: _latency_ms(bindir, p, transactions)
+            )
         finally:
             bare.stop()
             toxic.stop()

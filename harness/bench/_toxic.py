@@ -46,7 +46,16 @@ from typing import Any
 
 from harness.bench._children import Child, _self_argv
 from harness.bench._compiled import pingpong_around, pingpong_paced, proxy_instructions
-from harness.bench._context import _dataplane_argv, _log, _median, _pin, _Run, _unpin, rotations
+from harness.bench._context import (
+    _dataplane_argv,
+    _log,
+    _median,
+    _pin,
+    _Run,
+    _unpin,
+    rotating_rounds,
+    rotations,
+)
 from harness.bench._http import NO_MATCH as HTTP_NO_MATCH
 from harness.bench._http import http_bulk_line, http_line
 from harness.bench._measure import bulk_once, percentile
@@ -361,18 +370,12 @@ def _redis(s: _Section) -> dict[str, Any]:
     tp = ToxicProxy(redis.port, s.tp.proxy_argv)
     try:
         ports = {"direct": redis.port, "bare": tp.addr[1], "toxic": tp.addr[1]}
-        p50: dict[str, list[float | None]] = {arm: [] for arm in ports}
-        for order in rotations(list(ports), s.ctx.p.rounds):
-            for arm in order:
-
-                def one(port: int = ports[arm]) -> float:
-                    return redis_latency(bench, port, s.ctx.p.requests, REDIS_PIPELINE)
-
-                if arm == "toxic":
-                    with tp.toxic("redis", "nomatch", **REDIS_NO_MATCH):
-                        p50[arm].append(one())
-                else:
-                    p50[arm].append(one())
+        p50 = rotating_rounds(
+            ports,
+            s.ctx.p.rounds,
+            lambda port: redis_latency(bench, port, s.ctx.p.requests, REDIS_PIPELINE),
+            lambda: tp.toxic("redis", "nomatch", **REDIS_NO_MATCH),
+        )
     finally:
         tp.stop()
         redis.stop()
