@@ -38,7 +38,7 @@ from harness.bench._compiled import proxy_instructions
 from harness.bench._context import _dataplane_argv, _Run, rotating_rounds, rotations
 from harness.bench._measure import percentile
 from harness.bench._stream import HOST
-from harness.bench._targets import added_rounds, median_ratio
+from harness.bench._targets import median_ratio, request_rounds
 
 __all__ = [
     "NO_MATCH",
@@ -169,15 +169,12 @@ def http_line(ctx: _Run, proxy: ProxyFactory, setup: str, protocol: str) -> dict
             instructions = _instructions(ctx, protocol, nginx.port, setup)
         finally:
             nginx.stop()
-    added, vs_bare = added_rounds(p50, "bare")
     failed = [arm for arm, xs in p50.items() if None in xs]
     return {
         "protocol": protocol,
         "requests": count,
         "toxic": {"type": "http_abort", **NO_MATCH},
-        "round_p50_ms": p50,
-        "round_added_ms": added,
-        "added_vs_bare": vs_bare,
+        **request_rounds(p50, "bare"),
         "instructions": instructions,
         **({"failed": failed} if failed else {}),
     }

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.bench._context import _dataplane_argv, _Run, rotating_rounds
-from harness.bench._targets import added_rounds
+from harness.bench._targets import request_rounds
 
 __all__ = ["NO_MATCH", "TARGET_PG_ADDED_VS_BARE", "pgbench_line"]
 
@@ -91,10 +91,4 @@ def pgbench_line(ctx: _Run, proxy: Callable[[int, list[str]], Any]) -> dict[str,
         finally:
             bare.stop()
             toxic.stop()
-    added, vs_bare = added_rounds(rounds, "faultnet")
-    return {
-        "transactions": transactions,
-        "latency_ms": rounds,
-        "added_ms": added,
-        "added_vs_bare": vs_bare,
-    }
+    return {"transactions": transactions, **request_rounds(rounds, "faultnet")}

@@ -101,12 +101,11 @@ def median_ratio(xs: list[float | None], ys: list[float | None]) -> float | None
     return statistics.median(rs) if rs else None
 
 
-def added_rounds(
-    p50: dict[str, list[float | None]], bare: str
-) -> tuple[dict[str, list[float | None]], float | None]:
-    """A request/response line's rounds: each arm's per-round figure over ``direct``'s
-    (None where either is missing), and the ``toxic`` arm's added over the *bare* arm's
-    (:func:`median_ratio`; None when no round's bare arm added time)."""
+def request_rounds(p50: dict[str, list[float | None]], bare: str) -> dict[str, Any]:
+    """A request/response line's figures from its rounds (*p50*: each arm's figure a
+    round, ``direct`` among them): the rounds, each arm's per-round figure over
+    ``direct``'s (None where either is missing) and the ``toxic`` arm's added over the
+    *bare* arm's (:func:`median_ratio`; None when no round's bare arm added time)."""
     added = {
         arm: [
             None if a is None or d is None else a - d
@@ -115,7 +114,11 @@ def added_rounds(
         for arm, xs in p50.items()
         if arm != "direct"
     }
-    return added, median_ratio(added["toxic"], added[bare])
+    return {
+        "round_p50_ms": p50,
+        "round_added_ms": added,
+        "added_vs_bare": median_ratio(added["toxic"], added[bare]),
+    }
 
 
 def ratios(arms: Arms) -> dict[str, float | None]:

@@ -63,7 +63,7 @@ from harness.bench._pgbench import pgbench_line
 from harness.bench._phases import RttTally, added_over, ping
 from harness.bench._reqresp import REDIS_CLIENTS, RedisServer, find_redis, redis_latency
 from harness.bench._stream import CHILD_START_S
-from harness.bench._targets import added_rounds, median_ratio
+from harness.bench._targets import median_ratio, request_rounds
 
 __all__ = ["LINES", "ToxicProxy", "toxic_phase"]
 
@@ -379,14 +379,11 @@ def _redis(s: _Section) -> dict[str, Any]:
     finally:
         tp.stop()
         redis.stop()
-    added, vs_bare = added_rounds(p50, "bare")
     return {
         "pipeline": REDIS_PIPELINE,
         "clients": REDIS_CLIENTS,
         "toxic": {"type": "redis", **REDIS_NO_MATCH},
-        "round_p50_ms": p50,
-        "round_added_ms": added,
-        "added_vs_bare": vs_bare,
+        **request_rounds(p50, "bare"),
     }
 
 

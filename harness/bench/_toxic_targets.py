@@ -3,7 +3,6 @@ table, and the report's block of the lines' figures."""
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 from typing import Any
 
@@ -199,24 +198,25 @@ def report_lines(doc: dict[str, Any]) -> list[str]:
     removal = doc.get("after_removal", {})
     shown = removal.get("skipped") or _arms_line(removal.get("rtt", {}), "p50_us", ".1f")
     out.append(f"  after removal: RTT p50 us, {shown}")
-    redis = doc.get("redis", {})
-    shown = redis.get("skipped") or _arms_line(
-        {a: {"ms": statistics.median(xs)} for a, xs in redis.get("round_p50_ms", {}).items() if xs},
-        "ms",
-        ".3f",
-    )
+    shown = _rounds_shown(doc.get("redis", {}))
     out.append(f"  redis (non-matching toxic, -P 16): GET p50 ms, {shown}")
     hop = doc.get("hop", {})
     if "rtt" in hop:
         out.append(f"  hop: RTT p50 us, {_arms_line(hop['rtt'], 'p50_us', '.1f')}")
         out.append(f"  hop: bulk MB/s, {_arms_line(hop['bulk'], 'mbps', '.0f')}")
         out.append(f"  hop: instructions per round trip: {_shown_instructions(hop)}")
-    pg = doc.get("postgres", {})
-    shown = pg.get("skipped") or _arms_line(
-        {arm: {"ms": _median(xs)} for arm, xs in pg.get("latency_ms", {}).items()}, "ms", ".3f"
-    )
+    shown = _rounds_shown(doc.get("postgres", {}))
     out.append(f"  postgres: pgbench -S latency average ms, {shown}")
     return out + _http_lines(doc)
+
+
+def _rounds_shown(line: dict[str, Any]) -> str:
+    """A request/response line's arms (:func:`request_rounds`), each its rounds' median
+    in ms; or why it was skipped."""
+    rounds = line.get("round_p50_ms", {})
+    return line.get("skipped") or _arms_line(
+        {arm: {"ms": _median(xs)} for arm, xs in rounds.items() if xs}, "ms", ".3f"
+    )
 
 
 def _http_lines(doc: dict[str, Any]) -> list[str]:
@@ -224,11 +224,7 @@ def _http_lines(doc: dict[str, Any]) -> list[str]:
     out: list[str] = []
     for name, what in (("http1", "HTTP/1.1"), ("http2", "HTTP/2")):
         line = doc.get(name, {})
-        shown = line.get("skipped") or _arms_line(
-            {a: {"ms": _median(xs)} for a, xs in line.get("round_p50_ms", {}).items()},
-            "ms",
-            ".3f",
-        )
+        shown = _rounds_shown(line)
         out.append(f"  {what} (non-matching toxic): keep-alive request p50 ms, {shown}")
         out.append(f"  {what}: instructions per request: {_http_shown_instructions(line)}")
     bulk = doc.get("http_bulk", {})

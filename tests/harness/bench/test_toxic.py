@@ -62,7 +62,7 @@ def test_a_tiny_run_prints_every_toxic_line_with_its_target(tmp_path: Path) -> N
     # tiny run's noise: bare 0.03-0.04 ms faster than direct, seen for pgbench and HTTP).
     pg = toxic["postgres"]
     if "skipped" not in pg:
-        _ratio_none_only_without_bare_time(pg, pg["added_ms"]["faultnet"])
+        _ratio_none_only_without_bare_time(pg, pg["round_added_ms"]["faultnet"])
     assert "postgres: pgbench -S latency average ms" in out.stdout
     for name in ("http1", "http2"):
         line = toxic[name]
