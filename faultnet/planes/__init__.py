@@ -18,7 +18,8 @@ The contract every plane keeps (and every plane runs the same tests):
   ``dst`` once what it holds is written; the other lane keeps going. When both EOFs have
   been forwarded the link ends by itself with :data:`DONE`.
 * **Events** reach trio in the trio thread, in batches, as ``on_event(kind, stream)``:
-  the kinds below. After RESET, DONE, ERROR or UPSTREAM_FAILED the link has ended.
+  the kinds below. After RESET, DONE, ERROR or UPSTREAM_FAILED the link has ended;
+  after CLOSE the core ends it (a compiled stage asks: limit_data's limit reached).
 * **The toxic path.** A lane handed over with :meth:`Link.to_trio` is still read by the
   plane (gate first), but its chunks are queued for trio (:meth:`Link.take`, b"" is the
   EOF, signalled by CHUNKS; :meth:`Link.take_timed` with each chunk's read time;
@@ -28,13 +29,15 @@ The contract every plane keeps (and every plane runs the same tests):
   (its toxics were removed).
 * **Rerouting.** :meth:`Link.reroute` swaps a live link's server socket for another
   (the internal hop of two-way loss moves its bytes as two links of the plane).
-* **Compiled stages.** A plane may run a chain of toxics itself (:meth:`Link.set_stage`:
-  the native plane runs latency, bandwidth and slicer on its thread): the lane's chunks then queue
-  in the plane with their read times and leave when due, in order, the EOF after them,
-  under the same gate, bounded by the same bytes. A plane without that stage says so,
-  and the chain runs in trio. A plane names the stages it runs (:attr:`Plane.stages`)
-  and gives one to many links' lanes in one call (:meth:`Plane.set_stages`: a toxic
-  added to every connection of a proxy is one hand-off, not a call per connection). The trio side of that path is the core's (:mod:`faultnet.proxy`), not a plane's.
+* **Compiled stages.** A plane may run a chain of toxics itself, as a pipeline
+  (:meth:`Link.set_stages`: the native plane runs latency, bandwidth, slicer,
+  limit_data, timeout, slow_close and reset_peer on its thread): the lane's chunks then
+  queue in the plane with their read times and leave when due, in order, the EOF after
+  them, under the same gate, bounded by the same bytes. A plane without that pipeline
+  says so, and the chain runs in trio. A plane names the stages it runs
+  (:attr:`Plane.stages`) and gives pipelines to many links' lanes in one call
+  (:meth:`Plane.set_stages`: a toxic added to every connection of a proxy is one
+  hand-off, not a call per connection). The trio side of that path is the core's (:mod:`faultnet.proxy`), not a plane's.
 
 Planes are registered in :data:`PLANES` (name -> module exposing ``Plane`` and
 ``AVAILABLE``), fastest first; :func:`default_plane` is the first available one unless
@@ -46,11 +49,12 @@ from __future__ import annotations
 import importlib
 import os
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Generic, Protocol, TypeVar
 
 __all__ = [
     "CHUNKS",
+    "CLOSE",
     "DONE",
     "DRAINED",
     "ERROR",
@@ -76,6 +80,8 @@ CHUNKS = "chunks"  # a toxic-path lane has chunks for trio (take them with Link.
 DRAINED = "drained"  # a toxic-path lane's held bytes were written (offer may go on)
 ERROR = "error"  # the plane failed on this link (a bug): Link.error; link ended
 UPSTREAM_FAILED = "upstream_failed"  # the connect failed or timed out: Link.errno; ended
+CLOSE = "close"  # a compiled stage ends the connection (a clean FIN both ways); link live
+
 
 #: Plane name -> the module that implements it (``Plane``, ``AVAILABLE``), fastest first.
 PLANES: dict[str, str] = {
@@ -85,7 +91,7 @@ PLANES: dict[str, str] = {
 
 OnEvent = Callable[[str, "str | None"], None]
 
-#: A compiled stage's form: (kind, a, b, c), as :meth:`Link.set_stage` takes it.
+#: A toxic's compiled form: (kind, a, b, c), a stage of :meth:`Link.set_stages`.
 Stage = tuple[str, float, float, float]
 
 
@@ -94,7 +100,8 @@ def stage_draws(stage: Stage) -> bool:
     jitter, the slicer with a size variation (``draw_uniform``, ``slice_head`` in the
     C). One that does not never needs its generator's state handed over, which costs a
     seeded ``random.Random`` per connection (~11 us: issue 36); it is handed when an
-    update makes the stage draw (:meth:`faultnet.proxy._toxiclink.ToxicLink.retune`)."""
+    update makes the stage draw (:meth:`faultnet.proxy._toxiclink.ToxicLink.retune`).
+    The one test of it: :meth:`faultnet.toxics.base.Toxic.stage_word` asks it too."""
     kind, a, b, _ = stage
     return (kind == "latency" and b > 0) or (kind == "slicer" and a > 0 and b > 0)
 
@@ -154,20 +161,26 @@ class Link(Protocol):
         ``dst`` or a closed gate, or read for trio and not yet taken): what ending the
         link now would lose."""
 
-    def set_stage(
-        self, stream: str, stage: tuple[str, float, float, float] | None, draws: int | None = None
+    def set_stages(
+        self, stream: str, stages: Sequence[Stage], words: Sequence[int | None] = ()
     ) -> bool:
-        """Run *stream*'s toxics as a compiled stage of the plane (``("latency",
-        latency_ms, jitter_ms, 0)``, ``("bandwidth", rate_kbps, 0, 0)``, ``("slicer",
-        average_size, size_variation, delay_us)``), its generator at *draws* if given (see
-        :mod:`faultnet.toxics.draws`): in force at once, and on its own once
-        :meth:`to_plane` takes the lane back from trio, which it then does even with
-        chunks untaken (they are the stage's). ``None``: no stage (what it queued goes
-        out at once, in order; then the plain fast path). False (nothing changed) for a
-        stage this plane has not compiled: the chain stays in trio."""
+        """Run *stream*'s chain as a compiled pipeline of the plane: *stages* in the
+        chain's order, each a toxic's form (``("latency", latency_ms, jitter_ms, 0)``,
+        ``("bandwidth", rate_kbps, 0, 0)``, ``("slicer", average_size, size_variation,
+        delay_us)``, ``("limit_data", bytes, 0, 0)``, ``("timeout", 0, 0, 0)``: drop all,
+        hold the EOF, ``("slow_close", delay_ms, 0, 0)``, ``("reset_peer", 0, 0, 0)``:
+        bytes pass), ``words[i]`` the word ``stages[i]`` starts from
+        (:meth:`faultnet.toxics.base.Toxic.stage_word`: its generator of
+        :mod:`faultnet.toxics.draws`, limit_data's count; None or absent: the one it has
+        on the plane goes on): in force at once, and on its own once :meth:`to_plane`
+        takes the lane back from trio, which it then does even with chunks untaken
+        (they are the pipeline's). Empty: none (what it queued goes out at once, in
+        order; then the plain fast path). False (nothing changed) for a pipeline this
+        plane has not compiled: the chain stays in trio."""
 
-    def stage_draws(self, stream: str) -> int:
-        """The generator state of *stream*'s stage (:meth:`set_stage`)."""
+    def stage_words(self, stream: str) -> list[int | None]:
+        """The words of *stream*'s pipeline (:meth:`set_stages`), in its stages' order
+        (None for a stage that carries none)."""
 
     def take(self, stream: str) -> list[bytes]:
         """The chunks read for trio so far (b"" is the EOF)."""
@@ -203,7 +216,7 @@ class Plane(Protocol):
 
     #: Its name in :data:`PLANES`.
     name: str
-    #: The kinds of compiled stage it runs (:meth:`Link.set_stage`; empty: none).
+    #: The kinds of compiled stage it runs (:meth:`Link.set_stages`; empty: none).
     stages: frozenset[str]
 
     def start(self, token: object) -> None:
@@ -236,13 +249,18 @@ class Plane(Protocol):
         written when their gates closed, summed (:meth:`Link.counts` of each)."""
 
     def set_stages(
-        self, links: list[Link], stream: str, stage: Stage | None, draws: list[int] | None
+        self,
+        links: list[Link],
+        stream: str,
+        pipelines: Sequence[Sequence[Stage]],
+        words: Sequence[Sequence[int | None]] | None,
     ) -> None:
-        """What :meth:`Link.set_stage` does, for *stream* of every link in *links* at
-        once (one of :attr:`stages`, or None), each generator first set to its entry of
-        *draws* if given; a lane on the toxic path goes back to the plane with it, as
-        :meth:`Link.to_plane`. A link that has ended is left alone. ValueError for a
-        stage this plane does not run."""
+        """What :meth:`Link.set_stages` does, for *stream* of every link in *links* at
+        once: link i's gets ``pipelines[i]`` (its stages' forms, each kind one of
+        :attr:`stages`; empty: none), with ``words[i]`` if *words* is given; a lane on
+        the toxic path goes back to the plane with it, as :meth:`Link.to_plane`. A link
+        that has ended is left alone. ValueError for a pipeline this plane does not run
+        (nothing is changed then)."""
 
 
 _P = TypeVar("_P")

@@ -85,7 +85,16 @@
 #define WAKE_ID (-1)
 #define TIMER_ID (-2)
 
-enum { EV_RESET, EV_DONE, EV_CHUNKS, EV_DRAINED, EV_ERROR, EV_UPSTREAM_FAILED, EV_RELEASE };
+enum {
+    EV_RESET,
+    EV_DONE,
+    EV_CHUNKS,
+    EV_DRAINED,
+    EV_ERROR,
+    EV_UPSTREAM_FAILED,
+    EV_RELEASE,
+    EV_CLOSE /* a stage ends the connection (limit_data's limit reached): trio severs it */
+};
 enum { UP = 0, DOWN = 1 };
 
 typedef struct chunk {
@@ -118,12 +127,25 @@ typedef struct {
      * most PIECE_SECONDS' worth, each due when the stream's virtual clock has
      * "transmitted" it), STAGE_SLICER (pieces of slice_avg +- a draw of slice_var bytes,
      * each due slice_delay after the one before was due: see release_due),
-     * STAGE_DRAIN (what a removed stage queued leaves at once). */
+     * STAGE_PASS (bytes due at once: a pipeline of the two stages below alone),
+     * STAGE_DROP (every byte dropped, the EOF held: the timeout toxic), STAGE_DRAIN
+     * (what a removed stage queued leaves at once).
+     * The pipeline: before the stage, limit_on (limit_data: the first limit bytes pass,
+     * counted in count; then EV_CLOSE, and what follows is dropped without a draw);
+     * after it, slow_on (slow_close: the EOF leaves slow_ms after it came to the head).
+     * The one order limit > stage > slow_close serves a chain in any order: a
+     * slow_close acts on the EOF only, after every byte before it, and a limit met
+     * closes the connection (what follows it is never seen). */
     int stage;
     double lat_ms, jit_ms, rate_kbps;
     double clock;     /* bandwidth: when the last piece was due (0: idle, no credit) */
     size_t piece;     /* the bytes of the head chunk due at head_due */
     uint64_t draws;   /* the splitmix64 state (faultnet/toxics/draws.py: the same) */
+    int limit_on, limit_closed; /* limit_data's stage; EV_CLOSE posted */
+    long long limit;            /* limit_data: the bytes to pass */
+    uint64_t count;             /* limit_data: the bytes passed (its state["sent"]) */
+    int slow_on;                /* slow_close's stage */
+    double slow_ms, eof_at;     /* slow_close: its delay; when the EOF came to the head */
     double head_due;  /* when the inbox's first chunk is due, once head_set */
     int head_set, head_drew;
     long long slice_avg, slice_var; /* slicer: bytes */
@@ -136,7 +158,16 @@ typedef struct {
 
 /* STAGE_DRAIN: no stage, but what the removed one queued still leaves (at once, in
  * order) before the lane is plain again; never set from Python. */
-enum { STAGE_NONE = 0, STAGE_LATENCY = 1, STAGE_BANDWIDTH = 2, STAGE_DRAIN = 3, STAGE_SLICER = 4 };
+enum {
+    STAGE_NONE = 0,
+    STAGE_LATENCY = 1,
+    STAGE_BANDWIDTH = 2,
+    STAGE_DRAIN = 3,
+    STAGE_SLICER = 4,
+    STAGE_PASS = 5,
+    STAGE_DROP = 6,
+    STAGE_LAST = STAGE_DROP
+};
 /* The slicer's schedule restarts from now when it fell further behind than this
  * (faultnet/toxics/slicer.py's _MAX_LAG, where the figure is measured). */
 #define SLICE_MAX_LAG 0.002
@@ -538,11 +569,22 @@ static int release_due(CoreObject *c, LinkObject *k, int li, double now) {
     int ops = 0;
     while (!l->to_trio && l->inbox && l->open && !l->held && !l->piped) {
         chunk *ch = l->inbox;
+        if (!ch->len && l->stage == STAGE_DROP)
+            return 0; /* the timeout toxic holds the FIN: until the stage goes */
         if (!l->head_set) {
             double due = ch->t;
             l->head_drew = 0;
             l->piece = ch->len - ch->off;
-            if (ch->len && l->stage == STAGE_LATENCY) {
+            if (ch->len && l->limit_on) {
+                long long left = l->limit - (long long)l->count;
+                if (l->limit_closed || left <= 0)
+                    l->piece = 0; /* dropped: no later stage sees it */
+                else if ((unsigned long long)left < l->piece)
+                    l->piece = (size_t)left;
+            }
+            if (ch->len && !l->piece) {
+                /* dropped by the limit: due at once, nothing drawn */
+            } else if (ch->len && l->stage == STAGE_LATENCY) {
                 double ms = l->lat_ms;
                 if (l->jit_ms > 0) {
                     ms += draw_uniform(&l->draws, -l->jit_ms, l->jit_ms);
@@ -557,6 +599,12 @@ static int release_due(CoreObject *c, LinkObject *k, int li, double now) {
                 if (l->piece > (most ? most : 1))
                     l->piece = most ? most : 1;
                 due = (l->clock > ch->t ? l->clock : ch->t) + (double)l->piece / bps;
+            } else if (ch->len && l->stage == STAGE_DROP) {
+                l->piece = 0;
+            } else if (!ch->len && l->slow_on) {
+                if (!l->eof_at) /* measured from when the FIN came here (an update keeps it) */
+                    l->eof_at = now > ch->t ? now : ch->t;
+                due = l->eof_at + (l->slow_ms > 0 ? l->slow_ms : 0) / 1000;
             } else {
                 l->clock = 0; /* unlimited: no virtual clock runs */
             }
@@ -567,9 +615,20 @@ static int release_due(CoreObject *c, LinkObject *k, int li, double now) {
             return 0; /* not due; or due, after this lane's turn (run_timers: at once) */
         l->head_set = 0;
         if (ch->len) {
-            int r = send_fresh(c, k, li, ch->data + ch->off, l->piece);
-            ops++;
+            int r = l->piece ? send_fresh(c, k, li, ch->data + ch->off, l->piece) : 0;
+            ops += l->piece != 0;
             ch->off += l->piece;
+            if (l->limit_on) {
+                l->count += l->piece;
+                if (l->limit - (long long)l->count <= 0) { /* as limit_data.py: then close */
+                    if (!l->limit_closed && r == 0)
+                        post(c, k, EV_CLOSE, li);
+                    l->limit_closed = 1;
+                    ch->off = ch->len; /* the rest of the chunk is dropped */
+                }
+            }
+            if (l->stage == STAGE_DROP)
+                ch->off = ch->len;
             if (l->stage == STAGE_BANDWIDTH && l->rate_kbps > 0)
                 l->clock = l->head_due;
             if (l->stage == STAGE_SLICER) {
@@ -1248,68 +1307,110 @@ static PyObject *core_add(CoreObject *c, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-static void stage_lane(CoreObject *c, LinkObject *k, int li, int kind, double a, double b,
-                       double third);
+/* A lane's pipeline (see _set_stage): its stage's kind and figures a, b, c; limit_data's
+ * limit before it and slow_close's delay after it, each if >= 0. */
+typedef struct {
+    int kind;
+    double a, b, c, limit, slow;
+} pipeline_t;
+
+static void stage_lane(CoreObject *c, LinkObject *k, int li, const pipeline_t *p);
 static int plane_lane(CoreObject *c, LinkObject *k, int li);
 static int stage_args_ok(int li, int kind);
 
-/* set_stages(links, lane, kind, a, b, c, draws): one toxic's compiled stage on lane
- * *lane* of every link in the list *links* (a toxic added to, or removed from, a
- * proxy's connections: issue 36), in one call and one hold of the mutex, so the add is
- * one hand-off to the plane, not a call per connection. Each lane gets what
- * _set_stage gives it, its generator first set to draws[i] where *draws* is a list
- * (None: the lanes' own are kept, for a stage that does not draw); a lane still on the
- * toxic path is then handed back to the plane with the stage (_to_plane), as a toxic
- * link's to_stage() does. A link that has ended is left alone. */
+/* One lane's words from set_stages' *words* entry: (draws, count), each an int to set
+ * or None to keep the lane's own; has[0], has[1] say which are set. 0 on error. */
+static int lane_words(PyObject *item, uint64_t *out, char *has) {
+    if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 2) {
+        PyErr_SetString(PyExc_ValueError, "words must hold (draws, count) tuples");
+        return 0;
+    }
+    for (int j = 0; j < 2; j++) {
+        PyObject *w = PyTuple_GET_ITEM(item, j);
+        has[j] = w != Py_None;
+        if (has[j]) {
+            out[j] = PyLong_AsUnsignedLongLongMask(w);
+            if (PyErr_Occurred())
+                return 0;
+        }
+    }
+    return 1;
+}
+
+/* A batch's lanes, parsed before the mutex is taken. */
+typedef struct {
+    pipeline_t p;
+    uint64_t words[2]; /* the generator's state, limit_data's count */
+    char has[2];       /* which of words to set */
+} staged_t;
+
+/* Parse set_stages' entry i (its link, pipeline and words) into *st. 0 on error. */
+static int parse_staged(CoreObject *c, PyObject *links, PyObject *pipes, PyObject *words,
+                        Py_ssize_t i, int li, staged_t *st) {
+    PyObject *item = PyList_GET_ITEM(links, i);
+    if (!PyObject_TypeCheck(item, &LinkType) || ((LinkObject *)item)->core != c) {
+        PyErr_SetString(PyExc_ValueError, "links must be links of this plane");
+        return 0;
+    }
+    pipeline_t *p = &st->p;
+    if (!PyArg_ParseTuple(PyList_GET_ITEM(pipes, i), "iddddd;pipelines must hold "
+                          "(kind, a, b, c, limit, slow_ms) tuples", &p->kind, &p->a, &p->b,
+                          &p->c, &p->limit, &p->slow))
+        return 0;
+    if (!stage_args_ok(li, p->kind))
+        return 0;
+    st->has[0] = st->has[1] = 0;
+    return words == Py_None || lane_words(PyList_GET_ITEM(words, i), st->words, st->has);
+}
+
+/* set_stages(links, lane, pipelines, words): a compiled pipeline on lane *lane* of every
+ * link in the list *links* (a toxic added to, or removed from, a proxy's connections:
+ * issue 36), in one call and one hold of the mutex, so the add is one hand-off to the
+ * plane, not a call per connection. Link i's lane gets what _set_stage gives it with
+ * pipelines[i], a (kind, a, b, c, limit, slow_ms) tuple; where *words* is a list,
+ * words[i] = (draws, count) first sets its generator state and limit_data's count (None:
+ * the lane's own is kept). A lane still on the toxic path is then handed back to the
+ * plane with its pipeline (_to_plane), as a toxic link's to_stage() does. A link that
+ * has ended is left alone. */
 static PyObject *core_set_stages(CoreObject *c, PyObject *args) {
-    PyObject *links, *draws;
-    int li, kind;
-    double a, b, third;
-    if (!PyArg_ParseTuple(args, "O!iidddO", &PyList_Type, &links, &li, &kind, &a, &b, &third,
-                          &draws))
-        return NULL;
-    if (!stage_args_ok(li, kind))
+    PyObject *links, *pipes, *words;
+    int li;
+    if (!PyArg_ParseTuple(args, "O!iO!O", &PyList_Type, &links, &li, &PyList_Type, &pipes,
+                          &words))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(links);
-    if (draws != Py_None && (!PyList_Check(draws) || PyList_GET_SIZE(draws) != n)) {
-        PyErr_SetString(PyExc_ValueError, "draws must be None or a list as long as links");
+    if (PyList_GET_SIZE(pipes) != n ||
+        (words != Py_None && (!PyList_Check(words) || PyList_GET_SIZE(words) != n))) {
+        PyErr_SetString(PyExc_ValueError,
+                        "pipelines (and words, unless None) must be lists as long as links");
         return NULL;
     }
-    uint64_t *states = NULL;
-    if (draws != Py_None && n) {
-        states = malloc(n * sizeof *states);
-        if (!states)
-            return PyErr_NoMemory();
-    }
+    staged_t *staged = n ? malloc(n * sizeof *staged) : NULL;
+    if (n && !staged)
+        return PyErr_NoMemory();
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PyList_GET_ITEM(links, i);
-        if (!PyObject_TypeCheck(item, &LinkType) || ((LinkObject *)item)->core != c) {
-            free(states);
-            PyErr_SetString(PyExc_ValueError, "links must be links of this plane");
+        if (!parse_staged(c, links, pipes, words, i, li, &staged[i])) {
+            free(staged);
             return NULL;
-        }
-        if (states) {
-            states[i] = PyLong_AsUnsignedLongLongMask(PyList_GET_ITEM(draws, i));
-            if (PyErr_Occurred()) {
-                free(states);
-                return NULL;
-            }
         }
     }
     /* The list holds its links: none is freed while the GIL is let go below. */
     LOCKED(c, {
         for (Py_ssize_t i = 0; i < n; i++) {
             LinkObject *k = (LinkObject *)PyList_GET_ITEM(links, i);
+            const staged_t *st = &staged[i];
             if (k->ended)
                 continue;
-            if (states)
-                k->lanes[li].draws = states[i];
-            stage_lane(c, k, li, kind, a, b, third);
-            if (kind != STAGE_NONE && k->lanes[li].to_trio)
+            if (st->has[0])
+                k->lanes[li].draws = st->words[0];
+            if (st->has[1])
+                k->lanes[li].count = st->words[1];
+            stage_lane(c, k, li, &st->p);
+            if (st->p.kind != STAGE_NONE && k->lanes[li].to_trio)
                 plane_lane(c, k, li);
         }
     });
-    free(states);
+    free(staged);
     Py_RETURN_NONE;
 }
 
@@ -1488,7 +1589,7 @@ static PyMethodDef core_methods[] = {
     {"freeze", (PyCFunction)core_freeze, METH_VARARGS,
      "freeze(links, mask): close many links' gates at once; (up, down) bytes."},
     {"set_stages", (PyCFunction)core_set_stages, METH_VARARGS,
-     "set_stages(links, lane, kind, a, b, c, draws): one stage on many links' lanes."},
+     "set_stages(links, lane, pipelines, words): a pipeline on each of many links' lanes."},
     {"drain", (PyCFunction)core_drain, METH_NOARGS, "The batch of events [(link, kind, lane)]."},
     {"set_unlocked", (PyCFunction)core_set_unlocked, METH_O,
      "Debug: freeze and counts skip the mutex (the breakage of the stress test)."},
@@ -1660,6 +1761,7 @@ static PyObject *link_to_trio(LinkObject *k, PyObject *arg) {
              * times; the head's draw, if one was made, is undone (trio draws it again). */
             l->to_trio = 1;
             l->stage = STAGE_NONE;
+            l->limit_on = l->slow_on = 0;
             l->bound = INBOX_BYTES; /* trio's chain: the toxic path's bound */
             if (l->head_set && l->head_drew)
                 l->draws -= DRAW_GAMMA;
@@ -1673,29 +1775,41 @@ static PyObject *link_to_trio(LinkObject *k, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-/* The lane's compiled stage from now on, under the mutex: latency (a ms, jitter b ms),
- * bandwidth (a KB/s, b unused) or slicer (average_size a, size_variation b bytes, delay
- * c us) (kind STAGE_NONE: none; what it queued then leaves at once, in order). A chunk
- * whose delay was drawn keeps it, as in the Python toxic (where that chunk is asleep). */
-static void stage_lane(CoreObject *c, LinkObject *k, int li, int kind, double a, double b,
-                       double third) {
+/* The lane's compiled pipeline from now on, under the mutex: its stage latency (a ms,
+ * jitter b ms), bandwidth (a KB/s, b unused), slicer (average_size a, size_variation b
+ * bytes, delay c us), pass or timeout's drop (no figure: the toxic's timer is trio's);
+ * limit_data's limit before it and slow_close's delay after it, each if >= 0 (kind
+ * STAGE_NONE: none; what it queued then leaves at once, in order). A chunk whose delay
+ * was drawn keeps it, as in the Python toxic (where that chunk is asleep). */
+static void stage_lane(CoreObject *c, LinkObject *k, int li, const pipeline_t *p) {
     lane_t *l = &k->lanes[li];
+    int kind = p->kind;
     if (kind == STAGE_NONE) /* removed: the chunk it held goes too (as Toxiproxy's) */
         l->head_set = 0;
-    if (kind != l->stage)
-        l->clock = l->next_set = 0; /* a new stage starts with no backlog */
+    if (kind != l->stage) /* a new stage starts with no backlog */
+        l->clock = l->next_set = 0;
+    if (!l->limit_on)
+        l->limit_closed = 0;
+    if (!l->slow_on)
+        l->eof_at = 0;
+    l->limit_on = kind != STAGE_NONE && p->limit >= 0;
+    l->limit = (long long)p->limit;
+    l->slow_on = kind != STAGE_NONE && p->slow >= 0;
+    l->slow_ms = p->slow;
+    if (l->head_set && l->inbox && !l->inbox->len)
+        l->head_set = 0; /* a held FIN's due time moves with slow_close's delay */
     l->stage = kind == STAGE_NONE && l->inbox && !l->to_trio ? STAGE_DRAIN : kind;
     if (kind == STAGE_BANDWIDTH) {
-        l->rate_kbps = a;
+        l->rate_kbps = p->a;
     } else if (kind == STAGE_SLICER) {
-        l->slice_avg = (long long)a;
-        l->slice_var = (long long)b;
-        l->slice_delay = third > 0 ? third / 1e6 : 0;
+        l->slice_avg = (long long)p->a;
+        l->slice_var = (long long)p->b;
+        l->slice_delay = p->c > 0 ? p->c / 1e6 : 0;
     } else {
-        l->lat_ms = a;
-        l->jit_ms = b;
+        l->lat_ms = p->a;
+        l->jit_ms = p->b;
     }
-    l->bound = kind == STAGE_LATENCY ? stage_bound(a, b) : INBOX_BYTES;
+    l->bound = kind == STAGE_LATENCY ? stage_bound(p->a, p->b) : INBOX_BYTES;
     if (!k->ended && !l->to_trio && l->inbox) {
         if (list_timed(c, k, li) < 0)
             contain(c, k, "realloc", ENOMEM);
@@ -1725,24 +1839,26 @@ static int plane_lane(CoreObject *c, LinkObject *k, int li) {
 }
 
 static int stage_args_ok(int li, int kind) {
-    if ((li != 0 && li != 1) || kind < STAGE_NONE || kind == STAGE_DRAIN || kind > STAGE_SLICER) {
+    if ((li != 0 && li != 1) || kind < STAGE_NONE || kind == STAGE_DRAIN || kind > STAGE_LAST) {
         PyErr_SetString(PyExc_ValueError, "lane must be 0 or 1, kind a STAGE_ constant");
         return 0;
     }
     return 1;
 }
 
-/* _set_stage(lane, kind, a, b[, c]): the lane's compiled stage (see stage_lane). */
+/* _set_stage(lane, kind, a, b[, c[, limit[, slow_ms]]]): the lane's compiled pipeline (see
+ * stage_lane). */
 static PyObject *link_set_stage(LinkObject *k, PyObject *args) {
     NEED_CORE(k);
     int li, kind;
-    double lat, jit, third = 0;
-    if (!PyArg_ParseTuple(args, "iidd|d", &li, &kind, &lat, &jit, &third))
+    double lat, jit, third = 0, limit = -1, slow = -1;
+    if (!PyArg_ParseTuple(args, "iidd|ddd", &li, &kind, &lat, &jit, &third, &limit, &slow))
         return NULL;
     if (!stage_args_ok(li, kind))
         return NULL;
     CoreObject *c = k->core;
-    LOCKED(c, stage_lane(c, k, li, kind, lat, jit, third));
+    pipeline_t p = {kind, lat, jit, third, limit, slow};
+    LOCKED(c, stage_lane(c, k, li, &p));
     Py_RETURN_NONE;
 }
 
@@ -1767,8 +1883,9 @@ static PyObject *link_bound(LinkObject *k, PyObject *arg) {
     return lane_size(k, arg, offsetof(lane_t, bound));
 }
 
-/* _stage_draws(lane[, state]): the lane's generator state (set it first if given). */
-static PyObject *link_stage_draws(LinkObject *k, PyObject *args) {
+/* A uint64_t word of a lane's pipeline (at offset *off* in lane_t): (lane[, value]),
+ * set first if given, then read, under the mutex. */
+static PyObject *lane_word(LinkObject *k, PyObject *args, size_t off) {
     NEED_CORE(k);
     int li;
     PyObject *state = NULL;
@@ -1785,11 +1902,22 @@ static PyObject *link_stage_draws(LinkObject *k, PyObject *args) {
             return NULL;
     }
     LOCKED(k->core, {
+        uint64_t *word = (uint64_t *)((char *)&k->lanes[li] + off);
         if (state)
-            k->lanes[li].draws = set;
-        got = k->lanes[li].draws;
+            *word = set;
+        got = *word;
     });
     return PyLong_FromUnsignedLongLong(got);
+}
+
+/* _stage_draws(lane[, state]): the lane's generator state (set it first if given). */
+static PyObject *link_stage_draws(LinkObject *k, PyObject *args) {
+    return lane_word(k, args, offsetof(lane_t, draws));
+}
+
+/* _stage_count(lane[, count]): limit_data's count of bytes passed (set it first if given). */
+static PyObject *link_stage_count(LinkObject *k, PyObject *args) {
+    return lane_word(k, args, offsetof(lane_t, count));
 }
 
 /* _to_plane(lane): back from trio to the plane (see plane_lane). */
@@ -2022,6 +2150,7 @@ static PyMethodDef link_methods[] = {
     {"_offer_eof", (PyCFunction)link_offer_eof, METH_O, ""},
     {"_set_stage", (PyCFunction)link_set_stage, METH_VARARGS, ""},
     {"_stage_draws", (PyCFunction)link_stage_draws, METH_VARARGS, ""},
+    {"_stage_count", (PyCFunction)link_stage_count, METH_VARARGS, ""},
     {"_queued", (PyCFunction)link_queued, METH_O, "Bytes queued in the lane's inbox."},
     {"_bound", (PyCFunction)link_bound, METH_O, "The lane's inbox bound in bytes."},
     {"_reroute", (PyCFunction)link_reroute, METH_O,
@@ -2125,6 +2254,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "DRAINED", EV_DRAINED);
     PyModule_AddIntConstant(m, "ERROR", EV_ERROR);
     PyModule_AddIntConstant(m, "UPSTREAM_FAILED", EV_UPSTREAM_FAILED);
+    PyModule_AddIntConstant(m, "CLOSE", EV_CLOSE);
     PyModule_AddIntConstant(m, "COPY_CHUNK", COPY_CHUNK);
     PyModule_AddIntConstant(m, "INBOX_BYTES", INBOX_BYTES);
     PyModule_AddIntConstant(m, "CHUNK_COST", CHUNK_COST);
@@ -2134,5 +2264,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyModule_AddIntConstant(m, "STAGE_LATENCY", STAGE_LATENCY);
     PyModule_AddIntConstant(m, "STAGE_BANDWIDTH", STAGE_BANDWIDTH);
     PyModule_AddIntConstant(m, "STAGE_SLICER", STAGE_SLICER);
+    PyModule_AddIntConstant(m, "STAGE_PASS", STAGE_PASS);
+    PyModule_AddIntConstant(m, "STAGE_DROP", STAGE_DROP);
     return m;
 }

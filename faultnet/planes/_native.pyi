@@ -7,6 +7,7 @@ CHUNKS: int
 DRAINED: int
 ERROR: int
 UPSTREAM_FAILED: int
+CLOSE: int
 COPY_CHUNK: int
 INBOX_BYTES: int
 CHUNK_COST: int
@@ -16,6 +17,8 @@ STAGE_NONE: int
 STAGE_LATENCY: int
 STAGE_BANDWIDTH: int
 STAGE_SLICER: int
+STAGE_PASS: int
+STAGE_DROP: int
 
 def draws(seed: int, n: int, a: float, b: float, /) -> list[float]: ...
 def slices(seed: int, length: int, average: int, variation: int, /) -> list[int]: ...
@@ -43,8 +46,19 @@ class Link:
     def _take(self, lane: int, timed: bool = ..., /) -> list[Any]: ...
     def _offer(self, lane: int, data: bytes | memoryview, /) -> bool: ...
     def _offer_eof(self, lane: int, /) -> bool: ...
-    def _set_stage(self, lane: int, kind: int, a: float, b: float, c: float = ..., /) -> None: ...
+    def _set_stage(
+        self,
+        lane: int,
+        kind: int,
+        a: float,
+        b: float,
+        c: float = ...,
+        limit: float = ...,
+        slow_ms: float = ...,
+        /,
+    ) -> None: ...
     def _stage_draws(self, lane: int, state: int = ..., /) -> int: ...
+    def _stage_count(self, lane: int, count: int = ..., /) -> int: ...
     def _queued(self, lane: int, /) -> int: ...
     def _bound(self, lane: int, /) -> int: ...
     def _reroute(self, fd: int, /) -> int | None: ...
@@ -65,11 +79,8 @@ class Core:
         self,
         links: list[Link],
         lane: int,
-        kind: int,
-        a: float,
-        b: float,
-        c: float,
-        draws: list[int] | None,
+        pipelines: list[tuple[int, float, float, float, float, float]],
+        words: list[tuple[int | None, int | None]] | None,
         /,
     ) -> None: ...
     def drain(self) -> list[tuple[Any, int, int]]: ...

@@ -37,9 +37,14 @@ calls it would cost a second GIL hand-off per batch for nothing.
 behind the link's last event; :meth:`Plane._deliver` drops the reference once the batch
 is built, so no event ever points at a freed link.
 
-**Compiled stages.** The latency toxic (with jitter), the bandwidth toxic and the slicer
-run on the thread when a stream's chain is that one toxic (:meth:`Link.set_stage`): the lane's inbox is then the stage's
-queue, each chunk due at its read time plus its delay (drawn when it comes to the head,
+**Compiled stages.** The latency toxic (with jitter), the bandwidth toxic, the slicer,
+limit_data (its count handed over as the generator is; EV_CLOSE asks trio to sever),
+timeout (bytes dropped, the EOF held; its timer stays the toxic's trio task), slow_close
+(the EOF due its delay after it came to the head) and reset_peer (the plain path: its
+timer is trio's) run on the thread when a stream's chain is made of them, as one
+pipeline per lane (:meth:`Link.set_stages`, :func:`_pipeline`: limit_data > one of
+latency, bandwidth, slicer or the drop > slow_close): the lane's inbox is then the
+pipeline's queue, each chunk due at its read time plus its delay (drawn when it comes to the head,
 from the same splitmix64 as :mod:`faultnet.toxics.draws`); one timerfd in the epoll is
 armed at the earliest due time among the lanes that wait (timer slack 1 us: epoll_wait's
 own timeout has millisecond steps). Reading stops at the lane's bound in bytes: a
@@ -64,11 +69,21 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from faultnet import planes as _planes
-from faultnet.planes import CHUNKS, DONE, DRAINED, ERROR, RESET, UPSTREAM_FAILED, LinkBase, Stage
+from faultnet.planes import (
+    CHUNKS,
+    CLOSE,
+    DONE,
+    DRAINED,
+    ERROR,
+    RESET,
+    UPSTREAM_FAILED,
+    LinkBase,
+    Stage,
+)
 
 if TYPE_CHECKING:
     import trio
@@ -93,22 +108,81 @@ _KINDS: dict[int, str] = (
         _native.DRAINED: DRAINED,
         _native.ERROR: ERROR,
         _native.UPSTREAM_FAILED: UPSTREAM_FAILED,
+        _native.CLOSE: CLOSE,
     }
     if AVAILABLE
     else {}
 )
 
 
-#: The toxics the thread runs as compiled stages (``Toxic.compiled()``'s kind -> the C's).
+#: The toxics the thread runs as a pipeline's stage (``Toxic.compiled()``'s kind -> the
+#: C's): one of these at most; the pipeline's other roles are :data:`_ROLES`'.
 _STAGE_KINDS: dict[str, int] = (
     {
         "latency": _native.STAGE_LATENCY,
         "bandwidth": _native.STAGE_BANDWIDTH,
         "slicer": _native.STAGE_SLICER,
+        "timeout": _native.STAGE_DROP,  # its timer is the toxic's task in trio
     }
     if AVAILABLE
     else {}
 )
+#: The toxics that sit around the stage (each once at most): limit_data before it,
+#: slow_close after it (on the EOF), reset_peer nowhere (bytes pass; its timer is trio's).
+_ROLES = {"limit_data": "limit", "slow_close": "slow", "reset_peer": "pass"}
+
+
+#: ``_set_stage``'s figures after the lane: kind, a, b, c, limit, slow_ms.
+_Figures = tuple[int, float, float, float, float, float]
+
+
+def _pipeline(stages: Sequence[Stage]) -> tuple[_Figures, list[str]] | None:
+    """The C's pipeline for a chain of *stages* (:data:`_Figures`) and each stage's
+    role; None if it has no such form.
+
+    The C runs limit > stage > slow_close whatever the chain's order: a slow_close acts
+    on the EOF alone, after every byte before it, and once a limit is met the connection
+    closes, so what would follow it is never seen. A timeout drops every byte and holds
+    the EOF wherever it is (:func:`_dropping`). A stage on the plane keeps its role
+    while it stays (a toxic added goes last), so its word stays where it is."""
+    kinds = [form[0] for form in stages]
+    if "timeout" in kinds:
+        return _dropping(stages, kinds.index("timeout"))
+    main: tuple[int, float, float, float] | None = None
+    figures = {"limit": -1.0, "slow": -1.0}
+    roles: list[str] = []
+    for kind, a, b, c in stages:
+        role = _ROLES.get(kind, "main")
+        if role in figures and role not in roles:
+            figures[role] = a
+        elif role == "main" and main is None and kind in _STAGE_KINDS:
+            main = (_STAGE_KINDS[kind], a, b, c)
+        elif role != "pass":
+            return None
+        roles.append(role)
+    if main is None:  # no stage: bytes due at once (or the plain path, none at all)
+        around = figures["limit"] >= 0 or figures["slow"] >= 0
+        main = (_native.STAGE_PASS if around else _native.STAGE_NONE, 0.0, 0.0, 0.0)
+    return (*main, figures["limit"], figures["slow"]), roles
+
+
+def _dropping(stages: Sequence[Stage], at: int) -> tuple[_Figures, list[str]] | None:
+    """The pipeline of a chain whose stage *at* is a timeout: the drop, and a limit_data
+    before it (which counts what the timeout then drops, and closes at its limit); the
+    rest sees nothing, or nothing that leaves. The first of latency, bandwidth and
+    slicer keeps the stage's role (its word on the plane, where the drop leaves it
+    untouched); the others pass (their words stay in Python). None where a delay before
+    that limit would move its close (the C counts first)."""
+    kinds = [form[0] for form in stages]
+    before = kinds[:at]
+    limit = before.index("limit_data") if "limit_data" in before else -1
+    if limit >= 0 and any(k in _STAGE_KINDS for k in before[:limit]):
+        return None
+    timing = [i for i, k in enumerate(kinds) if k in _STAGE_KINDS and k != "timeout"]
+    main = timing[0] if timing else -1
+    roles = ["limit" if i == limit else "main" if i == main else "pass" for i in range(len(stages))]
+    figure = stages[limit][1] if limit >= 0 else -1.0
+    return (_native.STAGE_DROP, 0.0, 0.0, 0.0, figure, -1.0), roles
 
 
 def _mask(streams: Iterable[str]) -> int:
@@ -141,6 +215,18 @@ class Link(LinkBase["Plane", LaneView], _Base):
     returns at once (the mutex is held for one socket's work at most). Its ``lanes``
     name each lane's sockets for the tests' debug hooks (the core has its own); its
     ``error`` is set just before an ERROR event is delivered."""
+
+    def __init__(
+        self,
+        plane: Plane,
+        client: socket.socket,
+        server: socket.socket,
+        on_event: Callable[[str, str | None], None],
+        lane: Callable[[str, socket.socket, socket.socket], LaneView],
+    ) -> None:
+        super().__init__(plane, client, server, on_event, lane)
+        #: Each lane's pipeline: its stages' roles as last set (:meth:`set_stages`).
+        self._roles: list[list[str]] = [[], []]
 
     def freeze(self, streams: Iterable[str]) -> None:
         """Close the gates: total on return (no syscall of these lanes is in progress and
@@ -178,29 +264,34 @@ class Link(LinkBase["Plane", LaneView], _Base):
         done: bool = self._to_plane(_INDEX[stream])
         return done
 
-    def set_stage(
-        self, stream: str, stage: tuple[str, float, float, float] | None, draws: int | None = None
+    def set_stages(
+        self, stream: str, stages: Sequence[Stage], words: Sequence[int | None] = ()
     ) -> bool:
-        """The lane's compiled stage (see :meth:`faultnet.planes.Link.set_stage`): the
-        latency, bandwidth or slicer toxic, its draws made on the thread (``release_due``
-        in the C)."""
+        """The lane's compiled pipeline (see :meth:`faultnet.planes.Link.set_stages` and
+        :func:`_pipeline`), its draws made on the thread (``release_due`` in the C)."""
         lane = _INDEX[stream]
-        if stage is None:
-            self._set_stage(lane, _native.STAGE_NONE, 0.0, 0.0)
-            return True
-        kind, a, b, c = stage
-        code = _STAGE_KINDS.get(kind)
-        if code is None:
+        made = _pipeline(stages)
+        if made is None:
             return False
+        figures, roles = made
+        draws, count = _lane_words(roles, words)
         if draws is not None:
             self._stage_draws(lane, draws)
-        self._set_stage(lane, code, a, b, c)
+        if count is not None:
+            self._stage_count(lane, count)
+        self._set_stage(lane, *figures)
+        self._roles[lane] = roles
         return True
 
-    def stage_draws(self, stream: str) -> int:
-        """The generator state of the lane's stage."""
-        state: int = self._stage_draws(_INDEX[stream])
-        return state
+    def stage_words(self, stream: str) -> list[int | None]:
+        """The generator state of the pipeline's stage, limit_data's count; None for the
+        others (they carry none)."""
+        lane = _INDEX[stream]
+        words: dict[str, int | None] = {
+            "main": self._stage_draws(lane),
+            "limit": self._stage_count(lane),
+        }
+        return [words.get(role) for role in self._roles[lane]]
 
     def take(self, stream: str) -> list[bytes]:
         """The chunks read for trio so far (b"" is the EOF), and re-arm the reader."""
@@ -239,7 +330,7 @@ class Plane:
     """The compiled core and the trio task that delivers its events."""
 
     name = "native"
-    stages = frozenset(_STAGE_KINDS)
+    stages = frozenset(_STAGE_KINDS) | frozenset(_ROLES)
 
     def __init__(self, splice: bool = True) -> None:
         if not AVAILABLE:
@@ -336,28 +427,56 @@ class Plane:
         return up, down
 
     def set_stages(
-        self, links: list[Link], stream: str, stage: Stage | None, draws: list[int] | None
+        self,
+        links: list[Link],
+        stream: str,
+        pipelines: Sequence[Sequence[Stage]],
+        words: Sequence[Sequence[int | None]] | None,
     ) -> None:
-        """*stage* on *stream* of every link in *links*: one C call, one hold of the
-        mutex (see :meth:`faultnet.planes.Plane.set_stages`); a link not of this plane's
-        own (a connection's joined links: faultnet/proxy/_hop.py) by its own calls."""
-        if stage is None:
-            kind, a, b, c = _native.STAGE_NONE, 0.0, 0.0, 0.0
-        else:
-            name, a, b, c = stage
-            if name not in _STAGE_KINDS:
-                raise ValueError(f"the native plane runs no {name!r} stage")
-            kind = _STAGE_KINDS[name]
-        own, others = _own(links)
-        if others:  # a connection's joined links (rare): each as a toxic link's to_stage()
-            i_of = {id(link): i for i, link in enumerate(links)}
-            for link in others:
-                link.set_stage(stream, stage, None if draws is None else draws[i_of[id(link)]])
-                if stage is not None and link.on_toxic_path(stream):
+        """Link i's pipeline ``pipelines[i]`` on *stream* of every link in *links*: one C
+        call, one hold of the mutex (see :meth:`faultnet.planes.Plane.set_stages`); each
+        distinct pipeline is mapped once (:func:`_pipeline`: a toxic added to every
+        connection is one). A link not of this plane's own (a connection's joined links:
+        faultnet/proxy/_hop.py) by its own calls."""
+        made: dict[tuple[Stage, ...], tuple[_Figures, list[str]]] = {}
+        for forms in map(tuple, pipelines):  # every pipeline first: nothing changes if one fails
+            if forms not in made:
+                pipeline = _pipeline(forms)
+                if pipeline is None:
+                    raise ValueError(f"the native plane runs no pipeline {forms!r}")
+                made[forms] = pipeline
+        lane = _INDEX[stream]
+        own: list[Link] = []
+        figures: list[_Figures] = []
+        roles: list[list[str]] = []
+        lane_words: list[tuple[int | None, int | None]] = []
+        for i, link in enumerate(links):
+            forms, ws = tuple(pipelines[i]), () if words is None else words[i]
+            if type(link) is not Link:  # a connection's joined links (rare): as to_stage()
+                link.set_stages(stream, forms, ws)
+                if forms and link.on_toxic_path(stream):
                     link.to_plane(stream)
-            if draws is not None:
-                draws = [draws[i_of[id(link)]] for link in own]
-        self._core.set_stages(own, _INDEX[stream], kind, a, b, c, draws)  # type: ignore[arg-type]
+                continue
+            own.append(link)
+            figures.append(made[forms][0])
+            roles.append(made[forms][1])
+            lane_words.append(_lane_words(made[forms][1], ws))
+        self._core.set_stages(own, lane, figures, None if words is None else lane_words)  # type: ignore[arg-type]
+        for link, its_roles in zip(own, roles, strict=True):
+            link._roles[lane] = its_roles
+
+
+def _lane_words(roles: Sequence[str], words: Sequence[int | None]) -> tuple[int | None, int | None]:
+    """The C's two words of a lane from its pipeline's *words* (see
+    :meth:`Link.set_stages`): the stage's generator state and limit_data's count (None:
+    the lane's own goes on)."""
+    draws = count = None
+    for role, word in zip(roles, words, strict=False):
+        if word is not None and role == "main":
+            draws = word
+        elif word is not None and role == "limit":
+            count = word
+    return draws, count
 
 
 def _own(links: list[Link]) -> tuple[list[Link], list[Link]]:

@@ -103,7 +103,7 @@ import socket
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, cast
 
 from faultnet.planes import (
@@ -311,14 +311,14 @@ class Link(LinkBase["Plane", Lane]):
                 self.plane._service([lane.src_fd])
             return True
 
-    def set_stage(
-        self, stream: str, stage: tuple[str, float, float, float] | None, draws: int | None = None
+    def set_stages(
+        self, stream: str, stages: Sequence[Stage], words: Sequence[int | None] = ()
     ) -> bool:
         """This plane compiles no stage: False for any, so the chain stays in trio."""
-        return stage is None
+        return not stages
 
-    def stage_draws(self, stream: str) -> int:
-        return 0
+    def stage_words(self, stream: str) -> list[int | None]:
+        return []
 
     def take(self, stream: str) -> list[bytes]:
         """The chunks read for trio so far (b"" is the EOF), and re-arm the reader."""
@@ -496,11 +496,16 @@ class Plane:
         return freeze_each(links, streams)
 
     def set_stages(
-        self, links: list[Link], stream: str, stage: Stage | None, draws: list[int] | None
+        self,
+        links: list[Link],
+        stream: str,
+        pipelines: Sequence[Sequence[Stage]],
+        words: Sequence[Sequence[int | None]] | None,
     ) -> None:
-        """No stage but None (see :meth:`faultnet.planes.Plane.set_stages`)."""
-        if stage is not None:
-            raise ValueError(f"the thread plane runs no {stage[0]!r} stage")
+        """No pipeline but the empty one (see :meth:`faultnet.planes.Plane.set_stages`)."""
+        for forms in pipelines:
+            if forms:
+                raise ValueError(f"the thread plane runs no {forms[0][0]!r} stage")
 
     def settle(self) -> None:
         """Move, in the calling thread, whatever is ready now (one epoll_wait that does

@@ -49,6 +49,7 @@ from faultnet.sockopts import (
 )
 from faultnet.toxics.base import STREAMS, Toxic
 from faultnet.toxics.chain import Sink, ToxicChain, ToxicStage, chain_of
+from faultnet.toxics.draws import picks
 
 __all__ = ["CONNECTION_STATES", "Connection", "ConnectionInfo", "Host"]
 
@@ -56,14 +57,16 @@ _DROP_ALL, _PURE_ACKS = bpf.drop_all(), bpf.pure_acks_only()
 
 
 def _decided_rng(seed_parts: tuple[object, ...]) -> random.Random:
-    """A toxic's rng on a connection, past the draw that decided it applies there."""
+    """A toxic's rng on a connection, its first number skipped: the numbers a seed gives
+    a toxic are those it gave when that number decided the toxicity (now
+    :func:`~faultnet.toxics.draws.picks` decides)."""
     rng = random.Random(derive_seed(*seed_parts))
     rng.random()
     return rng
 
 
 class _DecidedRng:
-    """What makes a toxic's rng on a connection where toxicity 1 decided it applies, at
+    """What makes a toxic's rng on a connection where it applies, at
     the stage's first use of it (:func:`_decided_rng`). One object where a
     ``functools.partial`` and its tuple were two: a toxic added to 9,000 connections
     leaves that many fewer objects for the collector, whose full passes over a server
@@ -538,17 +541,16 @@ class Connection:
         run compiled on an idle stream is left for the batch to hand the plane."""
         if toxic.name in self.stages:  # already decided for this connection: kept
             return
-        # Decided once per connection and kept; toxicity 0 never applies
-        # (random() < 0 is never true), 1 always does: then the draw is not made now but
-        # replayed when the stage first asks for its rng (the same numbers follow).
-        rng: random.Random | Callable[[], random.Random]
-        if toxic.toxicity >= 1.0:
-            rng = _DecidedRng(self.proxy.seed, self.id, toxic.name)
-        else:
-            rng = random.Random(derive_seed(self.proxy.seed, self.id, toxic.name))
-            if not rng.random() < toxic.toxicity:
-                self.stages[toxic.name] = None
-                return
+        # Decided once per connection and kept, by the toxics' one generator (the same
+        # seed picks the same connections whichever path runs them); the stage's rng is
+        # made at its first use (seeding one costs ~11 us: issue 36). Toxicity 1 always
+        # applies: no seed is derived for it.
+        if toxic.toxicity < 1.0 and not picks(
+            derive_seed(self.proxy.seed, self.id, toxic.name), toxic.toxicity
+        ):
+            self.stages[toxic.name] = None
+            return
+        rng = _DecidedRng(self.proxy.seed, self.id, toxic.name)
         ends = self._ends
         if ends is None:  # the bound methods made once, not two objects per stage
             ends = self._ends = (self.sever, self.reset)
@@ -569,10 +571,12 @@ class Connection:
         most of the add (issue 36 item 3)."""
         for s in stage.streams:
             self.toxic_links[s].rebuild()
-        # From now on the stream's bytes go to trio; its chain runs in the host task.
+        # From now on the stream's bytes go to trio; its chain runs in the host task
+        # (unless the plane's pipeline took the stage in: the rebuild's retune).
         if self.link is not None:
             for s in stage.streams:
-                self.link.to_trio(s)
+                if self.toxic_links[s].compiled is None:
+                    self.link.to_trio(s)
             if not stage_is_idle(stage):
                 self._ensure_host()
             else:
@@ -766,6 +770,8 @@ class Connection:
         elif kind == planes.ERROR:
             self.log_event("conn_error", error=repr(link.error))
             self.end("reset")
+        elif kind == planes.CLOSE:
+            self.end("severed")  # a compiled stage's ctx.close(): limit_data's limit
         elif kind == planes.RESET:
             self.log_event("peer_reset", stream=stream, errno=errno.errorcode.get(link.errno, "?"))
             self.end("reset")

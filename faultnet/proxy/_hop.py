@@ -59,7 +59,7 @@ import fcntl
 import socket
 import struct
 import termios
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 from faultnet import bpf, planes
 from faultnet.sockopts import (
@@ -191,8 +191,10 @@ class HopLink:
 
     def _event(self, which: planes.Link, kind: str, stream: str | None) -> None:
         """An event of either link, in the trio thread: the connection's when it is."""
-        if kind in (planes.CHUNKS, planes.DRAINED):
-            self.on_event(kind, stream)  # the toxic path: the front link's only
+        if kind in (planes.CHUNKS, planes.DRAINED, planes.CLOSE):
+            # the toxic path and its compiled stages: the front link's only (CLOSE: the
+            # link is live, the connection ends it)
+            self.on_event(kind, stream)
         elif kind == planes.DONE:
             self._done.add(id(which))
             if len(self._done) == len(self._links()):
@@ -265,13 +267,16 @@ class HopLink:
     def on_toxic_path(self, stream: str) -> bool:
         return self.front.on_toxic_path(stream)
 
-    def set_stage(
-        self, stream: str, stage: tuple[str, float, float, float] | None, draws: int | None = None
+    def set_stages(
+        self,
+        stream: str,
+        stages: Sequence[planes.Stage],
+        words: Sequence[int | None] = (),
     ) -> bool:
-        return self.front.set_stage(stream, stage, draws)
+        return self.front.set_stages(stream, stages, words)
 
-    def stage_draws(self, stream: str) -> int:
-        return self.front.stage_draws(stream)
+    def stage_words(self, stream: str) -> list[int | None]:
+        return self.front.stage_words(stream)
 
     def take(self, stream: str) -> list[bytes]:
         return self.front.take(stream)

@@ -8,17 +8,24 @@ stage, its generator, back to the plane), each taking the plane's mutex: 297-640
 through the API, against a target of 200.
 
 A :class:`ToxicBatch` is made once per operation from the toxic: what every
-connection's stage of it shares (its compiled form, whether that form draws, the
-stream). The proxy's one pass offers it each connection's stage: :meth:`ToxicBatch.take`
+connection's stage of it shares (its compiled form, the stream). The proxy's one pass offers it each connection's stage: :meth:`ToxicBatch.take`
 takes a stage the plane can run compiled on a stream that had no toxic and no task
 (:meth:`~faultnet.proxy._toxiclink.ToxicLink.idle`): that stream's chain is the stage
 alone, so nothing is built, and its lane is listed. Any other stage goes the
 per-connection way (:meth:`faultnet.proxy._connection.Connection._put_on_path`: a chain
 with other toxics, the hop, a both-stream toxic, a plane without the stage, a stream
 whose task is running). :meth:`ToxicBatch.hand_off` then gives the plane every listed
-lane in one call (:meth:`faultnet.planes.Plane.set_stages`). A removal is the mirror:
+lane in one call (:meth:`faultnet.planes.Plane.set_stages`), each a pipeline of that
+one stage with its word (:meth:`~faultnet.toxics.base.Toxic.stage_word`: the generator
+where the form draws, limit_data's count). A removal is the mirror:
 :meth:`ToxicBatch.take_off` lists each lane whose chain was that stage alone, and the
-hand-off sets no stage on them.
+hand-off sets the empty pipeline on them.
+
+A stream already on a compiled pipeline of other toxics (a limit_data, say) that the
+toxic joins, or leaves, goes the per-connection way: its chain is rebuilt and the
+plane's pipeline retuned (:meth:`~faultnet.proxy._toxiclink.ToxicLink.retune`), which
+keeps it on the plane where the plane has the longer pipeline. So does a toxic with a
+task of its own (timeout's and reset_peer's timers).
 
 Nothing checkpoints between the pass and the hand-off, so no task sees a connection
 whose state says compiled while its lane does not yet have the stage; the plane's
@@ -28,11 +35,10 @@ force when the add returns).
 
 from __future__ import annotations
 
-from faultnet.planes import Link, Plane, Stage, stage_draws
+from faultnet.planes import Link, Plane, Stage
 from faultnet.proxy._toxiclink import ToxicLink
 from faultnet.toxics.base import Toxic
 from faultnet.toxics.chain import ToxicStage
-from faultnet.toxics.draws import draws_of
 
 __all__ = ["ToxicBatch"]
 
@@ -49,10 +55,11 @@ class ToxicBatch:
             form = toxic.compiled()
             if form is not None and form[0] in plane.stages:
                 self.form = form
-        #: Each taken stage's generator goes with it (the form draws).
-        self.draws = self.form is not None and stage_draws(self.form)
         self.links: list[Link] = []
-        self._states: list[int] = []
+        #: Each taken stage's word (:meth:`~faultnet.toxics.base.Toxic.stage_word`: its
+        #: generator where its form draws, limit_data's count), in :attr:`links`' order.
+        self._words: list[int | None] = []
+        self._toxic = toxic
 
     def take(self, toxic_link: ToxicLink, stage: ToxicStage) -> bool:
         """List *stage*'s lane for the compiled stage if its stream is idle (see the
@@ -60,9 +67,9 @@ class ToxicBatch:
         if self.form is None or not toxic_link.idle() or not toxic_link.may_compile():
             return False
         assert toxic_link.plane is not None  # idle(): it is in the plane
-        if self.draws:
-            self._states.append(draws_of(stage.state, stage.rng).state)
-        toxic_link.staged(stage, self.draws)
+        word = self._toxic.stage_word(stage)
+        self._words.append(word)
+        toxic_link.staged(stage, word is not None)
         self.links.append(toxic_link.plane)
         return True
 
@@ -80,8 +87,13 @@ class ToxicBatch:
         if plane is None or not self.links:
             return
         if adding:
-            plane.set_stages(
-                self.links, self.stream, self.form, self._states if self.draws else None
+            assert self.form is not None  # a lane is taken only with a form
+            pipeline = [self.form]  # the one list every taken lane's entry points to
+            words = (
+                [[word] for word in self._words]
+                if any(w is not None for w in self._words)
+                else None
             )
+            plane.set_stages(self.links, self.stream, [pipeline] * len(self.links), words)
         else:
-            plane.set_stages(self.links, self.stream, None, None)
+            plane.set_stages(self.links, self.stream, [[]] * len(self.links), None)

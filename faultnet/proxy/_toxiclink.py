@@ -19,24 +19,29 @@ of that stream owns what happens next, apart from the connection:
 
 The same code serves every plane: it asks nothing of a plane but the interface.
 
-**Compiled stages.** When the chain is one toxic with a compiled form
-(:meth:`~faultnet.toxics.base.Toxic.compiled`: latency, bandwidth, slicer) and the plane has that stage
-(:meth:`~faultnet.planes.Link.set_stage`: the native plane), the task hands the stream
-back to the plane with the stage set and ends: the plane delays the chunks itself, and
-the toxic's generator state goes with it (and comes back if the chain leaves that form).
+**Compiled stages.** When every toxic of the chain has a compiled form
+(:meth:`~faultnet.toxics.base.Toxic.compiled`: latency, bandwidth, slicer, limit_data,
+timeout, slow_close, reset_peer) and the plane has that pipeline
+(:meth:`~faultnet.planes.Link.set_stages`: the native plane's is one of latency,
+bandwidth, slicer or timeout, with a limit_data and a slow_close around it), the task
+hands the stream back to the plane with the pipeline set and ends: the plane delays the
+chunks itself, and each toxic's word goes with it
+(:meth:`~faultnet.toxics.base.Toxic.stage_word`: its generator state, limit_data's
+count; it comes back when the toxic leaves the plane). A toxic's own task
+(``Toxic.run``: the timers of timeout and reset_peer) stays in trio.
 An attribute update reaches the stage through :meth:`ToxicLink.retune`; a rebuilt chain
 of another form takes the stream back to trio (or, empty, to the plain fast path).
 ``FAULTNET_COMPILED_STAGES=0`` keeps every chain in trio (the reference the differential
 test compares the compiled stages with).
 
-The stage's generator (:mod:`faultnet.toxics.draws`) is handed to the plane only when
-its form draws (:func:`faultnet.planes.stage_draws`: a jitter, a size variation), and
-taken back only if it was handed (:attr:`ToxicLink.handed`): a stage that never drew
-leaves the generator where the toxic would seed it, so its sequence is the same, and a
+A stage's generator (:mod:`faultnet.toxics.draws`) is its word only when its form draws
+(:func:`faultnet.planes.stage_draws`: a jitter, a size variation), and a word is taken
+back only if it was handed (:attr:`ToxicLink.handed`): a stage that never drew leaves
+the generator where the toxic would seed it, so its sequence is the same, and a
 latency toxic without jitter seeds no ``random.Random`` per connection (issue 36).
 
 **Many at once.** A toxic added to (or removed from) a proxy's connections takes each
-idle stream onto the compiled stage (or off it) with :meth:`ToxicLink.staged` and
+idle stream onto the compiled stage, a pipeline of one (or off it), with :meth:`ToxicLink.staged` and
 :meth:`ToxicLink.unstaged`, which only set what this object holds; the caller hands the
 plane every such lane in one call (:mod:`faultnet.proxy._toxicbatch`).
 """
@@ -48,11 +53,10 @@ from typing import Protocol
 
 import trio
 
-from faultnet.planes import Link, stage_draws
+from faultnet.planes import Link, Stage
 from faultnet.toxics.base import Toxic
 from faultnet.toxics.chain import ToxicChain, ToxicStage
 from faultnet.toxics.clock import monotonic_offset
-from faultnet.toxics.draws import draws_of
 
 __all__ = ["COMPILED_STAGES_ENV", "ChainSource", "ToxicLink"]
 
@@ -66,6 +70,18 @@ class ChainSource(Protocol):
     def build_chain(self, stream: str) -> ToxicChain:
         """The stages *stream*'s bytes go through, built from the connection's toxics."""
         ...
+
+
+def _form(stage: ToxicStage) -> Stage:
+    form = stage.toxic.compiled()
+    assert form is not None  # a chain is compiled only when every stage has a form
+    return form
+
+
+def _give_back(stage: ToxicStage, word: int | None) -> None:
+    """*stage*'s word, as the plane leaves it, back to its Python toxic (if it has one)."""
+    if word is not None:
+        stage.toxic.set_stage_word(stage, word)
 
 
 class ToxicLink:
@@ -95,11 +111,13 @@ class ToxicLink:
         self._owed = False
         #: Chunks taken from the plane are still in the chain (not all written).
         self.holding = False
-        #: The stage the plane runs compiled for this stream (None: trio runs the chain).
-        self.compiled: ToxicStage | None = None
-        #: The plane's stage holds the generator of :attr:`compiled` (handed over because
-        #: its form draws); False: the toxic's own is where it was.
-        self.handed = False
+        #: The stages the plane runs compiled for this stream, in the chain's order (None:
+        #: trio runs the chain).
+        self.compiled: tuple[ToxicStage, ...] | None = None
+        #: The stages of :attr:`compiled` whose word the plane holds (handed over with
+        #: it: :meth:`~faultnet.toxics.base.Toxic.stage_word`); the others' own is where
+        #: it was.
+        self.handed: tuple[ToxicStage, ...] = ()
         self._may_compile = os.environ.get(COMPILED_STAGES_ENV, "1") != "0"
 
     # -- the connection's side --
@@ -115,64 +133,77 @@ class ToxicLink:
         self.wake()
 
     def retune(self) -> None:
-        """While the plane runs the chain compiled: give it the chain's form as of now
-        (an attribute changed), or take the stream off the stage: to trio if the chain
-        has another form (the caller starts the task: the connection's ``_put_on_path``),
-        to the plain fast path if it is empty (what the stage queued goes out first)."""
+        """While the plane runs the chain compiled: give it the chain's forms as of now
+        (an attribute changed, or the chain did), or take the stream off the pipeline: to
+        trio if the plane has no such pipeline (the caller starts the task: the
+        connection's ``_put_on_path``), to the plain fast path if the chain is empty
+        (what the pipeline queued goes out first)."""
         old, link = self.compiled, self.plane
         if old is None or link is None:
             return
+        # Each stage leaving the plane takes its word (generator, count) back; one that
+        # stays keeps the one the plane holds (None: the plane draws on; a word read and
+        # put back would repeat a draw the thread made meanwhile), else gives its own.
+        held = {
+            stage: word
+            for stage, word in zip(old, link.stage_words(self.stream), strict=False)
+            if word is not None and stage in self.handed
+        }
         wanted = self._compilable()
         if wanted is not None:
-            if wanted is not old:  # another toxic of that form: the generator is its own
-                self._take_back(old, link)
-            form = wanted.toxic.compiled()
-            draws = None
-            if form is not None and stage_draws(form) and not self.handed:
-                draws = draws_of(wanted.state, wanted.rng).state
-            if form is not None and link.set_stage(self.stream, form, draws):
+            for stage in old:
+                if stage not in wanted:
+                    _give_back(stage, held.get(stage))
+            forms = [_form(stage) for stage in wanted]
+            given = [None if stage in held else stage.toxic.stage_word(stage) for stage in wanted]
+            if link.set_stages(self.stream, forms, given):
                 self.compiled = wanted
-                self.handed = self.handed or draws is not None
+                self.handed = tuple(
+                    stage
+                    for stage, word in zip(wanted, given, strict=True)
+                    if word is not None or stage in held
+                )
                 return
-        # Off the stage: its generator state comes back to the Python toxic.
+            old = tuple(stage for stage in old if stage in wanted)  # the rest came back
+        # Off the pipeline: the words come back to the Python toxics.
         self.compiled = None
         if self.chain.stages:
-            link.to_trio(self.stream)  # the stage's queue goes to trio, read times kept
+            link.to_trio(self.stream)  # the pipeline's queue goes to trio, read times kept
         else:
-            link.set_stage(self.stream, None)
-        self._take_back(old, link)
+            link.set_stages(self.stream, [])
+        for stage in old:
+            _give_back(stage, held.get(stage))
+        self.handed = ()
 
-    def _take_back(self, stage: ToxicStage, link: Link) -> None:
-        """The generator the plane drew *stage*'s draws from, back to the toxic (if it
-        was handed: else the toxic's own is untouched)."""
-        if self.handed:
-            draws_of(stage.state, stage.rng).state = link.stage_draws(self.stream)
-            self.handed = False
-
-    def _compilable(self) -> ToxicStage | None:
-        """The chain's one stage, if the plane may run it compiled."""
-        if not self._may_compile or len(self.chain.stages) != 1:
+    def _compilable(self) -> tuple[ToxicStage, ...] | None:
+        """The chain's stages, if the plane may run them compiled (the plane says whether
+        it has that pipeline: :meth:`~faultnet.planes.Link.set_stages`)."""
+        stages = tuple(self.chain.stages)
+        if not self._may_compile or not stages:
             return None
-        stage = self.chain.stages[0]
-        return stage if stage.peer is None and stage.toxic.compiled() is not None else None
+        if any(stage.peer is not None or stage.toxic.compiled() is None for stage in stages):
+            return None
+        return stages
 
     def to_stage(self) -> bool:
-        """Hand the stream to the plane's compiled stage, if the chain has that form and
-        the plane that stage: True when it did (the task then ends)."""
-        link, stage = self.plane, self._compilable()
-        if link is None or stage is None:
+        """Hand the stream to the plane's compiled pipeline, if the chain has such a form
+        and the plane that pipeline: True when it did (the task then ends)."""
+        if self.compiled is not None:
+            return True  # on it already (retune keeps it to the chain): the words are there
+        link, stages = self.plane, self._compilable()
+        if link is None or stages is None:
             return False
-        form = stage.toxic.compiled()
-        if form is None:
-            return False
-        draws = draws_of(stage.state, stage.rng).state if stage_draws(form) else None
-        if not link.set_stage(self.stream, form, draws):
+        forms = [_form(stage) for stage in stages]
+        words = [stage.toxic.stage_word(stage) for stage in stages]
+        if not link.set_stages(self.stream, forms, words):
             return False
         if not link.to_plane(self.stream):  # with a stage set it always takes the lane
-            link.set_stage(self.stream, None)
+            link.set_stages(self.stream, [])
             return False
-        self.compiled = stage
-        self.handed = draws is not None
+        self.compiled = stages
+        self.handed = tuple(
+            stage for stage, word in zip(stages, words, strict=True) if word is not None
+        )
         return True
 
     def idle(self) -> bool:
@@ -190,24 +221,27 @@ class ToxicLink:
         return self._may_compile
 
     def staged(self, stage: ToxicStage, handed: bool) -> None:
-        """*stage* is this :meth:`idle` stream's whole chain, run compiled by the plane:
-        what :meth:`rebuild` and :meth:`to_stage` would make of it, the plane told by the
-        caller (one call for many: :meth:`faultnet.planes.Plane.set_stages`). No task
-        waits on an idle stream, so nothing is woken. *handed*: its generator goes
-        with it."""
+        """*stage* is this :meth:`idle` stream's whole chain, run compiled by the plane
+        (a pipeline of one): what :meth:`rebuild` and :meth:`to_stage` would make of it,
+        the plane told by the caller (one call for many:
+        :meth:`faultnet.planes.Plane.set_stages`). No task waits on an idle stream, so
+        nothing is woken. *handed*: its word goes with it."""
         self.chain = ToxicChain([stage])
-        self.compiled = stage
-        self.handed = handed
+        self.compiled = (stage,)
+        self.handed = self.compiled if handed else ()
 
     def unstaged(self, stage: ToxicStage) -> bool:
         """Take *stage*, removed, off this stream if it is the whole chain and the plane
-        runs it compiled (the caller then sets no stage on the lane, for many at once):
-        True if it did. Its generator is not taken back: the stage is gone."""
-        if self.compiled is not stage or len(self.chain.stages) != 1 or self.running:
+        runs it compiled (the caller then sets no pipeline on the lane, for many at
+        once): True if it did. Its word is not taken back: the stage is gone."""
+        compiled = self.compiled
+        if compiled is None or len(compiled) != 1 or compiled[0] is not stage:
+            return False
+        if len(self.chain.stages) != 1 or self.running:
             return False
         self.chain = ToxicChain([])
         self.compiled = None
-        self.handed = False
+        self.handed = ()
         return True
 
     def wake(self) -> None:
@@ -217,8 +251,8 @@ class ToxicLink:
 
     def start(self, nursery: trio.Nursery) -> None:
         """Put the stream on the toxic path and start the chain's task (once)."""
-        if self.running or self.eof_offered or self.plane is None:
-            return
+        if self.running or self.eof_offered or self.plane is None or self.compiled is not None:
+            return  # (compiled: the plane runs the chain)
         self.plane.to_trio(self.stream)
         self.running = True
         nursery.start_soon(self.run)

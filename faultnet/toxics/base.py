@@ -35,6 +35,9 @@ from abc import ABC
 from collections.abc import Mapping
 from typing import Any, ClassVar, Protocol
 
+from faultnet.planes import stage_draws
+from faultnet.toxics.draws import draws_of
+
 __all__ = ["STREAMS", "Toxic", "ToxicContext", "refuse_unknown"]
 
 #: Toxiproxy's stream names: upstream carries client->server bytes, downstream the reply.
@@ -120,9 +123,22 @@ class Toxic(ABC):
 
     def compiled(self) -> tuple[str, float, float, float] | None:
         """This toxic as a data plane's compiled stage (see
-        :meth:`faultnet.planes.Link.set_stage`), read again when its attributes change;
+        :meth:`faultnet.planes.Link.set_stages`), read again when its attributes change;
         None (the default): it runs in trio only."""
         return None
+
+    def stage_word(self, ctx: ToxicContext) -> int | None:
+        """The one word of *ctx*'s state a compiled stage carries (handed to the plane
+        with the stage, and back when it leaves the plane): the stage's seeded generator
+        (:func:`~faultnet.toxics.draws.draws_of`) where its compiled form draws
+        (:func:`faultnet.planes.stage_draws`, the one test of it), else None (none: no
+        generator is seeded for it)."""
+        form = self.compiled()
+        return draws_of(ctx.state, ctx.rng).state if form and stage_draws(form) else None
+
+    def set_stage_word(self, ctx: ToxicContext, word: int) -> None:
+        """Take back what :meth:`stage_word` handed to the plane, as the plane left it."""
+        draws_of(ctx.state, ctx.rng).state = word
 
     async def on_chunk(self, ctx: ToxicContext, data: bytes, t_read: float) -> None:
         await ctx.forward(data, t_read)

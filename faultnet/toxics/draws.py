@@ -1,11 +1,12 @@
 """The toxics' seeded generator: splitmix64, defined once for Python and for C.
 
-A toxic that draws (latency's jitter, the slicer's sizes) draws from :class:`Draws`, seeded from its stage's
-rng (itself derived from the proxy's seed, the connection and the toxic's name). The
-native plane's compiled stages (``faultnet/planes/_native.c``: ``draw64``,
-``draw_uniform``) run the same generator, bit for bit, on a state handed to them, so a
-stream draws the same sequence whichever path runs it
-(``tests/faultnet/planes/test_compiled_stages.py`` compares the two).
+Whether a toxic of toxicity < 1 applies to a connection is its seed's first draw
+(:func:`picks`). A toxic that draws (latency's jitter, the slicer's sizes) draws from
+:class:`Draws`, seeded from its stage's rng (itself derived from the proxy's seed, the
+connection and the toxic's name). The native plane's compiled stages
+(``faultnet/planes/_native.c``: ``draw64``, ``draw_uniform``) run the same generator,
+bit for bit, on a state handed to them, so a stream draws the same sequence whichever
+path runs it (``tests/faultnet/planes/test_compiled_stages.py`` compares the two).
 
 splitmix64 (Steele, Lea and Flood, 2014) because it is a few lines in any language, its
 state is one 64-bit word that can be handed over (and stepped back: ``state -= GAMMA``)
@@ -17,7 +18,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-__all__ = ["GAMMA", "Draws", "draws_of"]
+__all__ = ["GAMMA", "Draws", "draws_of", "picks"]
 
 GAMMA = 0x9E3779B97F4A7C15
 _MASK = (1 << 64) - 1
@@ -50,6 +51,14 @@ class Draws:
         """Uniform in [lo, hi] (hi >= lo): lo + the draw modulo the range's size, as the
         C's ``draw_int`` (the modulo's bias is below 2**-40 for ranges under 2**24)."""
         return lo + self.next64() % (hi - lo + 1)
+
+
+def picks(seed: int, toxicity: float) -> bool:
+    """Whether a toxic of *toxicity* applies to the connection whose seed is *seed* (the
+    proxy's seed, the connection and the toxic's name: ``derive_seed``): the first
+    :meth:`Draws.random` of that seed is below *toxicity*. The C's ``draw_uniform(seed,
+    0, 1)`` is the same number, bit for bit; 0 never applies, 1 always does (no draw)."""
+    return toxicity >= 1.0 or Draws(seed).random() < toxicity
 
 
 def draws_of(state: dict[str, Any], rng: random.Random) -> Draws:

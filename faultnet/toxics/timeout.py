@@ -19,6 +19,9 @@ class Timeout(AttributeToxic):
     to apply to the connection (its creation, or the toxic's addition for a connection
     already open). ``timeout`` 0 never closes. An update moves the deadline. When it
     fires, the whole connection is closed with a clean FIN both ways, as Toxiproxy does.
+
+    Compiled: on the native plane a chain of this one toxic drops and holds on the
+    plane's thread (``STAGE_DROP``); the timer stays this toxic's task (:meth:`run`).
     """
 
     type = "timeout"
@@ -26,6 +29,10 @@ class Timeout(AttributeToxic):
         Attribute("timeout", 0, "time before the connection is closed, in milliseconds; 0 = never"),
     )
     timeout: int
+
+    def compiled(self) -> tuple[str, float, float, float]:
+        """This toxic as a plane's compiled stage: the drop (its timer is :meth:`run`)."""
+        return ("timeout", 0.0, 0.0, 0.0)
 
     async def on_chunk(self, ctx: ToxicContext, data: bytes, t_read: float) -> None:
         ctx.state["dropped"] = ctx.state.get("dropped", 0) + len(data)

@@ -1,4 +1,5 @@
-"""Compiled stages: the latency, bandwidth and slicer toxics run by the native plane's thread.
+"""Compiled stages: the byte toxics (latency, bandwidth, slicer, limit_data, timeout,
+slow_close, reset_peer) run by the native plane's thread.
 
 A stream whose chain is one latency toxic leaves trio: the plane queues each chunk with
 its read time and writes it when due (faultnet/planes/_native.c: ``release_due``), under
@@ -21,11 +22,12 @@ import pytest
 import trio
 
 from faultnet.planes import native
-from faultnet.proxy import Proxy
+from faultnet.proxy import Proxy, open_proxy
 from faultnet.proxy._toxiclink import COMPILED_STAGES_ENV
-from faultnet.testing import open_link, wait_until
-from faultnet.toxics import Bandwidth, Latency, Slicer
-from faultnet.toxics.draws import GAMMA, Draws, draws_of
+from faultnet.seeds import derive_seed
+from faultnet.testing import accept_server, open_link, wait_until
+from faultnet.toxics import Bandwidth, Latency, LimitData, ResetPeer, Slicer, SlowClose, Timeout
+from faultnet.toxics.draws import GAMMA, Draws, draws_of, picks
 from tests.faultnet.sockets import carried, read_exactly
 from tests.faultnet.toxics.fake import FakeContext
 
@@ -429,3 +431,311 @@ async def test_compiled_and_python_slicer_deliver_the_same(
         return slice_model(times, sizes, start)
 
     await judge_both_paths(seed, monkeypatch, toxic, due_of, SLICE_DELAY_US / 1e6 + EARLY_S)
+
+
+# -- limit_data, timeout, slow_close, reset_peer: the stages that end or hold --
+
+
+async def test_limit_data_passes_its_bytes_on_the_plane_and_the_count_survives_trio() -> None:
+    async with open_link() as (proxy, client, server):
+        conn = only_connection(proxy)
+        proxy.add_toxic(LimitData("lim", "upstream", bytes=10))
+        await compiled(conn)
+        assert not conn.toxic_links["upstream"].running  # no trio task per chunk
+        assert await carried(client, server, b"abcd") >= 0
+        # Two latencies (no pipeline of the plane's) take the chain to trio: the count
+        # (4) goes with it, and back.
+        proxy.add_toxic(Latency("lat", "upstream", latency=0))
+        proxy.add_toxic(Latency("lat2", "upstream", latency=0))
+        assert conn.link.on_toxic_path("upstream")
+        assert await carried(client, server, b"efg") >= 0
+        # (counted once the write returns: the server may read the bytes first)
+        await wait_until(lambda: conn.stages["lim"].state["sent"] == 7, 5, what="7 counted")
+        proxy.remove_toxic("lat")
+        proxy.remove_toxic("lat2")
+        await compiled(conn)
+        await client.send_all(b"hijklmnop")
+        assert await read_exactly(server, 3) == b"hij"  # 10 in all, then the close
+        with trio.fail_after(5):
+            assert await server.receive_some(10) == b""
+            assert await client.receive_some(10) == b""
+        assert conn.closing == "severed"
+
+
+async def test_timeout_drops_and_holds_the_fin_until_it_is_removed() -> None:
+    async with open_link() as (proxy, client, server):
+        conn = only_connection(proxy)
+        proxy.add_toxic(Timeout("to", "upstream", timeout=0))  # never closes
+        await compiled(conn)
+        await client.send_all(b"lost")
+        await client.send_eof()
+        await wait_until(lambda: conn.link._queued(0) > 0, 5, what="the EOF held")
+        assert conn.link.counts() == (0, 0)  # not one byte, and no FIN
+        assert not conn.link.eof_forwarded("upstream")
+        proxy.remove_toxic("to")  # the held FIN goes through, the bytes stay dropped
+        with trio.fail_after(5):
+            assert await server.receive_some(10) == b""
+        await server.send_all(b"reply")  # half-close kept
+        assert await read_exactly(client, 5) == b"reply"
+
+
+async def test_slow_close_holds_the_fin_and_an_update_moves_it() -> None:
+    async with open_link() as (proxy, client, server):
+        conn = only_connection(proxy)
+        proxy.add_toxic(SlowClose("sc", "upstream", delay=60_000))
+        await compiled(conn)
+        assert await carried(client, server, b"data") < 1.0  # bytes pass at once
+        t0 = trio.current_time()
+        await client.send_eof()
+        await wait_until(lambda: conn.link._queued(0) > 0, 5, what="the EOF held")
+        await trio.sleep(0.05)
+        assert not conn.link.eof_forwarded("upstream")
+        proxy.update_toxic("sc", {"delay": 200})  # from when the FIN came: 200 ms
+        with trio.fail_after(5):
+            assert await server.receive_some(10) == b""
+        assert 0.200 <= trio.current_time() - t0 < 5
+
+
+async def test_reset_peer_leaves_the_bytes_on_the_plain_path_and_its_timer_resets() -> None:
+    async with open_link() as (proxy, client, server):
+        conn = only_connection(proxy)
+        t0 = trio.current_time()
+        proxy.add_toxic(ResetPeer("rp", "upstream", timeout=300))
+        await compiled(conn)
+        assert conn.link._queued(0) == 0
+        assert await carried(client, server, b"passes") < 0.3
+        with trio.fail_after(5), pytest.raises(trio.BrokenResourceError):
+            await client.receive_some(10)
+        assert trio.current_time() - t0 >= 0.300
+        assert conn.closing == "reset"
+
+
+#: The ending toxics' script: CLOSE_MESSAGES messages at 10-20 ms gaps (~180 ms), then
+#: the client's EOF (not through limit_data: the close alone must end the server); the
+#: server answers an EOF with its own. Each case: its chain (one toxic, or a pipeline of
+#: the plane's: the compiled path must run it whole), and the ends the server and the
+#: client see. What the server must get and when its end is due (the model, a lower
+#: bound) follow from the toxics in it (:func:`ending_due`, the test).
+CLOSE_MESSAGES = 12
+ENDING_CASES: dict[str, tuple[Any, str, str]] = {
+    "limit_data": (lambda total: [LimitData("t", "upstream", bytes=total - 5)], "fin", "fin"),
+    "timeout": (lambda total: [Timeout("t", "upstream", timeout=400)], "fin", "fin"),
+    "slow_close": (lambda total: [SlowClose("t", "upstream", delay=150)], "fin", "fin"),
+    "reset_peer": (lambda total: [ResetPeer("t", "upstream", timeout=100)], "rst", "rst"),
+    # Pipelines: a limit before a latency with jitter; a latency, then slow_close, and a
+    # reset_peer (its timer far off) that passes bytes; a slicer dropped by a timeout.
+    "limit_data+latency": (
+        lambda total: [
+            LimitData("t", "upstream", bytes=total - 5),
+            Latency("l", "upstream", latency=LATENCY_MS, jitter=JITTER_MS),
+        ],
+        "fin",
+        "fin",
+    ),
+    "latency+slow_close+reset_peer": (
+        lambda total: [
+            Latency("l", "upstream", latency=LATENCY_MS, jitter=JITTER_MS),
+            SlowClose("t", "upstream", delay=150),
+            ResetPeer("r", "upstream", timeout=60_000),
+        ],
+        "fin",
+        "fin",
+    ),
+    "slicer+timeout": (
+        lambda total: [
+            Slicer("s", "upstream", average_size=SLICE_AVG, size_variation=SLICE_VAR),
+            Timeout("t", "upstream", timeout=400),
+        ],
+        "fin",
+        "fin",
+    ),
+}
+
+
+def _end_of(exc: BaseException | None) -> str:
+    return "fin" if exc is None else "rst" if isinstance(exc, ConnectionResetError) else "none"
+
+
+async def run_ending_script(seed: int, compiled_stages: bool, kind: str) -> dict[str, Any]:
+    """Send the ending script through a proxy seeded *seed* with the *kind* case's chain
+    on upstream: what the server got, each side's end and when, the model's times."""
+    script = random.Random(seed)
+    sizes = [script.randint(1, 1000) for _ in range(CLOSE_MESSAGES)]
+    gaps = [script.uniform(0.010, 0.020) for _ in range(CLOSE_MESSAGES)]
+    expected = b"".join(bytes([i % 256]) * s for i, s in enumerate(sizes))
+    toxics = ENDING_CASES[kind][0](len(expected))
+    out: dict[str, Any] = {"expected": expected, "toxics": {type(t): t for t in toxics}}
+    async with open_link(seed=seed) as (proxy, client, server):
+        conn = only_connection(proxy)
+        out["added"] = time.monotonic()
+        for toxic in toxics:
+            proxy.add_toxic(toxic)
+        if compiled_stages:
+            await compiled(conn)
+            assert len(conn.toxic_links["upstream"].compiled) == len(toxics)
+        else:
+            await trio.sleep(0.01)
+            assert conn.link.on_toxic_path("upstream")
+        got = bytearray()
+        sock = socket.socket(fileno=os.dup(server.socket.fileno()))
+        sock.settimeout(20)
+
+        def receive() -> None:  # the kernel's delivery times, as run_script's
+            with sock:
+                try:
+                    while data := sock.recv(65536):
+                        got.extend(data)
+                    out["server_end"] = "fin"
+                    sock.shutdown(socket.SHUT_WR)  # the server's answer to an EOF
+                except OSError as exc:
+                    out["server_end"] = _end_of(exc)
+                out["server_at"] = time.monotonic()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.to_thread.run_sync, receive)
+            try:
+                for i, (size, gap) in enumerate(zip(sizes, gaps, strict=True)):
+                    out["last_sent"] = time.monotonic()
+                    await client.send_all(bytes([i % 256]) * size)
+                    await trio.sleep(gap)
+                out["eof_sent"] = time.monotonic()
+                if (
+                    LimitData not in out["toxics"]
+                ):  # its close, not a forwarded EOF, ends the server
+                    await client.send_eof()
+            except trio.BrokenResourceError as exc:
+                # reset_peer's reset came first: the send took the error (a read after
+                # it sees an EOF: the kernel reports a reset once).
+                out["client_end"] = _end_of(exc.__cause__)
+            try:
+                with trio.fail_after(10):
+                    while await client.receive_some(65536):
+                        pass
+                out.setdefault("client_end", "fin")
+            except trio.BrokenResourceError as exc:
+                out.setdefault("client_end", _end_of(exc.__cause__))
+        out["got"] = bytes(got)
+    return out
+
+
+def ending_due(out: dict[str, Any]) -> float:
+    """When the server's end is due at the earliest: the model of the toxics' promises
+    (a latency adds at least latency - jitter; a limit is met in the last message)."""
+    toxics = out["toxics"]
+    lat = toxics.get(Latency)
+    least = max(0, lat.latency - lat.jitter) / 1000 if lat is not None else 0.0
+    if LimitData in toxics:
+        return float(out["last_sent"]) + least
+    if Timeout in toxics:
+        return float(out["added"]) + toxics[Timeout].timeout / 1000
+    if SlowClose in toxics:
+        data_out = max(float(out["eof_sent"]), float(out["last_sent"]) + least)
+        return data_out + toxics[SlowClose].delay / 1000
+    return float(out["added"]) + toxics[ResetPeer].timeout / 1000
+
+
+@pytest.mark.parametrize("kind", sorted(ENDING_CASES))
+async def test_compiled_and_python_ending_toxics_deliver_the_same(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, server_end, client_end = ENDING_CASES[kind]
+    results = []
+    for on in (False, True):
+        monkeypatch.setenv(COMPILED_STAGES_ENV, "1" if on else "0")
+        results.append(await run_ending_script(11, on, kind))
+    for path, out in zip(("python", "compiled"), results, strict=True):
+        shown = (path, kind, {k: v for k, v in out.items() if k not in ("got", "expected")})
+        expected, got, toxics = out["expected"], out["got"], out["toxics"]
+        # Bytes and order: every one, limit_data's count exactly, none through timeout,
+        # a prefix before the reset.
+        if LimitData in toxics:
+            assert got == expected[: toxics[LimitData].bytes], shown
+        elif Timeout in toxics:
+            assert got == b"", shown
+        elif server_end == "rst":
+            assert expected.startswith(got), shown
+        else:
+            assert got == expected, shown
+        assert (out["server_end"], out["client_end"]) == (server_end, client_end), shown
+        # The schedule: never before the model's time, late by the load only.
+        err = out["server_at"] - ending_due(out)
+        assert -EARLY_S <= err <= LATE_MAX_S, (shown, err)
+
+
+async def test_a_pipeline_keeps_its_stages_words_as_toxics_come_and_go() -> None:
+    # latency with jitter draws on the plane; toxics added around it keep it there, its
+    # generator where it is (not a word read and put back, nor Python's stale one).
+    async with open_link() as (proxy, client, server):
+        conn = only_connection(proxy)
+        proxy.add_toxic(Latency("lat", "upstream", latency=1, jitter=1))
+        await compiled(conn)
+        stage = conn.stages["lat"]
+        for _ in range(3):
+            assert await carried(client, server, b"drawn") >= 0
+        drawn = conn.link.stage_words("upstream")[0]
+        assert drawn != draws_of(stage.state, stage.rng).state  # it drew on the plane
+        proxy.add_toxic(SlowClose("sc", "upstream", delay=10))
+        proxy.add_toxic(Timeout("to", "upstream"))  # dropping: the latency's word waits
+        assert conn.link.stage_words("upstream") == [drawn, None, None]
+        proxy.remove_toxic("to")
+        proxy.add_toxic(LimitData("lim", "upstream", bytes=10**9))
+        assert conn.toxic_links["upstream"].compiled == tuple(
+            conn.stages[n] for n in ("lat", "sc", "lim")
+        )
+        assert conn.link.stage_words("upstream") == [drawn, None, 0]
+        proxy.update_toxic("lat", {"latency": 2})  # an update keeps it too
+        assert conn.link.stage_words("upstream")[0] == drawn
+        assert await carried(client, server, b"more") >= 0
+        proxy.add_toxic(Latency("lat2", "upstream", latency=1))  # two: back to trio
+        assert conn.toxic_links["upstream"].compiled is None
+        assert conn.stages["lim"].state["sent"] == 4
+        assert draws_of(stage.state, stage.rng).state == (drawn + GAMMA) % 2**64  # one more
+
+
+# -- toxicity: decided per connection by the one generator --
+
+
+def test_toxicity_is_the_seeds_first_draw_in_c_and_in_python() -> None:
+    from faultnet.planes import _native
+
+    seeds = [derive_seed(1234, conn, "half") for conn in range(2000)]
+    for p in (0.0, 0.1, 0.5, 0.9, 1.0):
+        chosen = [picks(seed, p) for seed in seeds]
+        assert chosen == [_native.draws(seed, 1, 0.0, 1.0)[0] < p or p >= 1.0 for seed in seeds]
+        # The share within 4.5 sigma of the binomial's mean (a constant answer fails it).
+        assert abs(sum(chosen) - p * 2000) <= 4.5 * (2000 * p * (1 - p)) ** 0.5, (p, sum(chosen))
+
+
+@pytest.mark.parametrize("compiled_stages", [False, True])
+async def test_toxicity_picks_the_same_connections_on_either_path(
+    compiled_stages: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A limit_data of 1 byte at toxicity 0.5: a picked connection carries "h" and closes,
+    # another "hello"; which ones is the seed's (picks), whichever path runs the stage.
+    monkeypatch.setenv(COMPILED_STAGES_ENV, "1" if compiled_stages else "0")
+    async with accept_server() as (addr, accepted), open_proxy(addr, seed=1234) as proxy:
+        proxy.add_toxic(LimitData("half", "upstream", 0.5, bytes=1))
+        picked = []
+        for _ in range(12):
+            seen = set(proxy._connections)
+            client = await trio.open_tcp_stream(*proxy.address)
+            server = await accepted.receive()
+            await wait_until(
+                lambda seen=seen: set(proxy._connections) - seen, 5, what="the connection"
+            )
+            (cid,) = set(proxy._connections) - seen
+            conn = proxy._connections[cid]
+            expected = picks(derive_seed(1234, cid, "half"), 0.5)
+            assert (conn.stages["half"] is not None) == expected
+            if expected and compiled_stages:
+                await compiled(conn)
+            await client.send_all(b"hello")
+            want = b"h" if expected else b"hello"
+            assert await read_exactly(server, len(want)) == want
+            if expected:
+                with trio.fail_after(5):
+                    assert await server.receive_some(10) == b""
+            picked.append(expected)
+            await client.aclose()
+            await server.aclose()
+        assert 0 < sum(picked) < len(picked)

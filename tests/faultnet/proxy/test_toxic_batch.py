@@ -45,24 +45,29 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
     and to a connection's chain building and per-connection path (name, detail)."""
     seen: list[tuple[str, Any]] = []
 
-    def counted(cls: type, name: str, detail: Callable[..., Any]) -> None:
+    def counted(cls: type, name: str, detail: Callable[..., Any], label: str = "") -> None:
         real = getattr(cls, name)
 
         @functools.wraps(real)
         def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-            seen.append((name, detail(*args)))
+            seen.append((label or name, detail(*args)))
             return real(self, *args, **kwargs)
 
         monkeypatch.setattr(cls, name, wrapper)
 
-    counted(
-        native.Plane, "set_stages", lambda links, stream, stage, draws: (len(links), stream, stage)
-    )
-    for name in ("set_stage", "to_trio", "to_plane", "stage_draws"):
-        counted(native.Link, name, lambda *args: args[0])
+    counted(native.Plane, "set_stages", _batch_detail)
+    for name in ("set_stages", "to_trio", "to_plane", "stage_words"):
+        counted(native.Link, name, lambda *args: args[0], f"Link.{name}")
     counted(Connection, "build_chain", lambda stream: stream)
     counted(Connection, "_put_on_path", lambda stage: stage.toxic.name)
     return seen
+
+
+def _batch_detail(
+    links: list[Any], stream: str, pipelines: list[Any], words: list[Any] | None
+) -> tuple[int, str, list[list[Any]]]:
+    """A batch call's detail: how many links, the stream, its distinct pipelines."""
+    return len(links), stream, [list(p) for p in dict.fromkeys(map(tuple, pipelines))]
 
 
 async def round_trip_s(stream: trio.SocketStream) -> float:
@@ -91,9 +96,9 @@ async def test_a_toxic_added_to_every_connection_is_one_hand_off_to_the_plane(
 ) -> None:
     proxy, streams = proxy_with_connections
     proxy.add_toxic(Latency("lat", "downstream", latency=LATENCY_MS))
-    assert calls == [("set_stages", (N, "downstream", ("latency", LATENCY_MS, 0.0, 0.0)))]
+    assert calls == [("set_stages", (N, "downstream", [[("latency", LATENCY_MS, 0.0, 0.0)]]))]
     for conn in proxy._connections.values():
-        assert conn.toxic_links["downstream"].compiled is conn.stages["lat"]
+        assert conn.toxic_links["downstream"].compiled == (conn.stages["lat"],)
         assert [s.toxic.name for s in conn.chain("downstream").stages] == ["lat"]
     # In force on every connection once the add returned: the echo comes back late.
     for s in streams:
@@ -101,7 +106,7 @@ async def test_a_toxic_added_to_every_connection_is_one_hand_off_to_the_plane(
 
     del calls[:]
     proxy.remove_toxic("lat")
-    assert calls == [("set_stages", (N, "downstream", None))]
+    assert calls == [("set_stages", (N, "downstream", [[]]))]
     for conn in proxy._connections.values():
         assert (
             not conn.chain("downstream").stages and conn.toxic_links["downstream"].compiled is None
@@ -120,7 +125,7 @@ async def test_a_stream_that_has_a_toxic_already_goes_the_per_connection_way(
     del calls[:]
     # Two toxics on one stream are a chain trio runs: not the batch's to hand over.
     proxy.add_toxic(Latency("second", "downstream", latency=1))
-    assert ("set_stages", (0, "downstream", ("latency", 1.0, 0.0, 0.0))) not in calls
+    assert ("set_stages", (0, "downstream", [[("latency", 1.0, 0.0, 0.0)]])) not in calls
     assert [c for c in calls if c[0] == "_put_on_path"] == [("_put_on_path", "second")] * N
     for conn in proxy._connections.values():
         names = [s.toxic.name for s in conn.chain("downstream").stages]
@@ -143,7 +148,7 @@ async def test_a_stage_that_starts_drawing_gets_its_generator_then(
     for conn in proxy._connections.values():
         assert conn.toxic_links["downstream"].handed
         fresh = _decided_rng((proxy.seed, conn.id, "lat")).getrandbits(64)
-        assert conn.link is not None and conn.link.stage_draws("downstream") == fresh
+        assert conn.link is not None and conn.link.stage_words("downstream") == [fresh]
     for s in streams:
         await round_trip_s(s)
 
@@ -161,9 +166,9 @@ async def test_a_connection_on_its_hop_takes_the_batch_by_its_own_calls(
     assert hopped.hop is not None and type(hopped.link) is not native.Link
     del calls[:]
     proxy.add_toxic(Latency("lat", "downstream", latency=LATENCY_MS))
-    assert ("set_stages", (N, "downstream", ("latency", LATENCY_MS, 0.0, 0.0))) in calls
+    assert ("set_stages", (N, "downstream", [[("latency", LATENCY_MS, 0.0, 0.0)]])) in calls
     for conn in proxy._connections.values():
-        assert conn.toxic_links["downstream"].compiled is conn.stages["lat"]
+        assert conn.toxic_links["downstream"].compiled == (conn.stages["lat"],)
     for s in streams:
         assert await round_trip_s(s) >= LATENCY_MS / 1000 * 0.95
     assert await proxy.freeze() == N
@@ -172,3 +177,4 @@ async def test_a_connection_on_its_hop_takes_the_batch_by_its_own_calls(
     proxy.remove_toxic("lat")
     for s in streams:
         await round_trip_s(s)
+
