@@ -23,8 +23,8 @@ from faultnet.planes import native
 from faultnet.proxy import Proxy, open_proxy
 from faultnet.proxy._connection import Connection, _decided_rng
 from faultnet.proxy._toxiclink import COMPILED_STAGES_ENV
-from faultnet.testing import echo_server
-from faultnet.toxics import Latency
+from faultnet.testing import echo_server, wait_until
+from faultnet.toxics import Latency, LimitData
 from tests.faultnet.sockets import read_exactly
 
 pytestmark = pytest.mark.skipif(not native.AVAILABLE, reason="the native plane is not built")
@@ -178,3 +178,43 @@ async def test_a_connection_on_its_hop_takes_the_batch_by_its_own_calls(
     for s in streams:
         await round_trip_s(s)
 
+
+async def test_a_limit_data_added_to_every_connection_is_one_hand_off_with_its_count(
+    proxy_with_connections: tuple[Proxy, list[trio.SocketStream]],
+    calls: list[tuple[str, Any]],
+) -> None:
+    """limit_data is a compiled stage too: one batch call gives every lane its limit and
+    its count (a word, as a generator is); each connection then closes at the limit."""
+    proxy, streams = proxy_with_connections
+    proxy.add_toxic(LimitData("lim", "downstream", bytes=3))
+    assert calls == [("set_stages", (N, "downstream", [[("limit_data", 3.0, 0.0, 0.0)]]))]
+    for conn in proxy._connections.values():
+        assert conn.toxic_links["downstream"].handed == (conn.stages["lim"],)  # the count
+        assert conn.link is not None and conn.link.stage_words("downstream") == [0]
+    for s in streams:
+        await s.send_all(b"abcdef")
+        assert await read_exactly(s, 3) == b"abc"
+        with trio.fail_after(5):
+            assert await s.receive_some(10) == b""  # the close at the limit
+    await wait_until(lambda: not proxy._connections, 5, what="every connection severed")
+
+
+async def test_a_toxic_joining_a_compiled_pipeline_keeps_the_stream_on_the_plane(
+    proxy_with_connections: tuple[Proxy, list[trio.SocketStream]],
+    calls: list[tuple[str, Any]],
+) -> None:
+    """A stream on a compiled stage that a second toxic joins goes the per-connection
+    way (a rebuild and a retune), and stays on the plane as a pipeline of the two: no
+    lane goes to trio."""
+    proxy, streams = proxy_with_connections
+    proxy.add_toxic(LimitData("lim", "downstream", bytes=1 << 20))
+    del calls[:]
+    proxy.add_toxic(Latency("lat", "downstream", latency=LATENCY_MS))
+    assert [c for c in calls if c[0] == "_put_on_path"] == [("_put_on_path", "lat")] * N
+    assert ("Link.to_trio", "downstream") not in calls
+    for conn in proxy._connections.values():
+        tl = conn.toxic_links["downstream"]
+        assert tl.compiled == (conn.stages["lim"], conn.stages["lat"]) and not tl.running
+        assert conn.link is not None and not conn.link.on_toxic_path("downstream")
+    for s in streams:
+        assert await round_trip_s(s) >= LATENCY_MS / 1000 * 0.95
