@@ -60,8 +60,10 @@ __all__ = [
     "ERROR",
     "PLANES",
     "RESET",
+    "Pipelines",
     "Stage",
     "UPSTREAM_FAILED",
+    "Words",
     "Link",
     "LinkBase",
     "Plane",
@@ -93,6 +95,10 @@ OnEvent = Callable[[str, "str | None"], None]
 
 #: A toxic's compiled form: (kind, a, b, c), a stage of :meth:`Link.set_stages`.
 Stage = tuple[str, float, float, float]
+#: A pipeline of stages for each link of a :meth:`Plane.set_stages` batch.
+Pipelines = Sequence[Sequence[Stage]]
+#: Each pipeline's stages' words (their generators' states, limit_data's count), or None.
+Words = Sequence[Sequence[int | None]] | None
 
 
 def stage_draws(stage: Stage) -> bool:
@@ -249,11 +255,7 @@ class Plane(Protocol):
         written when their gates closed, summed (:meth:`Link.counts` of each)."""
 
     def set_stages(
-        self,
-        links: list[Link],
-        stream: str,
-        pipelines: Sequence[Sequence[Stage]],
-        words: Sequence[Sequence[int | None]] | None,
+        self, links: list[Link], stream: str, pipelines: Pipelines, words: Words
     ) -> None:
         """What :meth:`Link.set_stages` does, for *stream* of every link in *links* at
         once: link i's gets ``pipelines[i]`` (its stages' forms, each kind one of

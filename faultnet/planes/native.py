@@ -82,7 +82,9 @@ from faultnet.planes import (
     RESET,
     UPSTREAM_FAILED,
     LinkBase,
+    Pipelines,
     Stage,
+    Words,
 )
 
 if TYPE_CHECKING:
@@ -427,11 +429,7 @@ class Plane:
         return up, down
 
     def set_stages(
-        self,
-        links: list[Link],
-        stream: str,
-        pipelines: Sequence[Sequence[Stage]],
-        words: Sequence[Sequence[int | None]] | None,
+        self, links: list[Link], stream: str, pipelines: Pipelines, words: Words
     ) -> None:
         """Link i's pipeline ``pipelines[i]`` on *stream* of every link in *links*: one C
         call, one hold of the mutex (see :meth:`faultnet.planes.Plane.set_stages`); each

@@ -114,7 +114,9 @@ from faultnet.planes import (
     RESET,
     UPSTREAM_FAILED,
     LinkBase,
+    Pipelines,
     Stage,
+    Words,
     freeze_each,
 )
 from faultnet.planes._pipes import SPLICE_CHUNK, PipePool
@@ -496,11 +498,7 @@ class Plane:
         return freeze_each(links, streams)
 
     def set_stages(
-        self,
-        links: list[Link],
-        stream: str,
-        pipelines: Sequence[Sequence[Stage]],
-        words: Sequence[Sequence[int | None]] | None,
+        self, links: list[Link], stream: str, pipelines: Pipelines, words: Words
     ) -> None:
         """No pipeline but the empty one (see :meth:`faultnet.planes.Plane.set_stages`)."""
         for forms in pipelines:
