@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import selectors
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -43,6 +44,8 @@ __all__ = [
     "open_link",
     "read_exactly",
     "read_line",
+    "receive_until",
+    "recv_until",
     "sink_server",
     "start_server",
     "udp_echo_server",
@@ -170,6 +173,29 @@ async def read_exactly(stream: trio.abc.ReceiveStream, n: int) -> bytes:
             raise EOFError(f"EOF after {len(buf)} of {n} bytes")
         buf += data
     return bytes(buf)
+
+
+async def receive_until(
+    stream: trio.abc.ReceiveStream, marker: bytes, buf: bytes = b"", piece: int = 65536
+) -> bytes:
+    """*buf* and what *stream* sends after it, read until *marker* is in it (all that
+    was read: the caller splits at the marker); at EOF before it, what came."""
+    while marker not in buf:
+        data = await stream.receive_some(piece)
+        if not data:
+            break
+        buf += data
+    return buf
+
+
+def recv_until(sock: socket.socket, marker: bytes, buf: bytes = b"", piece: int = 65536) -> bytes:
+    """:func:`receive_until` for a blocking socket."""
+    while marker not in buf:
+        data = sock.recv(piece)
+        if not data:
+            break
+        buf += data
+    return buf
 
 
 async def echo_back(stream: trio.abc.Stream, data: bytes, piece: int = 1 << 20) -> bytes:

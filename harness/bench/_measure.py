@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from faultnet.sockopts import tcp_retransmits, tcp_retransmits_needed
+from faultnet.testing import recv_until
 from harness.bench._stream import (
     BATCH,
     BATCH_S,
@@ -77,12 +78,7 @@ def _bulk(
         if tail:
             s.sendall(bad[:tail] if corrupt and full == 0 else block[:tail])
         s.shutdown(socket.SHUT_WR)
-        reply = b""
-        while b"\n" not in reply:
-            chunk = s.recv(4096)
-            if not chunk:
-                break
-            reply += chunk
+        reply = recv_until(s, b"\n", piece=4096)
         elapsed = time.perf_counter() - t0
         retransmits = tcp_retransmits(s)
         needed = tcp_retransmits_needed(s)

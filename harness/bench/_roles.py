@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from faultnet.sockopts import raise_fd_limit
+from faultnet.testing import receive_until
 from harness.bench._stream import (
     HOST,
     IO_TIMEOUT_S,
@@ -289,11 +290,7 @@ def _proxy_main(
             stdin = trio.lowlevel.FdStream(os.dup(0))
             buf = b""
             while True:
-                while b"\n" not in buf:
-                    chunk = await stdin.receive_some(4096)
-                    if not chunk:
-                        break
-                    buf += chunk
+                buf = await receive_until(stdin, b"\n", buf, piece=4096)
                 if b"\n" not in buf:
                     break
                 raw, _, buf = buf.partition(b"\n")

@@ -28,6 +28,7 @@ import trio
 
 from faultnet.errors import EnvironmentProblem
 from faultnet.proxy import Proxy
+from faultnet.testing import recv_until
 from faultnet.udp.proxy import UdpProxy
 
 __all__ = [
@@ -482,12 +483,9 @@ class _DyingUpstream(_ThreadedServer):
     @staticmethod
     def _serve(conn: socket.socket) -> None:
         with conn, contextlib.suppress(OSError):
-            head = b""
-            while b"\r\n\r\n" not in head:
-                data = conn.recv(65536)
-                if not data:
-                    return
-                head += data
+            head = recv_until(conn, b"\r\n\r\n")
+            if b"\r\n\r\n" not in head:
+                return
             if head.startswith(b"GET /cut "):
                 conn.sendall(
                     f"HTTP/1.1 200 OK\r\nContent-Length: {NGINX_BODY}\r\n\r\n".encode()

@@ -11,7 +11,7 @@ import trio
 
 from faultnet.eventlog import read_jsonl
 from faultnet.proxy import Proxy
-from faultnet.testing import start_server, wait_until
+from faultnet.testing import receive_until, start_server, wait_until
 from faultnet.toxics import HttpAbort, HttpDelay, HttpHold, HttpReset
 from tests.faultnet.http_app import BIG, Address, serve_app
 
@@ -146,11 +146,9 @@ async def _slow_then_fast(
     buf = b""
     first = True
     while True:
-        while b"\r\n\r\n" not in buf:
-            data = await stream.receive_some(65536)
-            if not data:
-                return
-            buf += data
+        buf = await receive_until(stream, b"\r\n\r\n", buf)
+        if b"\r\n\r\n" not in buf:
+            return
         buf = buf.split(b"\r\n\r\n", 1)[1]
         if first:
             first = False
