@@ -39,8 +39,14 @@ def native_plane(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(COMPILED_STAGES_ENV, raising=False)
 
 
+#: A proxy with N connections through it, and their client ends.
+Connected = tuple[Proxy, list[trio.SocketStream]]
+#: The calls the ``calls`` fixture records: (name, detail).
+Calls = list[tuple[str, Any]]
+
+
 @pytest.fixture
-def calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+def calls(monkeypatch: pytest.MonkeyPatch) -> Calls:
     """Every call from now on to the plane's batch, to a link's own lane-moving methods,
     and to a connection's chain building and per-connection path (name, detail)."""
     seen: list[tuple[str, Any]] = []
@@ -79,7 +85,7 @@ async def round_trip_s(stream: trio.SocketStream) -> float:
 
 
 @pytest.fixture
-async def proxy_with_connections() -> AsyncIterator[tuple[Proxy, list[trio.SocketStream]]]:
+async def connected() -> AsyncIterator[Connected]:
     async with echo_server() as upstream, open_proxy(upstream) as proxy:
         assert proxy.address is not None
         streams = [await trio.open_tcp_stream(*proxy.address) for _ in range(N)]
@@ -91,10 +97,9 @@ async def proxy_with_connections() -> AsyncIterator[tuple[Proxy, list[trio.Socke
 
 
 async def test_a_toxic_added_to_every_connection_is_one_hand_off_to_the_plane(
-    proxy_with_connections: tuple[Proxy, list[trio.SocketStream]],
-    calls: list[tuple[str, Any]],
+    connected: Connected, calls: Calls
 ) -> None:
-    proxy, streams = proxy_with_connections
+    proxy, streams = connected
     proxy.add_toxic(Latency("lat", "downstream", latency=LATENCY_MS))
     assert calls == [("set_stages", (N, "downstream", [[("latency", LATENCY_MS, 0.0, 0.0)]]))]
     for conn in proxy._connections.values():
@@ -117,10 +122,9 @@ async def test_a_toxic_added_to_every_connection_is_one_hand_off_to_the_plane(
 
 
 async def test_a_stream_that_has_a_toxic_already_goes_the_per_connection_way(
-    proxy_with_connections: tuple[Proxy, list[trio.SocketStream]],
-    calls: list[tuple[str, Any]],
+    connected: Connected, calls: Calls
 ) -> None:
-    proxy, streams = proxy_with_connections
+    proxy, streams = connected
     proxy.add_toxic(Latency("first", "downstream", latency=1))
     del calls[:]
     # Two toxics on one stream are a chain trio runs: not the batch's to hand over.
@@ -135,13 +139,12 @@ async def test_a_stream_that_has_a_toxic_already_goes_the_per_connection_way(
 
 
 async def test_a_stage_that_starts_drawing_gets_its_generator_then(
-    proxy_with_connections: tuple[Proxy, list[trio.SocketStream]],
-    calls: list[tuple[str, Any]],
+    connected: Connected, calls: Calls
 ) -> None:
     """A latency without jitter hands the plane no generator (seeding one per
     connection was ~11 us); an update that adds jitter hands each lane the state the
     toxic's own generator starts at, so the plane draws what trio would."""
-    proxy, streams = proxy_with_connections
+    proxy, streams = connected
     proxy.add_toxic(Latency("lat", "downstream", latency=1))
     assert not any(c.toxic_links["downstream"].handed for c in proxy._connections.values())
     proxy.update_toxic("lat", {"jitter": 1})
@@ -154,13 +157,12 @@ async def test_a_stage_that_starts_drawing_gets_its_generator_then(
 
 
 async def test_a_connection_on_its_hop_takes_the_batch_by_its_own_calls(
-    proxy_with_connections: tuple[Proxy, list[trio.SocketStream]],
-    calls: list[tuple[str, Any]],
+    connected: Connected, calls: Calls
 ) -> None:
     """A connection under two-way loss is two joined links (faultnet/proxy/_hop.py), not
     one of the plane's own: the batch gives it the stage through its own calls, the
     others in the one C call; a freeze counts it and holds it like the rest."""
-    proxy, streams = proxy_with_connections
+    proxy, streams = connected
     await proxy.loss(0.001, both_ways=True, only=[1])
     hopped = proxy._connections[1]
     assert hopped.hop is not None and type(hopped.link) is not native.Link
@@ -180,12 +182,11 @@ async def test_a_connection_on_its_hop_takes_the_batch_by_its_own_calls(
 
 
 async def test_a_limit_data_added_to_every_connection_is_one_hand_off_with_its_count(
-    proxy_with_connections: tuple[Proxy, list[trio.SocketStream]],
-    calls: list[tuple[str, Any]],
+    connected: Connected, calls: Calls
 ) -> None:
     """limit_data is a compiled stage too: one batch call gives every lane its limit and
     its count (a word, as a generator is); each connection then closes at the limit."""
-    proxy, streams = proxy_with_connections
+    proxy, streams = connected
     proxy.add_toxic(LimitData("lim", "downstream", bytes=3))
     assert calls == [("set_stages", (N, "downstream", [[("limit_data", 3.0, 0.0, 0.0)]]))]
     for conn in proxy._connections.values():
@@ -200,13 +201,12 @@ async def test_a_limit_data_added_to_every_connection_is_one_hand_off_with_its_c
 
 
 async def test_a_toxic_joining_a_compiled_pipeline_keeps_the_stream_on_the_plane(
-    proxy_with_connections: tuple[Proxy, list[trio.SocketStream]],
-    calls: list[tuple[str, Any]],
+    connected: Connected, calls: Calls
 ) -> None:
     """A stream on a compiled stage that a second toxic joins goes the per-connection
     way (a rebuild and a retune), and stays on the plane as a pipeline of the two: no
     lane goes to trio."""
-    proxy, streams = proxy_with_connections
+    proxy, streams = connected
     proxy.add_toxic(LimitData("lim", "downstream", bytes=1 << 20))
     del calls[:]
     proxy.add_toxic(Latency("lat", "downstream", latency=LATENCY_MS))
