@@ -29,6 +29,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -122,8 +124,15 @@ def netns(tmp_path: Path) -> Iterator[str]:
 @contextmanager
 def inside(name: str) -> Iterator[None]:
     """This thread in namespace *name* (trio's, where the proxy makes its sockets, and
-    the children it starts directly); back home on exit."""
+    the children it starts directly); back home on exit.
+
+    No thread may be born in the block: a thread starts in its parent's namespace and
+    stays there. trio.run_process forks from a trio worker thread, cached up to 10 s
+    idle: one born here started the next test's socat in this (deleted) namespace, where
+    nothing listens on 127.0.0.1, and socat read ECONNREFUSED (CI, twice). A block that
+    lets one be born fails here, not later in another test."""
     libc = ctypes.CDLL(None, use_errno=True)
+    before = set(threading.enumerate())
     with open("/proc/thread-self/ns/net") as home, open(f"/run/netns/{name}") as there:
         if libc.setns(there.fileno(), _CLONE_NEWNET) != 0:
             raise OSError(ctypes.get_errno(), "setns")
@@ -132,6 +141,8 @@ def inside(name: str) -> Iterator[None]:
         finally:
             if libc.setns(home.fileno(), _CLONE_NEWNET) != 0:
                 raise OSError(ctypes.get_errno(), "setns back")
+    born = [t.name for t in set(threading.enumerate()) - before]
+    assert not born, f"threads born in namespace {name} stay in it: {born}"
 
 
 @contextmanager
@@ -171,14 +182,29 @@ def dnsmasq(tmp_path: Path, tag: str, port: int, lines: list[str]) -> Iterator[N
 
 
 async def run_client(ns: str, code: str) -> object:
-    done = await trio.run_process(
-        ["ip", "netns", "exec", ns, sys.executable, "-c", code],
-        capture_stdout=True,
-        capture_stderr=True,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    """Run *code* under ``ip netns exec ns``; what it printed, as JSON.
+
+    Forked from this thread, not by trio.run_process (from a worker thread, which would
+    be born in the namespace: see :func:`inside`), and waited for by its pidfd."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(  # noqa: ASYNC220 - from this thread on purpose: no worker
+            ["ip", "netns", "exec", ns, sys.executable, "-c", code], stdout=out, stderr=err
+        )
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+            try:
+                await trio.lowlevel.wait_readable(pidfd)  # readable once it has exited
+            finally:
+                trio.lowlevel.notify_closing(pidfd)
+                os.close(pidfd)
+        finally:
+            if proc.poll() is None:  # cancelled (the row's fail_after)
+                proc.kill()
+            proc.wait(timeout=10)
+        out.seek(0)
+        err.seek(0)
+        assert proc.returncode == 0, err.read()
+        return json.loads(out.read())
 
 
 _ARMS = itertools.count()
@@ -259,3 +285,13 @@ async def test_a_wrong_fault_turns_its_row_red(
 ) -> None:
     real, faulted, _ = await compare(netns, tmp_path, row, wrong)
     assert faulted != real
+
+
+async def test_what_the_worker_starts_after_a_row_runs_in_its_own_namespace(netns: str) -> None:
+    """A row leaves nothing in its namespace: the next test's child (trio.run_process,
+    as socat's in test_udp_dns.py) runs where that test's proxies listen."""
+    with inside(netns):
+        assert await run_client(netns, "print(1)") == 1
+    home = os.readlink("/proc/thread-self/ns/net")
+    done = await trio.run_process(["readlink", "/proc/self/ns/net"], capture_stdout=True)
+    assert done.stdout.decode().strip() == home
