@@ -71,6 +71,7 @@ __all__ = [
     "check_plane",
     "default_plane",
     "freeze_each",
+    "thaw_each",
     "make_plane",
     "stage_draws",
 ]
@@ -254,6 +255,10 @@ class Plane(Protocol):
         many connections: one call); returns (upstream, downstream), the bytes they had
         written when their gates closed, summed (:meth:`Link.counts` of each)."""
 
+    def thaw(self, links: list[Link], streams: Iterable[str]) -> None:
+        """What :meth:`Link.thaw` does, for every link in *links* at once (a thaw of a
+        fault on many connections: one call)."""
+
     def set_stages(
         self, links: list[Link], stream: str, pipelines: Pipelines, words: Words
     ) -> None:
@@ -293,6 +298,13 @@ class LinkBase(Generic[_P, _L]):
         }
         # The compiled base's own init (the native plane's: its lanes own no pipe yet).
         super().__init__()
+
+
+def thaw_each(links: Iterable[Link], streams: Iterable[str]) -> None:
+    """:meth:`Plane.thaw` one link at a time: each link's own :meth:`Link.thaw`."""
+    streams = list(streams)
+    for link in links:
+        link.thaw(streams)
 
 
 def freeze_each(links: Iterable[Link], streams: Iterable[str]) -> tuple[int, int]:

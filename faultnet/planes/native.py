@@ -428,6 +428,14 @@ class Plane:
             up, down = up + u, down + d
         return up, down
 
+    def thaw(self, links: list[Link], streams: Iterable[str]) -> None:
+        """Open the gates of *streams* on every link: one C call, one hold of the mutex
+        (see :meth:`faultnet.planes.Plane.thaw`); a joined link (the hop's) by its own."""
+        streams = list(streams)
+        own, others = _own(links)
+        self._core.thaw(own, _mask(streams))  # type: ignore[arg-type]
+        _planes.thaw_each(others, streams)
+
     def set_stages(
         self, links: list[Link], stream: str, pipelines: Pipelines, words: Words
     ) -> None:

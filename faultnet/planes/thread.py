@@ -118,6 +118,7 @@ from faultnet.planes import (
     Stage,
     Words,
     freeze_each,
+    thaw_each,
 )
 from faultnet.planes._pipes import SPLICE_CHUNK, PipePool
 from faultnet.sockopts import tcp_state
@@ -496,6 +497,10 @@ class Plane:
         the lock is not reentrant, and the stress test's breakage replaces
         ``Link.freeze``)."""
         return freeze_each(links, streams)
+
+    def thaw(self, links: list[Link], streams: Iterable[str]) -> None:
+        """Each link's :meth:`Link.thaw` (a lock per link, as :meth:`freeze`)."""
+        thaw_each(links, streams)
 
     def set_stages(
         self, links: list[Link], stream: str, pipelines: Pipelines, words: Words

@@ -214,11 +214,18 @@ class Connection:
         self.closing: str | None = None
         self.started = time.monotonic()
         self._final_drops: tuple[int, int, int] | None = None
-        #: What each socket's filters dropped (not the kernel's receive-buffer drops).
-        self._filter_drops = {"client": FilterDrops(), "server": FilterDrops()}
-        #: Set when the connection has ended and been logged (:meth:`_finish`).
-        self._done = trio.Event()
-        self._held_logged: set[str] = set()
+        # What this holds per connection is what the collector walks at each full pass:
+        # 31 tracked objects an idle connection, at 9,000 a pass every one or two toxic
+        # adds (issue 36). So what most connections never use is made at first use:
+        # these, the toxic links' events and chains (_toxiclink), the host's scope.
+        #: What each socket's filters dropped (not the kernel's receive-buffer drops),
+        #: per side, from the first filter that side's socket has had.
+        self._filter_drops: dict[str, FilterDrops] = {}
+        #: The connection has ended and been logged (:meth:`_finish`); the event, made
+        #: when the toxics' host waits for that, is set then.
+        self._ended = False
+        self._done: trio.Event | None = None
+        self._held_logged: tuple[str, ...] = ()
         # -- toxics --
         #: Toxic name -> its stage on this connection, or None where toxicity said no.
         self.stages: dict[str, ToxicStage | None] = {}
@@ -235,7 +242,8 @@ class Connection:
         self._plane: planes.Plane | None = None
         #: :meth:`start` has run: a hop can be set up (not before: see :meth:`_refilter`).
         self._started = False
-        self._scope = trio.CancelScope()
+        #: The toxics' host's scope (made by :meth:`_host`, or by :meth:`end` first).
+        self._scope: trio.CancelScope | None = None
         self._nursery: trio.Nursery | None = None
         self._hosted = False
         self.enter(faults)
@@ -257,28 +265,32 @@ class Connection:
         self._refilter()
         if opening and self.link is not None:
             self.link.thaw(sorted(opening))
-            for s in opening:
-                self.toxic_links[s].wake()
+            self.woken(opening)
 
     def enter_gated(
         self,
         faults: FaultState,
-        closing: frozenset[str] | None,
-        gates: dict[frozenset[str], list[planes.Link]],
+        gated: frozenset[str] | None,
+        gates: dict[frozenset[str], list[Connection]],
     ) -> bool:
-        """Make *faults* the state in force if all it changes is gates that close:
-        *closing*, the streams whose gates it closes from this connection's state (None
-        if a gate opens), and no socket's filter changes (a freeze of an open
-        connection). Those gates are left for the caller to close, this link listed in
-        *gates* under *closing* (one plane call for many:
-        :meth:`faultnet.planes.Plane.freeze`; total once that returns). True if so; else
-        nothing changed (use :meth:`enter`)."""
-        link = self.link
-        if closing is None or link is None or self._filters != faults.filters():
+        """Make *faults* the state in force if all it changes is gates that close, or
+        all it changes is gates that open: *gated*, those streams (None if the step
+        does both), and no socket's filter changes (a freeze of an open connection, its
+        thaw). Those gates are left for the caller to close or open, this connection
+        listed in *gates* under *gated* (one plane call for many:
+        :meth:`faultnet.planes.Plane.freeze`, :meth:`~faultnet.planes.Plane.thaw`; total
+        once that returns; after a thaw the caller wakes the opened streams'
+        :meth:`woken`). True if so; else nothing changed (use :meth:`enter`)."""
+        if gated is None or self.link is None or self._filters != faults.filters():
             return False
         self.faults = faults
-        gates[closing].append(link)
+        gates[gated].append(self)
         return True
+
+    def woken(self, streams: frozenset[str]) -> None:
+        """*streams*' gates have opened (a batched thaw): their toxic paths look again."""
+        for s in streams:
+            self.toxic_links[s].wake()
 
     def apply(
         self, mode: str, streams: tuple[str, ...], fraction: float = 0.0, both_ways: bool = False
@@ -319,11 +331,17 @@ class Connection:
                     program = _PURE_ACKS
             if program is None:
                 detach_filter(sock)
-                self._filter_drops[side].detached(sock)
+                self._drops_of(side).detached(sock)
             else:
-                self._filter_drops[side].attached(sock)
+                self._drops_of(side).attached(sock)
                 bpf.attach(sock, program)
             self._filters[side] = program
+
+    def _drops_of(self, side: str) -> FilterDrops:
+        drops = self._filter_drops.get(side)
+        if drops is None:
+            drops = self._filter_drops[side] = FilterDrops()
+        return drops
 
     def _refilter_hop(self, program: bpf.Program | None) -> None:
         if program is not None and self.hop is None and self._started:
@@ -338,7 +356,7 @@ class Connection:
         toxics stay on the client's side of the hop. Bytes the plane already holds go
         out first. Failing to make the hop (out of descriptors) resets this connection
         only."""
-        if not self.live or self._done.is_set():
+        if not self.live or self._ended:
             return
         try:
             hop = Hop()
@@ -398,7 +416,7 @@ class Connection:
             except OSError:
                 continue
             if kind is not None:
-                self._held_logged.add(stream)
+                self._held_logged += (stream,)
                 self.log_event(f"held_{kind}", stream=stream)
 
     def drops(self) -> tuple[int, int, int]:
@@ -412,7 +430,9 @@ class Connection:
             try:
                 if sock is None:  # not connected yet
                     raise OSError("no socket")
-                counts.append((self._filter_drops[side].count(sock), tcp_retransmits(sock)))
+                drops = self._filter_drops.get(side)  # none: no filter has been on it
+                dropped = 0 if drops is None else drops.count(sock)
+                counts.append((dropped, tcp_retransmits(sock)))
             except OSError:  # closed
                 counts.append((0, 0))
         return counts[0][0], counts[1][0], counts[0][1] + counts[1][1]
@@ -460,6 +480,8 @@ class Connection:
         if self.closing is not None:
             return
         self.closing = how
+        if self._scope is None:  # the host has not run: it finds its scope cancelled
+            self._scope = trio.CancelScope()
         self._scope.cancel()
         self._final_drops = self.drops()
         if self.link is not None:
@@ -634,11 +656,13 @@ class Connection:
 
     def _ensure_host(self) -> None:
         """Start the task whose nursery runs this connection's toxics (once)."""
-        if not self._hosted and not self._done.is_set():
+        if not self._hosted and not self._ended:
             self._hosted = True
             self._spawn(self._host)
 
     async def _host(self) -> None:
+        if self._scope is None:
+            self._scope = trio.CancelScope()
         with self._scope:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -651,7 +675,9 @@ class Connection:
                 for s in STREAMS:
                     if self.link is not None and self.link.on_toxic_path(s):
                         self.toxic_links[s].start(nursery)
-                await self._done.wait()
+                if not self._ended:
+                    self._done = trio.Event()
+                    await self._done.wait()
                 nursery.cancel_scope.cancel()
         self._nursery = None
 
@@ -759,7 +785,7 @@ class Connection:
             self.end("reset")
 
     def _plane_event(self, kind: str, stream: str | None) -> None:
-        if self._done.is_set():
+        if self._ended:
             return  # ended meanwhile (a fault, or the proxy closing): nothing to act on
         link = self.link
         assert link is not None
@@ -791,7 +817,7 @@ class Connection:
     def _finish(self, how: str) -> None:
         """Close what is still open, forget the connection and log ``conn_close``; once
         (later calls do nothing). *how* unless a fault already said how it ends."""
-        if self._done.is_set():
+        if self._ended:
             return
         how = self.closing or how
         if self._final_drops is None:
@@ -805,7 +831,9 @@ class Connection:
                 sock.close()
         if self.hop is not None:
             self.hop.close()  # what it still held is lost with the connection, as on a route
-        self._done.set()
+        self._ended = True
+        if self._done is not None:
+            self._done.set()
         info = self.info()
         self.proxy._connections.pop(self.id, None)
         hop = {"hop_dropped": info.hop_dropped, "hop_retransmits": info.hop_retransmits}

@@ -141,6 +141,11 @@ class _ConnectionTable(dict[int, Connection]):
         self.labels[label] += 1
 
 
+def _links(conns: list[Connection]) -> list[planes.Link]:
+    """The plane's links of *conns* (each listed by ``enter_gated``: it has one)."""
+    return [c.link for c in conns if c.link is not None]
+
+
 class Proxy(ProxyBase):
     """A TCP proxy from ``listen`` to ``upstream`` with fault modes and toxics.
 
@@ -601,19 +606,32 @@ class Proxy(ProxyBase):
         """Close the gates of mode *req* on the connections it names; return them and
         the bytes that had crossed each stream when the gates closed."""
         conns = self._live(req.only, req.peer)
-        mode, streams = req.mode.name, req.streams
+        gates, up, down = self._step_gates(conns, req.mode.name, req.streams, opening=False)
+        for closing, gated in gates.items():
+            assert self._plane is not None  # a listed link is in the plane
+            u, d = self._plane.freeze(_links(gated), closing)
+            up += u
+            down += d
+        return conns, dict(zip(STREAMS, (up, down), strict=True))
+
+    def _step_gates(
+        self, conns: list[Connection], mode: str, streams: tuple[str, ...], *, opening: bool
+    ) -> tuple[dict[frozenset[str], list[Connection]], int, int]:
+        """Step each of *conns* by *mode*. One whose step only closes gates (only opens
+        them, with *opening*) is left for one plane call per set of streams (returned:
+        those streams -> those connections); each other one makes its own transition
+        (returned: the bytes those had crossed, upstream and downstream).
+
+        Per connection, its own transition and counts were ~4.6 us of CPU for a freeze
+        (3,000 idle connections: 14 ms; issue 36's 9,000: 77 ms through the API against
+        60), its own thaw ~20 us of wall (a mutex and GIL hand-off each). Each state's
+        next one, and the gates it closes or opens, is worked out once per distinct
+        state, keyed by the state object (states are shared: FaultState.apply is
+        cached), its entry holding it alive so the id is not reused: FaultState's hash is
+        a Python call, ~700 instructions a connection."""
         up = down = 0
-        # A connection whose transition only closes gates (a freeze of an open one) is
-        # left for one plane call per set of streams (Plane.freeze): per connection, its
-        # own transition and counts were ~4.6 us of CPU (3,000 idle connections: 14 ms;
-        # issue 36's 9,000: 77 ms through the API against 60).
-        # Each state's next one, and the gates it closes (None: one opens), worked out
-        # once per distinct state, not per connection.
-        # Keyed by the state object (states are shared: FaultState.apply is cached), its
-        # entry holding it alive so the id is not reused: FaultState's hash is a Python
-        # call, ~700 instructions a connection.
         plan: dict[int, tuple[FaultState, FaultState, frozenset[str] | None]] = {}
-        gates: collections.defaultdict[frozenset[str], list[planes.Link]] = collections.defaultdict(
+        gates: collections.defaultdict[frozenset[str], list[Connection]] = collections.defaultdict(
             list
         )
         for c in conns:
@@ -621,22 +639,19 @@ class Proxy(ProxyBase):
             step = plan.get(id(before))
             if step is None or step[0] is not before:
                 after = before.apply(mode, streams)
-                opening = before.closed() - after.closed()
-                closing = None if opening else after.closed() - before.closed()
-                step = plan[id(before)] = (before, after, closing)
+                closes = after.closed() - before.closed()
+                opens = before.closed() - after.closed()
+                gated, other = (opens, closes) if opening else (closes, opens)
+                step = plan[id(before)] = (before, after, None if other else gated)
             if c.enter_gated(step[1], step[2], gates):
                 self._table.relabel(c)
                 continue
             self._transition(c, mode, streams)
-            u, d = c.counts()  # (upstream, downstream): STREAMS' order
-            up += u
-            down += d
-        for closing, links in gates.items():
-            assert self._plane is not None  # a listed link is in the plane
-            u, d = self._plane.freeze(links, closing)
-            up += u
-            down += d
-        return conns, dict(zip(STREAMS, (up, down), strict=True))
+            if not opening:
+                u, d = c.counts()  # (upstream, downstream): STREAMS' order
+                up += u
+                down += d
+        return gates, up, down
 
     def _transition(
         self,
@@ -704,8 +719,13 @@ class Proxy(ProxyBase):
 
     def _thaw(self, req: FaultRequest) -> int:
         conns = self._live(req.only, req.peer)
-        for c in conns:
-            self._transition(c, "thaw", req.streams)
+        gates, _, _ = self._step_gates(conns, "thaw", req.streams, opening=True)
+        for opened, gated in gates.items():
+            assert self._plane is not None  # a listed link is in the plane
+            if opened:  # else a thaw of open connections: no gate to open
+                self._plane.thaw(_links(gated), opened)
+            for c in gated:
+                c.woken(opened)
         if req.only is None:
             before = self._new.syn_dropped_peers()
             self._new.thaw(req.streams, req.peer)
