@@ -1414,6 +1414,21 @@ static PyObject *core_set_stages(CoreObject *c, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* The arguments (links, mask) of a call on many links, parsed into *links* and *mask*:
+ * 0 with an exception set unless *links* is a list of links of *c*. */
+static int links_and_mask(CoreObject *c, PyObject *args, PyObject **links, int *mask) {
+    if (!PyArg_ParseTuple(args, "O!i", &PyList_Type, links, mask))
+        return 0;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(*links); i++) {
+        PyObject *item = PyList_GET_ITEM(*links, i);
+        if (!PyObject_TypeCheck(item, &LinkType) || ((LinkObject *)item)->core != c) {
+            PyErr_SetString(PyExc_ValueError, "links must be links of this plane");
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* freeze(links, mask): close the gates of the lanes in *mask* on every link in the list
  * *links* (a fault on a proxy's connections: issue 36) in one call and one hold of the
  * mutex, total on return as _freeze is for each; returns (upstream, downstream), the
@@ -1422,16 +1437,9 @@ static PyObject *core_set_stages(CoreObject *c, PyObject *args) {
 static PyObject *core_freeze(CoreObject *c, PyObject *args) {
     PyObject *links;
     int mask;
-    if (!PyArg_ParseTuple(args, "O!i", &PyList_Type, &links, &mask))
+    if (!links_and_mask(c, args, &links, &mask))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(links);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PyList_GET_ITEM(links, i);
-        if (!PyObject_TypeCheck(item, &LinkType) || ((LinkObject *)item)->core != c) {
-            PyErr_SetString(PyExc_ValueError, "links must be links of this plane");
-            return NULL;
-        }
-    }
     uint64_t up = 0, down = 0;
     if (c->unlocked) { /* the breakage, as link_freeze's */
         for (Py_ssize_t i = 0; i < n; i++) {
@@ -1461,21 +1469,14 @@ static PyObject *core_freeze(CoreObject *c, PyObject *args) {
 /* thaw(links, mask): open the gates of the lanes in *mask* on every link in the list
  * *links* in one call and one hold of the mutex, as _thaw does for each (an EOF due once
  * nothing is held, the lanes re-armed), what fell due on the stages' queues meanwhile
- * sent once, before the re-arms. One call where a thaw per link was one mutex and GIL hand-off
- * each (issue 36: ~20 us a connection). An ended link is opened and left alone. */
+ * sent once, before the re-arms. One call where a thaw per link was a mutex and a GIL
+ * hand-off each (issue 36: ~20 us a connection). An ended link is opened, left alone. */
 static PyObject *core_thaw(CoreObject *c, PyObject *args) {
     PyObject *links;
     int mask;
-    if (!PyArg_ParseTuple(args, "O!i", &PyList_Type, &links, &mask))
+    if (!links_and_mask(c, args, &links, &mask))
         return NULL;
     Py_ssize_t n = PyList_GET_SIZE(links);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PyList_GET_ITEM(links, i);
-        if (!PyObject_TypeCheck(item, &LinkType) || ((LinkObject *)item)->core != c) {
-            PyErr_SetString(PyExc_ValueError, "links must be links of this plane");
-            return NULL;
-        }
-    }
     /* The list holds its links: none is freed while the GIL is let go. */
     LOCKED(c, {
         for (Py_ssize_t i = 0; i < n; i++) {

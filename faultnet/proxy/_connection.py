@@ -229,11 +229,6 @@ class Connection:
         # -- toxics --
         #: Toxic name -> its stage on this connection, or None where toxicity said no.
         self.stages: dict[str, ToxicStage | None] = {}
-        #: (sever, reset) as every stage of this connection is given them (made at the
-        #: first stage).
-        self._ends: tuple[Callable[[], Awaitable[None]], Callable[[], Awaitable[None]]] | None = (
-            None
-        )
         #: Each stream's path through its toxics (chain, task, wake-ups): see _toxiclink.
         self.toxic_links = {s: ToxicLink(s, self) for s in STREAMS}
         #: The internal hop (two-way loss), once the connection is on it.
@@ -573,10 +568,7 @@ class Connection:
             self.stages[toxic.name] = None
             return
         rng = _DecidedRng(self.proxy.seed, self.id, toxic.name)
-        ends = self._ends
-        if ends is None:  # the bound methods made once, not two objects per stage
-            ends = self._ends = (self.sever, self.reset)
-        stage = ToxicStage(toxic, self.id, toxic.stream, rng, *ends, self)
+        stage = ToxicStage(toxic, self.id, toxic.stream, rng, self, self)
         if toxic.both_streams:
             stage.pair()
         self.stages[toxic.name] = stage

@@ -28,14 +28,22 @@ connection (:class:`StageHost`) for the stream's current chain and sink.
 from __future__ import annotations
 
 import random
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 import trio
 
 from faultnet.toxics.base import Toxic
 
-__all__ = ["ToxicStage", "StageHost", "Sink", "ToxicChain", "chain_of"]
+__all__ = ["Ends", "ToxicStage", "StageHost", "Sink", "ToxicChain", "chain_of"]
+
+
+class Ends(Protocol):
+    """What ends a stage's connection: a FIN both ways (:meth:`sever`) or an RST."""
+
+    async def sever(self) -> None: ...
+
+    async def reset(self) -> None: ...
 
 
 class Sink(Protocol):
@@ -71,8 +79,11 @@ class StageHost(Protocol):
 class ToxicStage:
     """One toxic applied to one connection and stream: its context for the toxic.
 
-    *close* and *reset* end the whole connection (a FIN or an RST both ways). *host* is
-    the connection, for stages of both-stream toxics (:meth:`inject`, :meth:`log_event`).
+    *ends* ends the whole connection (a FIN or an RST both ways: :meth:`close`,
+    :meth:`reset`). *host* is the connection, for stages of both-stream toxics
+    (:meth:`inject`, :meth:`log_event`). A connection is both: one object where two bound
+    methods and their tuple were three more the collector tracks per connection with a
+    toxic (issue 36).
     """
 
     def __init__(
@@ -81,8 +92,7 @@ class ToxicStage:
         conn_id: int,
         stream: str,
         rng: random.Random | Callable[[], random.Random],
-        close: Callable[[], Awaitable[None]],
-        reset: Callable[[], Awaitable[None]],
+        ends: Ends,
         host: StageHost | None = None,
     ) -> None:
         self.toxic = toxic
@@ -92,8 +102,7 @@ class ToxicStage:
         self._rng = rng if isinstance(rng, random.Random) else None
         self._make_rng = None if isinstance(rng, random.Random) else rng
         self.state: dict[str, Any] = {}
-        self._close = close
-        self._reset = reset
+        self._ends = ends
         self.host = host
         #: The other stream's stage of a both-stream toxic (None for a byte toxic).
         self.peer: ToxicStage | None = None
@@ -122,7 +131,7 @@ class ToxicStage:
 
     def pair(self) -> ToxicStage:
         """Make (once) and return the stage of the other stream, sharing ``state``, rng,
-        close, reset and host: the two halves of a both-stream toxic on a connection."""
+        ends and host: the two halves of a both-stream toxic on a connection."""
         if self.peer is None:
             other = "downstream" if self.stream == "upstream" else "upstream"
             peer = ToxicStage(
@@ -130,8 +139,7 @@ class ToxicStage:
                 self.conn_id,
                 other,
                 self._shared_rng,
-                self._close,
-                self._reset,
+                self._ends,
                 self.host,
             )
             peer.state = self.state
@@ -199,10 +207,10 @@ class ToxicStage:
         await chain.send_eof(sink, i + 1)
 
     async def close(self) -> None:
-        await self._close()
+        await self._ends.sever()
 
     async def reset(self) -> None:
-        await self._reset()
+        await self._ends.reset()
 
 
 def chain_of(stages: Iterable[ToxicStage | None], stream: str) -> ToxicChain:
