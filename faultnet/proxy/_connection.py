@@ -616,10 +616,14 @@ class Connection:
             else:
                 self._ensure_host()
 
-    def toxic_updated(self, name: str) -> None:
-        """*name*'s attributes changed: a stage the plane runs compiled is told."""
+    def toxic_updated(self, name: str, batch: ToxicBatch | None = None) -> None:
+        """*name*'s attributes changed: a stage the plane runs compiled is told; with
+        *batch* (the update of every connection at once), one the batch can retake is
+        left for it to tell the plane."""
         stage = self.stages.get(name)
         if stage is not None:
+            if batch is not None and batch.retake(self.toxic_links[stage.stream], stage):
+                return
             for s in stage.streams:
                 self.toxic_links[s].retune()
 

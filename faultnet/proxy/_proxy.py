@@ -847,8 +847,12 @@ class Proxy(ProxyBase):
         toxic = self.get_toxic(name)
         if attributes:
             toxic.update(attributes)
+            # A compiled stage reads its attributes from here: one pass, one hand-off
+            # for those the plane runs as a stream's whole chain (see _toxicbatch).
+            batch = ToxicBatch(toxic, self._plane)
             for c in list(self._connections.values()):
-                c.toxic_updated(name)  # a compiled stage reads its attributes from here
+                c.toxic_updated(name, batch)
+            batch.hand_off(self._plane, adding=True)
         if toxicity is not None:
             toxic.toxicity = toxicity
         self.log.write(

@@ -17,7 +17,10 @@ with other toxics, the hop, a both-stream toxic, a plane without the stage, a st
 whose task is running). :meth:`ToxicBatch.hand_off` then gives the plane every listed
 lane in one call (:meth:`faultnet.planes.Plane.set_stages`), each a pipeline of that
 one stage with its word (:meth:`~faultnet.toxics.base.Toxic.stage_word`: the generator
-where the form draws, limit_data's count). A removal is the mirror:
+where the form draws, limit_data's count). An update of the toxic's attributes is the
+same pass: :meth:`ToxicBatch.retake` lists each lane whose whole chain the plane runs as
+that stage, its word already the plane's, and the hand-off gives it the new form and no
+word (one call where a walk set each lane's stages on its own). A removal is the mirror:
 :meth:`ToxicBatch.take_off` lists each lane whose chain was that stage alone, and the
 hand-off sets the empty pipeline on them.
 
@@ -73,6 +76,17 @@ class ToxicBatch:
         self.links.append(toxic_link.plane)
         return True
 
+    def retake(self, toxic_link: ToxicLink, stage: ToxicStage) -> bool:
+        """List *stage*'s lane for the toxic's form as updated if the plane runs the
+        stage compiled as its stream's whole chain, its word already the plane's where it
+        has one (:meth:`~faultnet.proxy._toxiclink.ToxicLink.retunable`): True if taken
+        (else the caller retunes it on its own)."""
+        if self.form is None or toxic_link.plane is None or not toxic_link.retunable(stage):
+            return False
+        self._words.append(None)  # the plane's word goes on
+        self.links.append(toxic_link.plane)
+        return True
+
     def take_off(self, toxic_link: ToxicLink, stage: ToxicStage) -> bool:
         """List the lane of *stage*, removed, if the plane ran it compiled as the
         stream's whole chain: True if taken (its lane then gets no stage)."""
@@ -82,8 +96,8 @@ class ToxicBatch:
         return True
 
     def hand_off(self, plane: Plane | None, adding: bool) -> None:
-        """Give the plane every listed lane at once: the toxic's stage (*adding*), or
-        none (a removal)."""
+        """Give the plane every listed lane at once: the toxic's stage (*adding*, or an
+        update: no generator goes with it), or none (a removal)."""
         if plane is None or not self.links:
             return
         if adding:

@@ -53,7 +53,7 @@ from typing import Protocol
 
 import trio
 
-from faultnet.planes import Link, Stage
+from faultnet.planes import Link, Stage, stage_draws
 from faultnet.toxics.base import Toxic
 from faultnet.toxics.chain import ToxicChain, ToxicStage
 from faultnet.toxics.clock import monotonic_offset
@@ -249,6 +249,18 @@ class ToxicLink:
         self.chain = ToxicChain([stage])
         self.compiled = (stage,)
         self.handed = self.compiled if handed else ()
+
+    def retunable(self, stage: ToxicStage) -> bool:
+        """Whether :meth:`retune` would only give the plane *stage*'s form anew: the
+        plane runs it compiled as this stream's whole chain, and its word (generator,
+        count), where it has one, is already the plane's (then the caller tells the
+        plane, for many at once, with no word: the plane's goes on)."""
+        if self.compiled != (stage,) or self._compilable() != (stage,):
+            return False
+        # A form that draws needs its generator on the plane; limit_data's count is
+        # always handed with its stage (stage_word is never None for it).
+        form = stage.toxic.compiled()
+        return stage in self.handed or form is None or not stage_draws(form)
 
     def unstaged(self, stage: ToxicStage) -> bool:
         """Take *stage*, removed, off this stream if it is the whole chain and the plane

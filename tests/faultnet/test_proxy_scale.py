@@ -242,3 +242,31 @@ async def test_an_idle_connection_holds_few_objects_the_collector_tracks() -> No
         for fd in fds:
             os.close(fd)
         listener.close()
+
+
+async def test_an_update_of_a_compiled_toxic_is_one_plane_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An attribute update of a toxic the plane runs compiled on every connection is
+    one :meth:`Plane.set_stages` call with every link, no link's stage set on its own
+    (it was a walk: one plane call, one mutex, per connection), and it is in force."""
+    async with echo_server() as up, open_proxy(up) as proxy:
+        streams = await open_echoed(proxy, N)
+        assert proxy._plane is not None
+        if proxy._plane.name != "native":
+            pytest.skip("a compiled stage is the native plane's")
+        proxy.add_toxic(Latency("lat", "downstream", latency=1))
+        plane_type, link_type = type(proxy._plane), type(proxy._connections[1].link)
+        seen: list[tuple[str, int]] = []
+        counted(monkeypatch, seen, plane_type, "set_stages", "Plane")
+        counted(monkeypatch, seen, link_type, "set_stage", "Link")
+        proxy.update_toxic("lat", {"latency": 40})
+        assert seen == [("Plane.set_stages", N)]
+        s = streams[0]
+        started = trio.current_time()
+        await s.send_all(b"z")
+        with trio.fail_after(5):
+            assert await read_exactly(s, 1) == b"z"
+        assert trio.current_time() - started >= 0.040  # the new latency, at least
+        for s in streams:
+            await s.aclose()
