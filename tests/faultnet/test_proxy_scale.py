@@ -259,7 +259,7 @@ async def test_an_update_of_a_compiled_toxic_is_one_plane_call(
         plane_type, link_type = type(proxy._plane), type(proxy._connections[1].link)
         seen: list[tuple[str, int]] = []
         counted(monkeypatch, seen, plane_type, "set_stages", "Plane")
-        counted(monkeypatch, seen, link_type, "set_stage", "Link")
+        counted(monkeypatch, seen, link_type, "set_stages", "Link")
         proxy.update_toxic("lat", {"latency": 40})
         assert seen == [("Plane.set_stages", N)]
         s = streams[0]
