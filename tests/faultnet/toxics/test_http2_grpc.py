@@ -45,10 +45,13 @@ def faults(log: Path) -> list[dict[str, Any]]:
 async def rpc(
     proxy_port: int, method: str, payload: bytes, retries: bool = True, timeout: float = 10
 ) -> Any:
-    """One call in a thread (grpcio blocks): the reply, or the grpc.RpcError raised."""
+    """One call in a thread (grpcio blocks): the reply, or the grpc.RpcError raised. The
+    channel is connected first, so a short *timeout* is the call's alone (at load ~12 a
+    connect and the call within 0.5 s missed: the server saw no call)."""
 
     def run() -> Any:
         with grpc_app.channel(proxy_port, retries) as chan:
+            grpc.channel_ready_future(chan).result(timeout=10)
             try:
                 return grpc_app.call(chan, method, payload, timeout)
             except grpc.RpcError as error:
