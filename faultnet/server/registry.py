@@ -603,14 +603,8 @@ class ProxyRegistry:
         p = mp.proxy
         if p is not None:
             state.update(p.state)
-            if isinstance(p, Proxy):
-                # Kept counts: nothing is read per connection (issue 36).
-                state["connections"] = p.connection_counts()
-            else:
-                counts: dict[str, int] = {}
-                for c in p.connections():
-                    counts[c.state] = counts.get(c.state, 0) + 1
-                state["connections"] = counts
+            # Kept counts: nothing is read per connection or session (issue 36).
+            state["connections"] = p.connection_counts()
         return state
 
     def connections(

@@ -372,14 +372,8 @@ class Session:
             local = format_address(self.upstream.getsockname())
         except OSError:
             local = "closed"
-        gates = self.proxy._gates
-        if gates["upstream"] == gates["downstream"]:
-            state = gates["upstream"]
-        else:
-            closed = [s for s in STREAMS if gates[s] != OPEN]
-            state = f"{gates[closed[0]]}-{closed[0]}"
         return SessionInfo(
-            state=state,
+            state=self.proxy.session_state(),
             id=self.id,
             peer=self.peer_text,
             local=local,
@@ -780,6 +774,21 @@ class UdpProxy(ProxyBase):
 
     def sessions(self) -> list[SessionInfo]:
         return [s.info() for s in list(self._sessions.values())]
+
+    def session_state(self) -> str:
+        """Every session's fault state label: the gates are the proxy's, so one label
+        holds for all of them (``open``, ``frozen``, ``blackholed``, or
+        ``frozen-upstream`` where one stream alone is gated)."""
+        gates = self._gates
+        if gates["upstream"] == gates["downstream"]:
+            return gates["upstream"]
+        closed = [s for s in STREAMS if gates[s] != OPEN]
+        return f"{gates[closed[0]]}-{closed[0]}"
+
+    def connection_counts(self) -> dict[str, int]:
+        """How many sessions are in each fault state (as :meth:`Proxy.connection_counts`),
+        read without reading a session: they all share :meth:`session_state`."""
+        return {self.session_state(): len(self._sessions)} if self._sessions else {}
 
     #: The server lists a UDP proxy's sessions where a TCP proxy's connections go.
     connections = sessions

@@ -115,3 +115,40 @@ def test_the_table_refuses_what_the_impairment_refuses_saying_the_same(row) -> N
             except ModeArgumentError as exc:
                 table = str(exc)
             assert table == impairment, (row.name, arg.name, value)
+
+
+async def test_a_udp_fault_answer_reads_no_session(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 36, item 2, for UDP proxies: the counts in a fault answer come from the
+    proxy's gates, which every session shares, not from each session's info (counted by
+    wrapping the real :meth:`Session.info`); they agree with a recount through modes."""
+    from collections import Counter
+
+    from faultnet.udp.proxy import Session
+
+    reads: list[int] = []
+    info = Session.info
+
+    def counted(self: Session) -> object:
+        reads.append(self.id)
+        return info(self)
+
+    monkeypatch.setattr(Session, "info", counted)
+    async with udp_echo_server() as (up, _), open_registry() as reg:
+        mp = await reg.create({"name": "u", "upstream": f"{up[0]}:{up[1]}", "protocol": "udp"})
+        assert isinstance(mp.proxy, UdpProxy)
+        assert reg.fault_state("u")["connections"] == {}
+        for _ in range(3):  # each probe is a socket of its own: a session each
+            assert (await udp_probe(mp.proxy.address, 1.0)).echoed
+        for body in (
+            {"mode": "freeze", "stream": "upstream"},
+            {"mode": "blackhole"},
+            {"mode": "thaw", "stream": "downstream"},
+            {"mode": "thaw"},
+        ):
+            del reads[:]
+            answer = await reg.apply_fault("u", body)
+            counts = reg.fault_state("u")["connections"]
+            assert reads == [] and answer["state"]["connections"] == counts, body
+            recount = Counter(s.state for s in mp.proxy.connections())
+            assert counts == dict(recount) and sum(counts.values()) == 3, body
+            assert reads  # the instrument sees the listing's reads
