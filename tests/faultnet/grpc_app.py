@@ -91,8 +91,18 @@ def serve() -> Iterator[Server]:
 
 @contextmanager
 def channel(port: int, retries: bool = True) -> Iterator[grpc.Channel]:
-    """A plaintext (h2c) channel to 127.0.0.1:*port* with :data:`RETRY_CONFIG`."""
-    options: list[tuple[str, Any]] = [("grpc.enable_retries", 1 if retries else 0)]
+    """A plaintext (h2c) channel to 127.0.0.1:*port* with :data:`RETRY_CONFIG`, on a
+    connection of its own.
+
+    grpcio shares a subchannel (a TCP connection) between channels with the same target
+    and options, and one closed a moment ago may still be in its pool: a call on a new
+    channel then went over the last test step's connection, opened before the step's
+    toxic, and a hold let the reply through (1 in ~100 runs). A local pool per channel
+    makes a new channel a new connection, as the tests assume."""
+    options: list[tuple[str, Any]] = [
+        ("grpc.enable_retries", 1 if retries else 0),
+        ("grpc.use_local_subchannel_pool", 1),
+    ]
     if retries:
         options.append(("grpc.service_config", json.dumps(RETRY_CONFIG)))
     with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as chan:
