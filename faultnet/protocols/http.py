@@ -43,6 +43,7 @@ import h11
 from faultnet.protocols._states import step
 
 __all__ = [
+    "DATA_COMMANDS",
     "MAX_BUFFER",
     "MAX_HEAD",
     "Answer",
@@ -129,6 +130,9 @@ class Reset:
 
 
 Command = Forward | Inject | Hold | Resume | Eof | Close | Reset
+#: The commands that carry bytes (a tuple: ``Forward | Inject`` in place builds a union
+#: at every call).
+DATA_COMMANDS = (Forward, Inject)
 
 
 class Duplex:
@@ -173,7 +177,7 @@ class Duplex:
         return cmds
 
     def _emit(self, cmd: Command) -> None:
-        if isinstance(cmd, Forward | Inject) and not cmd.data:
+        if isinstance(cmd, DATA_COMMANDS) and not cmd.data:
             return
         last = self._cmds[-1] if self._cmds else None
         # The spans of one chunk (a head, its body, the end) leave in one write, not
@@ -232,12 +236,18 @@ class Plan:
     cut_after: int = 0
 
     @property
+    def touches_response(self) -> bool:
+        """True if the plan does anything to the response's bytes or their timing."""
+        return bool(self.response_head or self.delay or self.rate or self.cut is not None)
+
+    @property
     def on_response(self) -> bool:
         """True if the plan acts on the response (logged when it does, not before)."""
-        return bool(self.response_head or self.delay or self.rate or self.cut is not None) and not (
-            self.answer or self.hold or self.reset
-        )
+        return self.touches_response and not (self.answer or self.hold or self.reset)
 
+
+#: The plan of every request no rule picked (never changed: shared).
+_PASS = Plan()
 
 Decide = Callable[[h11.Request], Plan | None]
 Log = Callable[..., None]
@@ -344,23 +354,39 @@ class _Slot:
 
 @dataclass
 class _Parser:
-    """An h11 connection and the bytes fed to it that no event has accounted for yet."""
+    """An h11 connection and the bytes fed to it that no event has accounted for yet.
+
+    A read fed while nothing is pending is kept as it came (``bytes``), and an event
+    that consumes all of it (a body chunk, a whole keep-alive request) gets that very
+    object as its span: a 64 KiB body chunk crosses with no copy of ours (a buffer
+    copied it in, sliced it out and moved the rest: three copies a chunk). Only a read
+    that joins bytes already pending makes a buffer (``bytearray``: a head in many
+    small reads costs linear time, not quadratic)."""
 
     conn: h11.Connection
     slot: _Slot | None = None
-    pending: bytearray = field(default_factory=bytearray)
+    pending: bytes | bytearray = b""
     #: Nothing was given to h11 yet (not even an end): it can only need data.
     fresh: bool = True
 
     def feed(self, data: bytes) -> None:
         if data:
             self.conn.receive_data(data)
-            self.pending += data
+            if not self.pending:
+                self.pending = data
+            elif isinstance(self.pending, bytearray):
+                self.pending += data
+            else:
+                self.pending = bytearray(self.pending) + data
             self.fresh = False
 
     def feed_eof(self) -> None:
         self.conn.receive_data(b"")
         self.fresh = False
+
+    def rest(self) -> bytes:
+        """The bytes no event has accounted for (kept: the caller drops the parser)."""
+        return bytes(self.pending)
 
     def next(self) -> tuple[object, bytes]:
         """The next event and its span of the original bytes (none for NEED_DATA and
@@ -372,9 +398,17 @@ class _Parser:
         event = self.conn.next_event()
         if event is h11.NEED_DATA or event is h11.PAUSED:
             return event, b""
-        used = len(self.pending) - len(self.conn.trailing_data[0])
-        span = bytes(self.pending[:used])
-        del self.pending[:used]
+        pending = self.pending
+        left = len(self.conn.trailing_data[0])
+        if not left:
+            self.pending = b""
+            return event, bytes(pending)  # no copy of bytes
+        used = len(pending) - left
+        span = bytes(pending[:used])
+        if isinstance(pending, bytearray):
+            del pending[:used]
+        else:
+            self.pending = pending[used:]
         return event, span
 
 
@@ -579,7 +613,7 @@ class Session(Duplex):
             # passed the server's bytes untouched; a request means the next response
             # starts afresh (a client that pipelined across the change is the risk).
             self._go_down(Ev.REQUEST)
-        plan = self.decide(request) or Plan()
+        plan = self.decide(request) or _PASS
         slot = _Slot(plan, request)
         if plan.hold:
             self._log(slot)
@@ -633,7 +667,7 @@ class Session(Duplex):
             self._upstream_eof(now)
 
     def _on_request_end(self, now: float) -> None:
-        rest = bytes(self._request.pending)
+        rest = self._request.rest()
         self._request = _server_parser()
         slot = self.slots[-1] if self.slots else None
         self._go_up(Ev.REQUEST_END)
@@ -655,7 +689,7 @@ class Session(Duplex):
         self._go_up(Ev.UNREADABLE)
         self.log_event("http_opaque", stream=UP)
         if not dropping and self._request.pending:
-            self._emit(Forward(UP, bytes(self._request.pending), now))
+            self._emit(Forward(UP, self._request.rest(), now))
         self._request = _server_parser()
 
     def _upstream_eof(self, now: float) -> None:
@@ -670,7 +704,7 @@ class Session(Duplex):
             return  # passed on after the answer, or the delay
         if self.up is not Up.OPAQUE and self._request.pending:
             # A request the client never finished: pass what came, as it came.
-            self._emit(Forward(UP, bytes(self._request.pending), now))
+            self._emit(Forward(UP, self._request.rest(), now))
         self._request = _server_parser()
         self._emit(Eof(UP))
         self._go_up(Ev.END)
@@ -681,7 +715,7 @@ class Session(Duplex):
         if self.down is Down.DONE:
             return
         if self.down in (Down.OPAQUE, Down.UNSYNCED):
-            self._out.append(_Out(_Part.RAW, data, None, now))
+            self._queue(_Part.RAW, data, None, now)
             return self._pump(now)
         parser = self._response
         if parser is None:
@@ -712,19 +746,19 @@ class Session(Duplex):
                 self._out.append(_Out(_Part.RAW, span, None, now))
             elif isinstance(event, h11.Response):
                 self._go_down(Ev.RESPONSE)
-                self._out.append(_Out(_Part.HEAD, span, slot, now))
+                self._queue(_Part.HEAD, span, slot, now)
                 if slot.switch:
                     if slot.request.method == b"CONNECT" and 200 <= event.status_code < 300:
                         return self._switched(parser, now)
                     self._switch_refused(now)
             elif isinstance(event, h11.Data):
-                self._out.append(_Out(_Part.BODY, span, slot, now))
+                self._queue(_Part.BODY, span, slot, now)
             elif isinstance(event, h11.EndOfMessage):
-                self._out.append(_Out(_Part.END, span, slot, now))
+                self._queue(_Part.END, span, slot, now)
                 self._go_down(Ev.RESPONSE_END)
                 if self.slots and self.slots[0] is slot:
                     self.slots.popleft()
-                rest = bytes(parser.pending)
+                rest = parser.rest()
                 self._response = None
                 self._drain(now)
                 if not rest:
@@ -744,18 +778,18 @@ class Session(Duplex):
         for slot in self.slots:
             if slot.answer is None:
                 return slot
-        return _Slot(Plan(), h11.Request(method="GET", target="/", headers=[("host", "x")]))
+        return _Slot(_PASS, h11.Request(method="GET", target="/", headers=[("host", "x")]))
 
     def _switched(self, parser: _Parser, now: float) -> None:
         self._go_down(Ev.SWITCHED)
-        rest = bytes(parser.pending)
+        rest = parser.rest()
         self._response = None
         if rest:
             self._out.append(_Out(_Part.RAW, rest, None, now))
         if self.up in (Up.SWITCHING, Up.WAITING):
             waiting, self._waiting = bytes(self._waiting), bytearray()
             if self.up is Up.SWITCHING:  # a 101 before the request's body ended
-                waiting = bytes(self._request.pending) + waiting
+                waiting = self._request.rest() + waiting
                 self._request = _server_parser()
             was_waiting = self.up is Up.WAITING
             self._go_up(Ev.SWITCHED)
@@ -798,7 +832,7 @@ class Session(Duplex):
         self._go_down(Ev.UNREADABLE)
         self.log_event("http_opaque", stream=DOWN)
         if self._response is not None and self._response.pending:
-            self._out.append(_Out(_Part.RAW, bytes(self._response.pending), None, now))
+            self._out.append(_Out(_Part.RAW, self._response.rest(), None, now))
         self._response = None
         self._pump(now)
 
@@ -813,12 +847,25 @@ class Session(Duplex):
             self._parse_responses(now)
         self._drain(now)
         if self._response is not None and self._response.pending:
-            self._out.append(_Out(_Part.RAW, bytes(self._response.pending), None, now))
+            self._out.append(_Out(_Part.RAW, self._response.rest(), None, now))
         self._response = None
         self._out.append(_Out(_Part.EOF, b"", None, now))
         self._pump(now)
 
     # -- the queue to the client --
+
+    def _queue(self, part: _Part, data: bytes, slot: _Slot | None, now: float) -> None:
+        """Queue the server's *data* for the client, or send it at once when nothing
+        waits before it and its plan leaves the response alone: what :meth:`_pump`
+        would do with it, without the queue. (Not an Upgrade's answer: the client's
+        bytes it releases go first, as the queue orders them.)"""
+        if (
+            self._out
+            or self._holding
+            or (slot is not None and (slot.switch or slot.plan.touches_response))
+        ):
+            return self._out.append(_Out(part, data, slot, now))  # the caller pumps
+        self._emit(Forward(DOWN, data, now))
 
     def _pump(self, now: float) -> None:
         """Send what the plans' times allow, in order; a plan that must wait holds the
