@@ -126,6 +126,8 @@ class ToxicLink:
         #: it was.
         self.handed: tuple[ToxicStage, ...] = ()
         self._may_compile = os.environ.get(COMPILED_STAGES_ENV, "1") != "0"
+        #: The chain last found to hold a both-stream stage (:meth:`_compilable`).
+        self._paired: ToxicChain | None = None
 
     # -- the connection's side --
 
@@ -198,10 +200,16 @@ class ToxicLink:
     def _compilable(self) -> tuple[ToxicStage, ...] | None:
         """The chain's stages, if the plane may run them compiled (the plane says whether
         it has that pipeline: :meth:`~faultnet.planes.Link.set_stages`)."""
-        stages = tuple(self.chain.stages)
-        if not self._may_compile or not stages:
+        chain = self.chain
+        if not self._may_compile or not chain.stages or chain is self._paired:
             return None
-        if any(stage.peer is not None or stage.toxic.compiled() is None for stage in stages):
+        stages = tuple(chain.stages)
+        if any(stage.peer is not None for stage in stages):
+            # A both-stream stage never has a compiled form, and a chain's stages never
+            # change (it is replaced whole): asked before every chunk, answered once.
+            self._paired = chain
+            return None
+        if any(stage.toxic.compiled() is None for stage in stages):
             return None
         return stages
 
@@ -322,6 +330,9 @@ class ToxicLink:
         assert self.plane is not None
         link = self.plane
         self._runner = trio.lowlevel.current_task()
+        # Each chunk carries the time the plane read it (CLOCK_MONOTONIC, made trio
+        # time): trio's clock is the same for the whole run, so its offset is read once.
+        offset = monotonic_offset()
         try:
             while True:
                 # Every chunk taken has been through the chain: the plane may run it now.
@@ -338,11 +349,9 @@ class ToxicLink:
                     self._owed = False  # the wait is a checkpoint (set or not)
                     await woken.wait()
                     continue
-                # Each chunk carries the time the plane read it (CLOCK_MONOTONIC, made
-                # trio time): one stamp for the batch, taken now, made a chunk read while
-                # the last one was delayed wait out that delay and then its own (issue 32:
-                # latency=5 ms on a steady stream gave 10-16 ms).
-                offset = monotonic_offset()
+                # The plane's read time, not one stamp for the batch taken now: that made
+                # a chunk read while the last one was delayed wait out that delay and then
+                # its own (issue 32: latency=5 ms on a steady stream gave 10-16 ms).
                 now = trio.current_time() if offset is None else 0.0
                 self.holding = True
                 for data, t_plane in chunks:

@@ -24,7 +24,16 @@ from typing import Any, Protocol, cast
 
 import trio
 
-from faultnet.protocols.http import Close, Command, Eof, Forward, Hold, Inject, Reset, Resume
+from faultnet.protocols.http import (
+    DATA_COMMANDS,
+    Close,
+    Command,
+    Eof,
+    Forward,
+    Hold,
+    Reset,
+    Resume,
+)
 from faultnet.seeds import derive_seed
 from faultnet.toxics._attributes import Attribute, AttributeToxic, TextAttribute
 from faultnet.toxics.base import ToxicContext
@@ -98,7 +107,7 @@ async def carry_out(stage: ToxicStage, session: TimedSession, commands: list[Com
     while True:
         hold: Hold | None = None
         for cmd in commands:
-            if isinstance(cmd, Forward | Inject):
+            if isinstance(cmd, DATA_COMMANDS):
                 if cmd.data:
                     target = stage.on(cmd.stream)
                     assert target is not None, "a protocol toxic sees both streams"
