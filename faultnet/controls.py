@@ -23,6 +23,7 @@ from __future__ import annotations
 import errno
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -124,6 +125,34 @@ async def assert_refusing(address: tuple[str, int], timeout: float = 1.0) -> Pro
     return await _expect("assert_refusing", address, ProbeKind.REFUSED, timeout)
 
 
+#: The step of a watched window (:func:`watch_window`): a step the process overslept
+#: counts as twice this.
+WATCH_STEP_S = 0.01
+
+
+async def watch_window(window: float, watch: Callable[[], Awaitable[object]]) -> None:
+    """Run *watch* until it returns, or until this process has run for *window* seconds
+    (it is cancelled then, and restarted after each step of :data:`WATCH_STEP_S`: it
+    must be safe to cancel, as a trio socket's receive is).
+
+    Run, not wall, time: a step the process overslept counts as two steps. A loaded
+    machine stalls a whole process (a 300 ms window ran 385 ms, stress-ng on both
+    CPUs); a plain deadline then expires in the same pass as the proxy's own tasks
+    (when the proxy runs in this process, as in the control test), before what was due
+    in the window could run, and a silence control passed a breakage: a UDP reply
+    delayed 20 ms, a TCP link that still forwards (tests/faultnet/test_controls.py stalls
+    the loop 400 ms to show it). Counted this way, the window goes on after a stall.
+    Without a stall it is the same window in wall time."""
+    ran = 0.0
+    while ran < window:
+        step = min(WATCH_STEP_S, window - ran)
+        t0 = trio.current_time()
+        with trio.move_on_after(step):
+            await watch()
+            return
+        ran += min(trio.current_time() - t0, 2 * step)
+
+
 async def assert_frozen(
     writer: trio.abc.SendStream,
     reader: trio.abc.ReceiveStream,
@@ -131,7 +160,8 @@ async def assert_frozen(
     payload: bytes = b"faultnet frozen probe\n",
 ) -> None:
     """Positive control for freeze: *payload* written to *writer* produces nothing at
-    *reader* within *window* seconds: no byte, no EOF, no error.
+    *reader* within *window* seconds: no byte, no EOF, no error. The window is the time
+    this process ran (:func:`watch_window`): a stall does not shorten it.
 
     The write itself must succeed (a frozen link accepts writes until buffers fill).
     """
@@ -145,7 +175,8 @@ async def assert_frozen(
             f"the write failing ({exc.__cause__ or exc})",
             time.perf_counter() - start,
         ) from None
-    with trio.move_on_after(window):
+
+    async def watch() -> None:
         try:
             data = await reader.receive_some(65536)
         except trio.BrokenResourceError as exc:
@@ -163,6 +194,8 @@ async def assert_frozen(
             time.perf_counter() - start,
             "the link still forwards" if data else "a close got through",
         )
+
+    await watch_window(window, watch)
 
 
 async def _read_outcome(stream: trio.abc.ReceiveStream, timeout: float) -> tuple[str, float]:

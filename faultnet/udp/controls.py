@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
-from faultnet.controls import ControlFailed, require_kind
+from faultnet.controls import ControlFailed, require_kind, watch_window
 from faultnet.udp.probe import UdpProbeKind, UdpProbeResult, udp_probe
 
 __all__ = [
@@ -47,11 +47,6 @@ def _numbered(count: int, size: int = 32) -> list[bytes]:
     padding. The tag keeps a late reply to an earlier control out of this one."""
     tag = os.urandom(4).hex()
     return [f"{i:08d} {tag} ".encode().ljust(size, b".") for i in range(count)]
-
-
-#: The step of a watched window (:meth:`_Exchange.collect`): a step the process overslept
-#: counts as twice this.
-_STEP_S = 0.01
 
 
 class _Exchange:
@@ -88,25 +83,19 @@ class _Exchange:
         """Receive until this process has run for *window* seconds, or until ``until()``
         holds after a reply.
 
-        Run, not wall, time: a step the process overslept counts as two steps. A loaded
-        machine stalls a whole process (a 300 ms window ran 385 ms, stress-ng on both
-        CPUs); a plain deadline then expires in the same pass as the proxy's timers
-        (when the proxy runs in this process, as in the control test), before anything
-        due in the window could run, and a control that had to see a reply delayed
-        20 ms passed instead of going red. Counted this way, the window goes on."""
-        ran = 0.0
-        while ran < window and not until():
-            step = min(_STEP_S, window - ran)
-            t0 = trio.current_time()
-            with trio.move_on_after(step):
-                while not until():
-                    try:
-                        data = await self.sock.recv(65536)
-                    except ConnectionRefusedError:
-                        self.refused = True
-                        continue
-                    self.replies.append((self.elapsed, data))
-            ran += min(trio.current_time() - t0, 2 * step)
+        Run, not wall, time (:func:`faultnet.controls.watch_window`): after a stall of
+        the whole process the window goes on, and what was due inside it arrives."""
+
+        async def watch() -> None:
+            while not until():
+                try:
+                    data = await self.sock.recv(65536)
+                except ConnectionRefusedError:
+                    self.refused = True
+                    continue
+                self.replies.append((self.elapsed, data))
+
+        await watch_window(window, watch)
 
     def payloads(self) -> list[bytes]:
         return [data for _, data in self.replies]

@@ -4,6 +4,7 @@ states it must not mistake for it."""
 from __future__ import annotations
 
 import socket
+import time
 
 import pytest
 import trio
@@ -15,6 +16,7 @@ from faultnet.probe import ProbeKind, probe
 from faultnet.proxy import open_proxy
 from faultnet.sockopts import attach_drop_all, tcp_retransmits
 from faultnet.testing import accept_server, echo_server, open_link, read_exactly
+from faultnet.toxics import Latency
 
 #: Every test here runs on every data plane built here (tests/faultnet/conftest.py).
 pytestmark = pytest.mark.usefixtures("each_plane")
@@ -199,3 +201,25 @@ def test_syn_lossys_first_retry_window_ends_before_the_second_retry() -> None:
         schedule = controls.syn_retry_schedule(6, linear)
         low, high = controls._first_retry_window(schedule)
         assert low < schedule.retries_at[0] < high < schedule.retries_at[1]
+
+
+async def test_the_frozen_control_sees_delayed_bytes_across_a_stall() -> None:
+    """A loaded machine stalls the whole process past the window (the UDP silence
+    control passed a breakage that way: faultnet/udp/controls.py). With the proxy in
+    this process, a plain deadline then expires in the same pass as the proxy's timer,
+    before the bytes due inside the window can arrive, and a link that still forwards
+    (only delayed, 20 ms) passes for frozen. The stand-in for the stall: a task that
+    blocks the loop for 400 ms while the bytes wait out their delay (the window must
+    count the time this process ran, not the time it stalled)."""
+
+    async def stall() -> None:
+        await trio.sleep(0.005)  # the write is out, its delay under way
+        time.sleep(0.4)  # noqa: ASYNC251 - the stall itself: nothing in the loop runs
+
+    async with echo_server() as up, open_proxy(up) as proxy:
+        proxy.add_toxic(Latency("lat", "downstream", latency=20))
+        s = await trio.open_tcp_stream(*proxy.address)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stall)
+            with pytest.raises(ControlFailed, match="still forwards"):
+                await controls.assert_frozen(s, s, window=0.3)
