@@ -623,8 +623,8 @@ MODES: dict[str, Mode] = {
             "(a random socket filter), the proxy's own never; `both_ways=True`: the "
             "bytes cross an internal hop losing p of the segments each way, ACKs "
             "included, as a lossy route, and the client's probes and bare ACKs are lost "
-            "on its own leg as round trips (1 - (1 - p)^2), so its keepalive can give "
-            "up; retransmits reported",
+            "on its own leg (p (3 - p) / 2: between a probe's round trip and an ACK's "
+            "one way), so its keepalive can give up; retransmits reported",
             new_connections="unchanged (`include_new`)",
         ),
         Mode(

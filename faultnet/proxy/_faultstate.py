@@ -30,21 +30,21 @@ What a state wants is read off it:
   either stream has one (``loss(both_ways=True)`` sets both at once);
 * and two-way loss reaches the client's own connection too (its liveness): the
   client-side socket drops each *bare* segment the client sends (a keepalive or window
-  probe, a bare ACK: no payload, no SYN, FIN or RST) with 1 - (1 - p)^2, the chance
-  that on a route losing p each way a round trip loses the segment or its answer
-  (:func:`client_leg_loss`). The client's data and closes cross whole (the hop loses
-  them, once), and the proxy's kernel's own segments toward the client cannot be
-  dropped without CAP_NET_ADMIN, so a probe's lost answer is drawn as a lost probe: the
-  same to the client, whose kernel sees no answer either way. So an idle client's
-  keepalive (and TCP_USER_TIMEOUT over it) gives up about as often as through the
-  kernel's drop (the fidelity row, five runs of 64 a side: 42-56 % of connections died
-  against nft's 58-69 %; pooled 50 % against 62 %). Not modelled: a client's own data
-  retransmissions timing out (its data is never lost on its leg, only on the hop), the
-  likely share of the row's deaths faultnet lacks. A
-  filter cannot tell a probe from a bare ACK, so the client's ACKs are lost on its leg
-  too, on top of the hop's: downloads backed off in 43-44 % against 35-39 % without it
-  (the kernel's: 39-45 %, interleaved runs). One-way upstream loss, where it is in
-  force too, keeps its own filter (which loses the client's probes at its p);
+  probe, a bare ACK: no payload, no SYN, FIN or RST) with :func:`client_leg_loss`. The
+  client's data and closes cross whole (the hop loses them, once), and the proxy's
+  kernel's own segments toward the client cannot be dropped without CAP_NET_ADMIN, so a
+  probe's lost answer is drawn as a lost probe: the same to the client, whose kernel
+  sees no answer either way. A filter cannot tell a probe from a bare ACK, and the two
+  want different shares: a probe is answered on the client's leg, so a route losing p
+  each way loses its round trip with 1 - (1 - p)^2; an ACK's loss is already the hop's
+  (the hop's own ACKs cross it lossy), so each one the leg drops is lost a second time,
+  and the proxy's client socket then times out retransmitting what the client already
+  has (at 36 %: 1,270-1,406 such retransmits per 192 downloads, 130-150 more RTOs than
+  the kernel's route). So the share is between the two (see :func:`client_leg_loss`
+  for what each choice measured). Not modelled: a client's own data retransmissions
+  timing out (its data is never lost on its leg, only on the hop). One-way upstream
+  loss, where it is in force too, keeps its own filter (which loses the client's probes
+  at its p);
 * the label is one row of :data:`LABELS`.
 
 New connections start from :class:`NewConnectionFaults`: the ``include_new`` state of
@@ -325,9 +325,20 @@ def _bare_program(fraction: float) -> bpf.Program | None:
 
 def client_leg_loss(hop_loss: float) -> float:
     """The share of the client's bare segments the client-side socket drops under a
-    two-way loss of *hop_loss* each way: a round trip on such a route is lost when the
-    segment is or its answer is, 1 - (1 - p)^2 (20 % each way: 36 %)."""
-    return 1.0 - (1.0 - hop_loss) ** 2
+    two-way loss of *hop_loss* (p) each way: halfway between a probe's round trip on
+    such a route, 1 - (1 - p)^2 (the probe or its answer lost), and an ACK's one way,
+    p, which the hop already applies: p (3 - p) / 2, 28 % at 20 %.
+
+    Measured at 20 % both ways, the fidelity rows against nft's drop (interleaved runs,
+    each arm's total over the runs; "backed off" of 192 downloads a run, "died" of 64
+    keepalive connections): the round trip's 36 % backed off 407 of 960 downloads
+    against the kernel's 352 (+5.7 points; once 111 against 72 in a loaded suite run),
+    its connections died as the kernel's (105 against 108 of 192); p (20 %) backed off
+    272 of 768 against 305 (-4.3) but died 130 against 195 of 320 (-20 points); this
+    one, 28 %, backed off 379 of 960 against 403 (-2.5) and died 159 against 183 of 320
+    (-7.5), both within a run's binomial spread (three of those runs each beside
+    stress-ng on both CPUs: 79/91, 80/81, 74/78 downloads; 38/41, 30/39 deaths)."""
+    return hop_loss * (3.0 - hop_loss) / 2.0
 
 
 @dataclass

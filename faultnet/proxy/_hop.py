@@ -15,7 +15,7 @@ backs off as on a lossy route, while the upstream socket carries no loss filter 
 server sees the route's delays, not its drops. One hop carries both streams, as a route
 does (ACKs ride on the other way's data). The client's own connection is not spared:
 the client-facing socket loses the client's bare segments (its keepalive probes, its
-ACKs) as a route loses round trips, so its keepalive and TCP_USER_TIMEOUT can give up
+ACKs), so its keepalive and TCP_USER_TIMEOUT can give up
 (which directions, and how that matches the kernel's drop:
 faultnet/proxy/_faultstate.py).
 
