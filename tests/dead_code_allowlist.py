@@ -16,8 +16,8 @@ _.pytest_addoption
 _.pytest_configure
 _.pytest_report_header
 
-# Attributes set on third-party objects that read them: hypercorn's Config
-# (faultnet/server/api.py) and starlette's Router.
+# Attributes set on third-party objects that read them: hypercorn's Config (the tests'
+# upstream server, tests/faultnet/http_app.py) and starlette's Router.
 _.accesslog
 _.errorlog
 _.graceful_timeout

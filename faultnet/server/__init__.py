@@ -30,7 +30,7 @@ negative delays and sizes are a 400; a client's mistake is never a 5xx.
 from faultnet.lazyexports import lazy_exports
 
 # Imported on first use (PEP 562): the client commands import faultnet.server.client,
-# and importing this package must not bring starlette, hypercorn and trio with it
+# and importing this package must not bring starlette, h11 and trio with it
 # (0.34 s of every `faultnet proxies`, measured with -X importtime).
 #: Public name -> the module that defines it.
 _EXPORTS = {

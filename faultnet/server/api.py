@@ -1,7 +1,7 @@
 """The HTTP API: Toxiproxy's routes, bodies and errors, plus faultnet's modes.
 
 A Starlette ASGI app (:func:`create_app`) over a :class:`ProxyRegistry`, served by
-hypercorn's trio worker (:func:`serve_api`, :func:`open_server`). The OpenAPI document
+our own HTTP/1.1 server on trio and h11 (:func:`serve_api`, :func:`open_server`). The OpenAPI document
 is at ``GET /openapi.json``.
 
 Error contract: every error is ``{"error": <message>, "status": <code>}`` with
@@ -62,12 +62,10 @@ __all__ = ["RunningServer", "create_app", "open_server", "serve_api"]
 MAX_BODY_BYTES = 1 << 20
 #: A request body must arrive within this many seconds of the handler's first read.
 BODY_TIMEOUT_S = 10.0
-#: hypercorn closes a connection whose client sends nothing for this long mid-request
-#: (e.g. headers never finished). hypercorn's read timeout also runs while a connection
-#: is idle between requests, and when it fires there it stops reading but closes only
-#: at the keep-alive timeout: measured with 60 s against 120 s, a request sent after
-#: 60-120 s idle got no answer and then an RST. So the read timeout the server runs
-#: with is never under :data:`KEEP_ALIVE_TIMEOUT_S` (see :func:`serve_api`).
+#: A request's head must be complete this many seconds after its first byte, else the
+#: connection is closed. (Under hypercorn this timeout also ran while a connection was
+#: idle, and a request sent after it fired got no answer and then an RST; our server's
+#: idle wait is :data:`KEEP_ALIVE_TIMEOUT_S` alone.)
 READ_TIMEOUT_S = 60
 #: An idle keep-alive connection is closed after this many seconds. hypercorn's 5 s
 #: raced clients that reuse a pooled connection: a request sent as the close was on its
@@ -94,7 +92,7 @@ class _BodyRefused(ApiError):
     """An answer given without reading the request body to its end (413, 408).
 
     The connection cannot carry another request after it (the rest of the body is still
-    on its way), so hypercorn closes it; the answer says ``Connection: close`` so that a
+    on its way), so the server closes it; the answer says ``Connection: close`` so that a
     keep-alive client knows before sending its next request on it. Without the header a
     client that reused the connection lost that request whenever the close reached it
     late ("Server disconnected without sending a response").
@@ -708,34 +706,19 @@ async def serve_api(
     metrics: MetricsOptions = NO_METRICS,
     task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the API with hypercorn's trio worker until cancelled; report the base URL.
+    """Serve the API over HTTP/1.1 (:mod:`faultnet.server.http_server`) until
+    cancelled; report the base URL.
 
     In the registry's own loop by default; :func:`open_server` runs it in a thread of
     its own with *on_registry* hopping into the registry's loop."""
-    from hypercorn.config import Config
-    from hypercorn.trio import serve
+    from faultnet.server.http_server import HttpLimits, serve_http
 
-    config = Config()
-    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
-    config.accesslog = None
-    config.errorlog = None  # failures are answered and logged by the app itself
-    config.graceful_timeout = 1.0
-    # Past the keep-alive timeout, so an idle connection is closed, never left unread.
-    config.read_timeout = max(READ_TIMEOUT_S, KEEP_ALIVE_TIMEOUT_S + 1)
-    config.keep_alive_timeout = KEEP_ALIVE_TIMEOUT_S
-    # hypercorn's default is 100; a burst of clients (a fleet's bots all reconnecting)
-    # must queue, not be dropped.
-    config.backlog = 1024
-
-    class Started:
-        def started(self, binds: list[str] | None = None) -> None:
-            assert binds, "hypercorn reports the addresses it bound"
-            task_status.started(binds[0])
-
+    # Read here, not at import: tests scale the timeouts down.
+    limits = HttpLimits(keep_alive_s=KEEP_ALIVE_TIMEOUT_S, read_timeout_s=READ_TIMEOUT_S)
     app = create_app(
         registry, token, on_registry=on_registry, allow_hosts=allow_hosts, metrics=metrics
     )
-    await serve(app, config, task_status=Started())  # type: ignore[arg-type]
+    await serve_http(app, host, port, limits, task_status=task_status)
 
 
 @dataclass
@@ -747,7 +730,7 @@ class RunningServer:
 
 
 class _ApiThread:
-    """The API served by hypercorn in a thread with a trio loop of its own.
+    """The API served in a thread with a trio loop of its own.
 
     Why (issue 24 item 17): in one loop with the proxies, every checkpoint of a request
     (a dozen, from the accept to the last write) waited behind whatever the proxies had

@@ -1,7 +1,7 @@
 """The HTTP API end to end: every route, every error response, on real loopback sockets.
 
-The server runs in the test (the plugin's ``faultnet_server`` fixture: hypercorn's trio
-worker on a free port) and is driven with httpx; proxied connections are real sockets to
+The server runs in the test (the plugin's ``faultnet_server`` fixture: the API's own
+HTTP/1.1 server on a free port) and is driven with httpx; proxied connections are real sockets to
 a real echo server.
 """
 
