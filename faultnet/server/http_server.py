@@ -243,12 +243,14 @@ class _Server:
                 conn.receive_data(data)
             if not conn.trailing_data[0] and not conn.trailing_data[1]:
                 raise _Closed  # idle past the keep-alive: nothing was read, nothing lost
+        event = conn.next_event()  # a whole head in the first read: no timer needed
+        if event is not h11.NEED_DATA:
+            return event
         with trio.move_on_after(self.limits.read_timeout_s):
-            while True:
-                event = conn.next_event()
-                if event is not h11.NEED_DATA:
-                    return event
+            while event is h11.NEED_DATA:
                 conn.receive_data(await stream.receive_some(RECEIVE_BYTES))
+                event = conn.next_event()
+            return event
         raise _Closed  # the head stalled
 
     async def _request(
@@ -293,7 +295,14 @@ class _Server:
     async def _drain(self, conn: h11.Connection, stream: trio.SocketStream) -> bool:
         """Read and drop what the app left of the request body; whether the connection
         can carry another request (the body ended in bounds)."""
+        try:
+            if conn.their_state is h11.SEND_BODY:
+                conn.next_event()  # the end of a request with no body: no timer needed
+        except h11.RemoteProtocolError:
+            return False
         dropped = 0
+        if conn.their_state is not h11.SEND_BODY:
+            return conn.our_state is h11.DONE and conn.their_state is h11.DONE
         with trio.move_on_after(self.limits.read_timeout_s):
             while conn.their_state is h11.SEND_BODY and dropped <= DRAIN_MAX_BYTES:
                 try:
