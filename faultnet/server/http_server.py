@@ -302,7 +302,7 @@ class _Server:
             return False
         dropped = 0
         if conn.their_state is not h11.SEND_BODY:
-            return conn.our_state is h11.DONE and conn.their_state is h11.DONE
+            return _reusable(conn)
         with trio.move_on_after(self.limits.read_timeout_s):
             while conn.their_state is h11.SEND_BODY and dropped <= DRAIN_MAX_BYTES:
                 try:
@@ -313,7 +313,12 @@ class _Server:
                     data = await stream.receive_some(RECEIVE_BYTES)
                     conn.receive_data(data)
                     dropped += len(data)
-        return conn.our_state is h11.DONE and conn.their_state is h11.DONE
+        return _reusable(conn)
+
+
+def _reusable(conn: h11.Connection) -> bool:
+    """Whether *conn* is between requests: both sides done with the last one."""
+    return conn.states == {h11.CLIENT: h11.DONE, h11.SERVER: h11.DONE}
 
 
 def _scope(request: h11.Request, addresses: tuple[Any, Any]) -> dict[str, Any]:
