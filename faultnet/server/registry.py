@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import collections
 import secrets
-from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import trio
 
@@ -192,6 +192,8 @@ def parse_address(value: Any, what: str, *, default: str | None = None) -> Addre
 
 # -- proxies -----------------------------------------------------------------------------
 
+
+_T = TypeVar("_T")
 
 #: What a proxy may proxy: TCP (Toxiproxy's kind, the default) or UDP (an extension).
 PROTOCOLS = ("tcp", "udp")
@@ -570,30 +572,56 @@ class ProxyRegistry:
 
     # -- toxics --
 
+    def under_lock(self, fn: Callable[[], _T]) -> _T | Awaitable[_T]:
+        """*fn*'s result under the registry's lock. When the lock is free that is *fn*
+        called now, no await: nothing else runs in this loop meanwhile, so nothing the
+        lock guards can interleave (a toxic's add from the API's thread then costs no
+        task there, issue 36). Otherwise an awaitable of it, called once the lock is
+        had. Call it in the registry's loop."""
+        if not self._lock.locked():
+            return fn()
+        return self._when_locked(fn)
+
+    async def _when_locked(self, fn: Callable[[], _T]) -> _T:
+        async with self._lock:
+            return fn()
+
     async def add_toxic(self, proxy: str, body: Any) -> Toxic:
         async with self._lock:
-            mp = self.get(proxy)
-            try:
-                toxic = toxic_from_json(body, taken=lambda n: mp.find_toxic(n) is not None)
-            except ToxicError as exc:
-                raise ApiError(exc.status, exc.message) from None
-            mp.add_toxic(toxic)
-            return toxic
+            return self.locked_add_toxic(proxy, body)
+
+    def locked_add_toxic(self, proxy: str, body: Any) -> Toxic:
+        """:meth:`add_toxic`, the lock held (:meth:`under_lock`)."""
+        mp = self.get(proxy)
+        try:
+            toxic = toxic_from_json(body, taken=lambda n: mp.find_toxic(n) is not None)
+        except ToxicError as exc:
+            raise ApiError(exc.status, exc.message) from None
+        mp.add_toxic(toxic)
+        return toxic
 
     async def update_toxic(self, proxy: str, name: str, body: Any) -> Toxic:
         async with self._lock:
-            mp, toxic = self.get_toxic(proxy, name)
-            try:
-                attributes, toxicity = check_update(toxic, body)
-            except ToxicError as exc:
-                raise ApiError(exc.status, exc.message) from None
-            mp.update_toxic(toxic, attributes, toxicity)
-            return toxic
+            return self.locked_update_toxic(proxy, name, body)
+
+    def locked_update_toxic(self, proxy: str, name: str, body: Any) -> Toxic:
+        """:meth:`update_toxic`, the lock held (:meth:`under_lock`)."""
+        mp, toxic = self.get_toxic(proxy, name)
+        try:
+            attributes, toxicity = check_update(toxic, body)
+        except ToxicError as exc:
+            raise ApiError(exc.status, exc.message) from None
+        mp.update_toxic(toxic, attributes, toxicity)
+        return toxic
 
     async def remove_toxic(self, proxy: str, name: str) -> None:
         async with self._lock:
-            mp, toxic = self.get_toxic(proxy, name)
-            mp.remove_toxic(toxic.name)
+            self.locked_remove_toxic(proxy, name)
+
+    def locked_remove_toxic(self, proxy: str, name: str) -> None:
+        """:meth:`remove_toxic`, the lock held (:meth:`under_lock`)."""
+        mp, toxic = self.get_toxic(proxy, name)
+        mp.remove_toxic(toxic.name)
 
     # -- faultnet's modes --
 
