@@ -199,6 +199,20 @@ _T = TypeVar("_T")
 PROTOCOLS = ("tcp", "udp")
 
 
+class _Started:
+    """A task status that remembers it was reported (a proxy that fails after is
+    disabled, not raised). A class of its own, not one built per proxy's start: that
+    took 6 us of each create, of ~250 us (issue 36)."""
+
+    def __init__(self, task_status: trio.TaskStatus[Any]) -> None:
+        self.task_status = task_status
+        self.done = False
+
+    def started(self, value: Any = None) -> None:
+        self.done = True
+        self.task_status.started(value)
+
+
 class ManagedProxy:
     """One named proxy of the server (Toxiproxy's proxy object)."""
 
@@ -292,18 +306,11 @@ class ManagedProxy:
     async def _run(
         self, proxy: Proxy | UdpProxy, stopped: trio.Event, *, task_status: trio.TaskStatus[Any]
     ) -> None:
-        started = False
-
-        class Status:
-            def started(self, value: Any = None) -> None:
-                nonlocal started
-                started = True
-                task_status.started(value)
-
+        status = _Started(task_status)
         try:
-            await proxy.serve(task_status=Status())
+            await proxy.serve(task_status=status)
         except Exception as exc:
-            if not started:
+            if not status.done:
                 raise
             # A running proxy that fails is reported and disabled, never the server's end.
             self.registry.events.server.write("proxy_failed", name=self.name, error=repr(exc))
