@@ -22,6 +22,23 @@ from _pytest.outcomes import Skipped
 os.environ.setdefault("FAULTNET_STRICT_EVENTS", "1")
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Byte-compile the project's own packages once, in the controller, before any
+    worker starts. Where PYTHONDONTWRITEBYTECODE is set (this machine's environment
+    sets it) nothing writes bytecode for an editable install, so every process the
+    suite starts (servers, bots, CLIs: hundreds) compiled faultnet and harness from
+    source again: importing the server, CLI, fleet and bot took 0.74-1.02 s of CPU a
+    process, 0.60 s from bytecode. compileall writes whatever that variable says, and
+    skips what is already fresh; __pycache__ is git-ignored."""
+    import compileall
+
+    if hasattr(session.config, "workerinput"):
+        return  # an xdist worker: the controller did it
+    root = Path(__file__).resolve().parents[1]
+    for package in ("faultnet", "drivers", "harness"):
+        compileall.compile_dir(root / package, quiet=2, workers=0)
+
+
 def in_ci() -> bool:
     """CI sets CI=true: there a test whose third-party program is missing fails (the
     .ci/run script installs it), elsewhere it skips with the reason."""
