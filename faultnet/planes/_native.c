@@ -1014,11 +1014,15 @@ static void *run(void *arg) {
             int fd = evs[i].data.fd;
             if (fd < 0) { /* the core's own: one test per event for both */
                 uint64_t v;
-                if (fd == WAKE_ID && __atomic_load_n(&c->stopping, __ATOMIC_ACQUIRE))
-                    return NULL;
                 if (read(fd == WAKE_ID ? c->wake : c->tfd, &v, sizeof v) < 0) {
                     /* EAGAIN: another wake-up took it, or the timer was re-armed */
                 }
+                /* The flag after the read: core_join sets it, then writes, so a stop
+                 * this look misses wrote after the read and the wait wakes again. The
+                 * other order lost a stop that came between the look and the read (the
+                 * thread plane's twin hung a join under stress-ng). */
+                if (fd == WAKE_ID && __atomic_load_n(&c->stopping, __ATOMIC_SEQ_CST))
+                    return NULL;
                 if (fd == TIMER_ID) {
                     pthread_mutex_lock(&c->mu);
                     c->armed = 0; /* fired: run_timers arms it again, even for the same time */
@@ -1112,7 +1116,7 @@ static void core_join(CoreObject *c) {
     if (!c->running)
         return;
     uint64_t one = 1;
-    __atomic_store_n(&c->stopping, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&c->stopping, 1, __ATOMIC_SEQ_CST);
     if (write(c->wake, &one, sizeof one) < 0) {
         /* EAGAIN: a wake-up is pending already */
     }

@@ -833,13 +833,19 @@ class Plane:
 
     def _woken(self) -> None:
         """The wake-up eventfd fired: :meth:`stop` was called (raise :class:`_Stopped`),
-        or :meth:`add` wants the poll's timeout computed again (the loop does that)."""
-        if self._stopping:
-            raise _Stopped
+        or :meth:`add` wants the poll's timeout computed again (the loop does that).
+
+        The counter is read before the flag is looked at: :meth:`stop` sets the flag and
+        then writes, so a stop whose flag this look misses wrote after the read and the
+        poll wakes again. The other order lost a stop that came between the look and the
+        read (its write consumed, the thread back in a poll with no timeout, the join
+        waiting forever: a test's 120 s timeout under stress-ng)."""
         try:
             os.eventfd_read(self._wake)
         except BlockingIOError:
             pass
+        if self._stopping:
+            raise _Stopped
 
     def _next_timeout(self) -> float | None:
         """End the connects past their deadline; the poll's timeout until the next one

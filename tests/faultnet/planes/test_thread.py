@@ -111,3 +111,42 @@ async def test_the_write_check_goes_red_when_freeze_skips_the_lock(
     monkeypatch.setattr(dataplane.Link, "freeze", unlocked_freeze)
     at_return, final, early = await _freeze_during_a_write(monkeypatch)
     assert early and (at_return, final) == (0, 1)
+
+
+async def test_a_stop_between_the_wake_up_s_look_and_its_read_is_not_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The race made certain: the thread is woken (as add() wakes it), and its read of
+    the wake-up counter is held until a stop() in another thread has set its flag and
+    written. The thread must end and the stop return; with the flag looked at before
+    the read, the stop's write was consumed and the join waited forever."""
+    plane = dataplane.Plane()
+    plane.start(trio.lowlevel.current_trio_token())
+    written = threading.Event()
+    stopper: list[threading.Thread] = []
+    real_read, real_write = os.eventfd_read, os.eventfd_write
+
+    def write(fd: int, value: int) -> None:
+        real_write(fd, value)
+        if threading.current_thread() in stopper:
+            written.set()
+
+    def read(fd: int) -> int:
+        if threading.current_thread().name == "faultnet-dataplane" and not stopper:
+            stopper.append(threading.Thread(target=plane.stop, daemon=True))
+            stopper[0].start()
+            assert written.wait(10), "stop() did not write its wake-up"
+        return real_read(fd)
+
+    fake_os = types.SimpleNamespace(
+        **{name: getattr(os, name) for name in dir(os) if not name.startswith("__")}
+    )
+    fake_os.eventfd_read, fake_os.eventfd_write = read, write
+    monkeypatch.setattr(dataplane, "os", fake_os)
+    real_write(plane._wake, 1)  # a wake-up, as add() makes
+    assert await trio.to_thread.run_sync(written.wait, 10), "the thread never woke"
+    await trio.to_thread.run_sync(stopper[0].join, 10)
+    if stopper[0].is_alive():
+        real_write(plane._wake, 1)  # let the lost stop through, then fail
+        await trio.to_thread.run_sync(stopper[0].join, 10)
+        pytest.fail("the stop was lost: the thread went back to its poll")
