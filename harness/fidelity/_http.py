@@ -8,7 +8,10 @@ aiohttp with aiohttp-retry (4 attempts, the same statuses, and connection errors
 timeouts retried). What it saw is its outcome class (``answered 503``, or the
 exception it raised: what a caller's ``except`` sees), how long it took, and, counted
 on the other side (nginx's access log, the toxic's own count of the requests it
-matched), how many requests it made: its retries.
+matched, its proxy's of the connections it accepted), how many requests it made (its
+retries) and on how many connections (a pool that kept its connection, or one that
+had to open another: a server that closes after an answer without saying so makes
+every client open one, whether or not it first sends a request into the closed one).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ RETRY_STATUSES = (502, 503, 504)
 CONNECT_TIMEOUT_S = 5.0
 
 #: A client's view of one GET: ``outcome``, ``seconds``, ``detail`` (and, added by the
-#: row, ``requests``: how many the server side saw).
+#: row, ``requests`` and ``connections``: how many the server side saw).
 Seen = dict[str, Any]
 #: A client: the URL and its read timeout (seconds) in, what it saw out.
 Client = Callable[[str, float], Seen]
@@ -107,11 +110,16 @@ CLIENTS: Mapping[str, Client] = {
 
 def same_outcome(sample: Mapping[str, Any], asked: Mapping[str, float]) -> str | None:
     """The toxic's client saw what nginx's did: the same outcome class, after the same
-    number of requests (its retries). None when so, else what differs."""
+    number of requests (its retries), made on as many connections. None when so, else
+    what differs."""
     real, toxic = sample["nginx"], sample["toxic"]
     if min(real["requests"], toxic["requests"]) < 1:  # every client makes one at least
         return f"requests counted: {toxic['requests']} by the toxic, {real['requests']} by nginx"
-    for key, what in (("outcome", "outcome"), ("requests", "requests made")):
+    for key, what in (
+        ("outcome", "outcome"),
+        ("requests", "requests made"),
+        ("connections", "connections opened"),
+    ):
         if toxic[key] != real[key]:
             return f"{what}: {toxic[key]} through the toxic, {real[key]} from nginx"
     return None

@@ -22,7 +22,9 @@ urllib3's Retry, aiohttp with aiohttp-retry) GETs a path once from nginx doing t
 itself (:class:`~harness.fidelity._world.Nginx`: ``return 503``, an upstream that
 closes mid-body or never answers, ``limit_rate``) and once through the toxic in front
 of nginx serving that path whole; the two must end alike, after the same number of
-requests (counted by nginx's access log and by the toxic). A pair row's breakage is
+requests (counted by nginx's access log and by the toxic), on as many connections
+(nginx's log again, and the toxic's proxy: a client that keeps a connection alive
+through nginx's fault must be able to through the toxic). A pair row's breakage is
 measured: the toxic asked another thing (a 500, a cut past the body's end, twice the
 rate, one request held instead of every one) must not end alike.
 """
@@ -76,12 +78,14 @@ Promise = Callable[[Sample, Asked], "str | None"]
 
 class Ports(NamedTuple):
     """Where a row's client connects: the proxy with the row's toxic, and a proxy to
-    the same server with none (the matched arm); and how many requests the toxic's
-    rule has matched so far (an HTTP toxic's; 0 for any other)."""
+    the same server with none (the matched arm); how many requests the toxic's rule
+    has matched so far (an HTTP toxic's; 0 for any other), and how many connections
+    the toxic's proxy has accepted."""
 
     toxic: int
     plain: int
     matched: Callable[[], int] = lambda: 0
+    opened: Callable[[], int] = lambda: 0
 
 
 class ToxicServers:
@@ -450,20 +454,30 @@ def _read_up_to(s: socket.socket, n: int) -> int:
 
 def _http_get(client: str, path: str, read_timeout: float) -> tuple[Workload, Reference]:
     """A pair row's two measurements: *client*'s GET of *path* (read timeout
-    *read_timeout* s) through the toxic, its requests counted by the toxic; and the
-    same GET from nginx doing the fault itself, its requests counted by nginx."""
+    *read_timeout* s) through the toxic, its requests counted by the toxic and its
+    connections by the toxic's proxy; and the same GET from nginx doing the fault
+    itself, both counted by nginx."""
     get = CLIENTS[client]
 
     def through_toxic(ports: Ports, servers: ToxicServers) -> Sample:
-        before = ports.matched()
+        requests, connections = ports.matched(), ports.opened()
         seen = get(f"http://{HOST}:{ports.toxic}{path}", read_timeout)
-        return {**seen, "requests": ports.matched() - before}
+        return {
+            **seen,
+            "requests": ports.matched() - requests,
+            "connections": ports.opened() - connections,
+        }
 
     def from_nginx(servers: ToxicServers) -> Sample:
         nginx = servers.nginx
-        before = nginx.requests(path)
+        before = nginx.served(path)
         seen = get(f"http://{HOST}:{nginx.fault_port}{path}", read_timeout)
-        return {**seen, "requests": nginx.requests(path) - before}
+        after = nginx.served(path)
+        return {
+            **seen,
+            "requests": after.requests - before.requests,
+            "connections": after.connections - before.connections,
+        }
 
     return through_toxic, from_nginx
 
@@ -700,7 +714,7 @@ TOXIC_CASES: tuple[ToxicCase, ...] = (
         toxicity=0.5,
     ),
     # The HTTP toxics, each against nginx doing the same fault (the pair rows): the same
-    # client sees the same outcome after the same number of requests.
+    # client sees the same outcome after the same number of requests, on as many connections.
     *_against_nginx("http_abort", {"status": 503}, "/abort", "`return 503`", ({"status": 500},)),
     *_against_nginx(
         "http_truncate",
@@ -787,7 +801,9 @@ def _measure(
         toxicity = asked.pop("toxicity", case.toxicity)
         toxic = TOXICS[case.toxic](stream="downstream", toxicity=toxicity, **asked)
         proxy.call_sync("add_toxic", toxic)
-        ports = Ports(proxy.port, plain.port, lambda: int(getattr(toxic, "matched", 0)))
+        ports = Ports(
+            proxy.port, plain.port, lambda: int(getattr(toxic, "matched", 0)), proxy.opened
+        )
         sample = case.workload(ports, servers)
     return sample if real is None else {"nginx": real, "toxic": sample}
 

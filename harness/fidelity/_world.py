@@ -22,11 +22,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 
 from faultnet.errors import EnvironmentProblem
+from faultnet.eventlog import JsonlWriter
+from faultnet.events import EVENTS
 from faultnet.proxy import Proxy
 from faultnet.testing import recv_until
 from faultnet.udp.proxy import UdpProxy
@@ -36,6 +38,7 @@ __all__ = [
     "KernelFault",
     "Nginx",
     "ProxyThread",
+    "Served",
     "enter_private_netns",
     "free_port",
     "http_server",
@@ -454,7 +457,7 @@ pid {dir}/nginx.pid;
 events {{ worker_connections 256; }}
 http {{
     default_type application/octet-stream;
-    log_format rows '$request_uri $status';
+    log_format rows '$request_uri $status $connection';
     access_log off;
     server {{
         listen {host}:{fault};
@@ -496,6 +499,13 @@ class _DyingUpstream(_ThreadedServer):
                 pass
 
 
+class Served(NamedTuple):
+    """What a server saw of a path: its requests, and the connections they came on."""
+
+    requests: int
+    connections: int
+
+
 class Nginx:
     """A throwaway nginx (see :func:`nginx_server`): ``fault_port`` does each HTTP fault
     itself, ``plain_port`` serves the same paths whole (a toxic's upstream):
@@ -517,10 +527,11 @@ class Nginx:
         self._log = directory / "fault.log"
         self._syncs = 0
 
-    def requests(self, path: str) -> int:
+    def served(self, path: str) -> Served:
         """How many requests for *path* ``fault_port`` has had, every one the caller's
-        client has finished with included (its access log; nginx writes a request's
-        line once it is done with it, answered or given up by its client).
+        client has finished with included, and on how many connections (its access
+        log: nginx writes a request's line, with its connection's serial number, once
+        it is done with it, answered or given up by its client).
 
         The log is read after a request of our own for ``/sync`` is in it: nginx runs
         one worker, which handles its events in the order they came, so a request its
@@ -535,12 +546,14 @@ class Nginx:
         deadline = time.monotonic() + 5
         while True:
             lines = self._log.read_text().splitlines()
-            if f"{token} 204" in lines:
+            if any(line.startswith(f"{token} 204") for line in lines):
                 break
             if time.monotonic() > deadline:
                 raise EnvironmentProblem(f"nginx did not log {token} within 5 s")
             time.sleep(0.005)  # polling nginx's log for our own line, bounded above
-        return sum(1 for line in lines if line.split("?", 1)[0].split(" ", 1)[0] == path)
+        rows = [line.split(" ") for line in lines]
+        mine = [row for row in rows if row[0].split("?", 1)[0] == path]
+        return Served(len(mine), len({row[2] for row in mine}))
 
 
 def nginx_path() -> str | None:
@@ -596,11 +609,26 @@ def nginx_server() -> Iterator[Nginx]:
 # -- faultnet --
 
 
+class _CountingLog(JsonlWriter):
+    """A proxy's event log that keeps no record but counts the connections accepted
+    (``conn_open``: written when one is accepted, before a byte of it is carried)."""
+
+    def __init__(self) -> None:
+        super().__init__(None, vocabulary=EVENTS)
+        self.opened = 0
+
+    def write(self, event: str, **fields: Any) -> dict[str, Any]:
+        if event == "conn_open":
+            self.opened += 1
+        return super().write(event, **fields)
+
+
 class ProxyThread:
     """A faultnet proxy to *upstream* (a TCP one, or with *protocol* ``udp`` a UDP one),
     run by trio on a thread of its own, so that the clients (blocking libraries,
     subprocesses) run on the caller's. :meth:`call` runs one of the proxy's fault
-    methods and returns when it has (total on return)."""
+    methods and returns when it has (total on return); :meth:`opened` counts the
+    connections a TCP one has accepted."""
 
     def __init__(self, upstream_port: int, protocol: str = "tcp") -> None:
         self._protocol = protocol
@@ -609,6 +637,7 @@ class ProxyThread:
         self._token: trio.lowlevel.TrioToken | None = None
         self.proxy: Proxy | UdpProxy | None = None
         self._error: BaseException | None = None
+        self._log = _CountingLog()
         self._thread = threading.Thread(target=self._main, args=(upstream_port,), daemon=True)
         self._thread.start()
         if not self._ready.wait(10) or self.proxy is None:
@@ -622,9 +651,9 @@ class ProxyThread:
             self._token = trio.lowlevel.current_trio_token()
             proxy: Proxy | UdpProxy
             if self._protocol == "udp":
-                proxy = UdpProxy((HOST, upstream_port), (HOST, 0))
+                proxy = UdpProxy((HOST, upstream_port), (HOST, 0), event_log=self._log)
             else:
-                proxy = Proxy((HOST, upstream_port), (HOST, 0))
+                proxy = Proxy((HOST, upstream_port), (HOST, 0), event_log=self._log)
             async with trio.open_nursery() as nursery:
                 await nursery.start(proxy.serve)
                 self.proxy = proxy
@@ -637,6 +666,11 @@ class ProxyThread:
         except BaseException as exc:  # reported by __init__ or close
             self._error = exc
             self._ready.set()
+
+    def opened(self) -> int:
+        """How many connections the proxy has accepted so far: every one a client has
+        had answered through it included (each is counted before it is carried)."""
+        return self._log.opened
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         assert self.proxy is not None

@@ -37,13 +37,16 @@ def test_each_http_toxic_fails_as_nginx_does_and_its_breakage_does_not(
     check_toxic_row(case, servers)
 
 
+@pytest.mark.parametrize("client", sorted(CLIENTS))
 def test_the_abort_row_tells_an_abort_that_closes_without_saying_so(
-    servers: ToxicServers, monkeypatch: pytest.MonkeyPatch
+    client: str, servers: ToxicServers, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Issue 33, 2: an abort that closed the connection without `Connection: close`.
-    # urllib3 then sends its retry on the pooled connection the proxy closed: fewer
-    # requests reach the toxic, or requests raises ConnectionError. It races the FIN
-    # (measured: red in 5 runs of 6), so up to 5 runs, the first red one ending it.
+    # A client may send its retry into the closed connection (fewer requests reach the
+    # toxic, or requests raises ConnectionError) or see the FIN first and open another;
+    # which of the two is a race (on a loaded machine the FIN wins, and the outcome and
+    # requests match nginx's). Either way it opens a connection per request where nginx's
+    # keep-alive 503 kept one (measured: 4 or 2 against 1, every run): one run tells.
     answer = http_session._answer
 
     def closes_unsaid(*args: Any) -> tuple[bytes, bool]:
@@ -51,13 +54,9 @@ def test_the_abort_row_tells_an_abort_that_closes_without_saying_so(
         return data, True
 
     monkeypatch.setattr(http_session, "_answer", closes_unsaid)
-    case = next(c for c in PAIRS if c.toxic == "http_abort" and "urllib3" in c.name)
-    seen = []
-    for _ in range(5):
-        seen.append(run_toxic(case, servers).verdict)
-        if not seen[-1].same:
-            return
-    raise AssertionError(f"kept in every run: {[v.text for v in seen]}")
+    case = next(c for c in PAIRS if c.toxic == "http_abort" and f", {client}:" in c.name)
+    row = run_toxic(case, servers)
+    assert not row.verdict.same, row.seen
 
 
 def test_every_http_fault_a_server_makes_has_a_row_for_each_client() -> None:
@@ -71,8 +70,15 @@ def test_every_http_fault_a_server_makes_has_a_row_for_each_client() -> None:
         assert c.server == "nginx" and c.breakages, c.name
 
 
-def _side(outcome: str, requests: int, seconds: float = 1.0) -> dict[str, Any]:
-    return {"outcome": outcome, "requests": requests, "seconds": seconds}
+def _side(
+    outcome: str, requests: int, seconds: float = 1.0, connections: int = 1
+) -> dict[str, Any]:
+    return {
+        "outcome": outcome,
+        "requests": requests,
+        "seconds": seconds,
+        "connections": connections,
+    }
 
 
 @pytest.mark.parametrize(
@@ -82,6 +88,8 @@ def _side(outcome: str, requests: int, seconds: float = 1.0) -> dict[str, Any]:
         # Same outcome, another number of retries: different.
         (_side("RetryError", 4), _side("RetryError", 3), same_outcome, False),
         (_side("answered 503", 4), _side("answered 500", 4), same_outcome, False),
+        # The same, but a connection opened for each request where nginx kept one.
+        (_side("answered 503", 4), _side("answered 503", 4, connections=4), same_outcome, False),
         # A side that counted nothing is no evidence (every client makes one request).
         (_side("answered 200", 0), _side("answered 200", 0), same_outcome, False),
         (_side("answered 200", 1, 1.0), _side("answered 200", 1, 0.95), same_pace, True),
@@ -90,7 +98,7 @@ def _side(outcome: str, requests: int, seconds: float = 1.0) -> dict[str, Any]:
         (_side("answered 200", 1, 1.0), _side("ReadTimeout", 1, 1.0), same_pace, False),
     ],
 )
-def test_a_pair_is_the_same_only_in_outcome_requests_and_pace(
+def test_a_pair_is_the_same_only_in_outcome_requests_connections_and_pace(
     nginx: dict[str, Any], toxic: dict[str, Any], judge: Any, same: bool
 ) -> None:
     assert (judge({"nginx": nginx, "toxic": toxic}, {}) is None) is same
