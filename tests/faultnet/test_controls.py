@@ -205,21 +205,24 @@ def test_syn_lossys_first_retry_window_ends_before_the_second_retry() -> None:
 
 async def test_the_frozen_control_sees_delayed_bytes_across_a_stall() -> None:
     """A loaded machine stalls the whole process past the window (the UDP silence
-    control passed a breakage that way: faultnet/udp/controls.py). With the proxy in
-    this process, a plain deadline then expires in the same pass as the proxy's timer,
-    before the bytes due inside the window can arrive, and a link that still forwards
-    (only delayed, 20 ms) passes for frozen. The stand-in for the stall: a task that
-    blocks the loop for 400 ms while the bytes wait out their delay (the window must
-    count the time this process ran, not the time it stalled)."""
+    control passed a breakage that way: faultnet/udp/controls.py). A plain deadline
+    then expires in the first pass after the stall, before bytes due inside the window
+    (counted in the time this process ran) can arrive, and a link that still forwards,
+    only delayed, passes for frozen. The stand-in for the stall: once the upstream has
+    echoed the probe, a task blocks the loop for 400 ms; the echo is delayed 450 ms
+    (on the plane's thread, which the stall does not stop), so it arrives 50 ms after
+    the stall, past a plain 300 ms deadline (red on either plane), while the process
+    has run ~30 ms of its window (at least 230 ms to spare)."""
 
-    async def stall() -> None:
-        await trio.sleep(0.005)  # the write is out, its delay under way
+    async def echo_then_stall(server: trio.SocketStream) -> None:
+        await server.send_all(await server.receive_some(65536))
         time.sleep(0.4)  # noqa: ASYNC251 - the stall itself: nothing in the loop runs
 
-    async with echo_server() as up, open_proxy(up) as proxy:
-        proxy.add_toxic(Latency("lat", "downstream", latency=20))
+    async with accept_server() as (up, accepted), open_proxy(up) as proxy:
+        proxy.add_toxic(Latency("lat", "downstream", latency=450))
         s = await trio.open_tcp_stream(*proxy.address)
+        server = await accepted.receive()
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(stall)
+            nursery.start_soon(echo_then_stall, server)
             with pytest.raises(ControlFailed, match="still forwards"):
                 await controls.assert_frozen(s, s, window=0.3)
