@@ -5,6 +5,7 @@ No root: the rows run on this process's loopback (harness/fidelity/_toxics.py)."
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 
 import pytest
@@ -32,6 +33,23 @@ def test_each_toxic_keeps_its_promise_and_its_judge_tells_a_breakage(
     case: ToxicCase, servers: ToxicServers
 ) -> None:
     check_toxic_row(case, servers)
+
+
+def test_the_echo_server_sends_each_echo_at_once(servers: ToxicServers) -> None:
+    # Nagle on the server's side held an echo for the last one's ACK: whole periods
+    # added to the rows' round trips, on either arm (harness/fidelity/_world.py).
+    with socket.create_connection(("127.0.0.1", servers.echo.port), timeout=5) as s:
+        s.sendall(b"m")
+        assert s.recv(1) == b"m"  # its connection's thread is past its setup
+        (conn,) = [c for c in servers.echo._conns if _peer(c) == s.getsockname()]
+        assert conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+
+
+def _peer(conn: socket.socket) -> object:
+    try:
+        return conn.getpeername()
+    except OSError:  # an earlier row's, gone
+        return None
 
 
 def test_every_byte_toxic_and_toxicity_has_a_row() -> None:
