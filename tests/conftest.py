@@ -103,7 +103,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Refuse a collection in which two tests share a node id. pytest-xdist (the suite
-    runs on two workers: pyproject.toml) schedules by node id, and of the 23 tests that
+    runs on several workers: pyproject.toml) schedules by node id, and of the 23 tests that
     schemathesis's ``schema.parametrize()`` made under one id it ran 1 and reported the
     run green."""
     shared = sorted(n for n, k in Counter(item.nodeid for item in items).items() if k > 1)

@@ -11,7 +11,7 @@ asked (it must hold) and against the row's breakage, a promise the toxic was not
 (its delay doubled, another rate, ...), which must not: a judge that cannot tell the
 two apart is no judge.
 
-The bounds are CI's, not the bench's: each holds under the suite's own load (two
+The bounds are CI's, not the bench's: each holds under the suite's own load (its
 workers on two shared cores), stated with the distribution it was set from; the tight
 figures (latency within asked + 0.3 ms, bandwidth within 0.97-1.03) are the bench's
 targets (``scripts/bench``). No root: nothing here makes a kernel fault.
