@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from harness.fidelity import Observation, judge
-from harness.fidelity._observe import CHECKS, classify, dispersion, share_bound
+from harness.fidelity._observe import CHECKS, Verdict, classify, confirmed, dispersion, share_bound
 
 REF = Observation("ETIMEDOUT", 3.0, segs_in_after=0)
 
@@ -170,6 +170,48 @@ def test_a_share_whose_turns_spread_beyond_chance_is_inconclusive_not_different(
     assert v.text.startswith(verdict), v
     assert v.inconclusive == verdict.startswith("inconclusive")
     assert v.same == (verdict == "same")
+
+
+Turns = tuple[list[int], list[int]]
+
+
+@pytest.mark.parametrize(
+    "first,second,verdict",
+    [
+        # Different in one sample, not in the next: the row's two samples disagree.
+        (([13] * 6, [21] * 6), ([13] * 6, [14] * 6), "inconclusive: a first sample: different"),
+        (([13] * 6, [21] * 6), ([4, 22] * 3, [12, 30] * 3), "inconclusive: a first sample"),
+        # Different in both: different, the first named too.
+        (([13] * 6, [21] * 6), ([13] * 6, [22] * 6), "different share backed off"),
+        # The same at once: not measured again.
+        (([13] * 6, [13] * 6), None, "same"),
+    ],
+)
+def test_a_share_judged_different_stands_only_if_a_second_sample_differs_too(
+    first: Turns, second: Turns | None, verdict: str
+) -> None:
+    measured: list[Turns] = []
+
+    def again() -> Verdict:
+        assert second is not None, "measured again"
+        measured.append(second)
+        return judge(_downloads(second[0]), _downloads(second[1]))
+
+    v = confirmed(judge(_downloads(first[0]), _downloads(first[1])), again)
+    assert v.text.startswith(verdict), v
+    assert len(measured) == (second is not None)
+    assert v.inconclusive == verdict.startswith("inconclusive")
+    assert v.same == (verdict == "same")
+    if not v.same and not v.inconclusive:
+        assert "the first sample too: different share" in v.text
+
+
+@pytest.mark.parametrize(
+    "faultnet", [Observation("hang", None), Observation("ETIMEDOUT", 6.4, segs_in_after=0)]
+)
+def test_a_different_outcome_or_time_is_not_measured_again(faultnet: Observation) -> None:
+    v = confirmed(judge(REF, faultnet), lambda: pytest.fail("measured again"))
+    assert not v.same and not v.inconclusive
 
 
 def test_the_dispersion_is_about_one_for_binomial_turns() -> None:
