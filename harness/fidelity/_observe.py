@@ -51,8 +51,9 @@ SHARE_Z = 3.29
 #: *inconclusive*, not different: the row's turns disagree with each other as much as
 #: with the other side, and more tries in quieter turns would decide it.
 #:
-#: The turns alternate sides seconds apart, so a load that moves slowly falls on both;
-#: one that moves both sides apart for a whole sample does not show in phi. Measured:
+#: The sides take turns (kernel, faultnet, faultnet, kernel, ...), so a load that moves
+#: between turns falls on both and widens phi; one that holds the sides apart for a
+#: whole sample does not show in phi. Measured:
 #: the two-way loss row's ``unfinished`` downloads, 3-15 of 192 through nft and 9-17
 #: through faultnet in 9 samples (quiet, and beside stress-ng --cpu 2), were once 25
 #: against 2 in a quiet whole-suite run, every kernel turn (2-7) above every faultnet

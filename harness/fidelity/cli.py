@@ -4,7 +4,8 @@ Runs every case, TCP and UDP (or those of the modes or protocol given), in a net
 namespace of its own, the kernel's version of each fault against faultnet's, and prints
 one row per pair. Example: python -m harness.fidelity --protocol udp
 Exit 0 when no judged pair differs (an inconclusive share, one the load moved between a
-side's own turns, is printed and not counted), 1 when one differs, 2 for usage or
+side's own turns or that a second sample of the row did not show again, is printed and
+not counted), 1 when one differs, 2 for usage or
 environment (not root, iproute2 or nftables missing, a server that did not start).
 """
 
