@@ -220,8 +220,9 @@ class EchoServer(_ThreadedServer):
             # Each echo sent at once, as the proxy sends (no Nagle): a small echo held
             # until the last one's ACK, which rides on the next message, came back a
             # whole period late. Measured, the latency rows' 1 ms pacing beside
-            # stress-ng --cpu 2: an arm's median 1 ms high in 5 samples of 15 (once the
-            # plain arm's alone: 4.08 ms added in a CI run); with it, 0 of 15.
+            # stress-ng --cpu 2: an arm's median a period high in 4 samples of 15 (the
+            # toxic arm's in each, the plain arm's too in one; in a CI run the plain
+            # arm's alone: 4.08 ms added, red); with it, 0 of 15.
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             while data := conn.recv(65536):
                 if data.startswith(b"GET "):
