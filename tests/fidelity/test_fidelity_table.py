@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from typing import Any
 
 import pytest
@@ -23,6 +24,14 @@ def _table(rows: list[dict[str, Any]]) -> str:
         f"{r['verdict']}"
         for r in rows
     )
+
+
+def _warn_inconclusive(rows: list[dict[str, Any]]) -> None:
+    """A warning for each judged row that is inconclusive: a passing test prints no
+    rows, and these are the runs whose figures say what the load did."""
+    for r in rows:
+        if r["judged"] and r["inconclusive"]:
+            warnings.warn(f"inconclusive row: {_table([r])}", UserWarning, stacklevel=2)
 
 
 def _require_root() -> None:
@@ -55,9 +64,29 @@ def test_every_mode_fails_as_the_kernels_own_version_of_it() -> None:
     assert set(MODES) - set(NOT_HELD) <= modes, table
     # An inconclusive row (a share its own turns spread over as widely as the other
     # side's: the load moved) is shown in the table, not counted as a difference.
+    _warn_inconclusive(rows)
     differ = [r for r in rows if r["judged"] and not r["same"] and not r["inconclusive"]]
     assert not differ, table
     assert done.returncode == 0, table
+
+
+def test_an_inconclusive_row_is_a_warning_with_both_sides_figures() -> None:
+    def row(unfinished: int, verdict: str) -> dict[str, Any]:
+        return {
+            "mode": "loss",
+            "client": "downloads",
+            "kernel": {"counts": {"unfinished": 25}},
+            "faultnet": {"counts": {"unfinished": unfinished}},
+            "verdict": verdict,
+            "judged": True,
+            "inconclusive": verdict.startswith("inconclusive"),
+        }
+
+    with pytest.warns(UserWarning) as seen:
+        _warn_inconclusive([row(2, "inconclusive: a first sample: ..."), row(24, "same")])
+    (only,) = seen
+    assert "{'unfinished': 25}" in str(only.message)
+    assert "{'unfinished': 2}" in str(only.message)
 
 
 def test_help_describes_the_exit_codes() -> None:
