@@ -31,11 +31,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 __all__ = [
+    "ProcessActivity",
     "ProcessIdentity",
     "StopOutcome",
     "StopReport",
     "children",
     "fd_count",
+    "read_activity",
     "read_cmdline",
     "read_start_time",
     "read_stat",
@@ -79,6 +81,53 @@ def read_start_time(pid: int) -> int | None:
     rest = stat[stat.rindex(")") + 2 :].split()
     # rest[0] is field 3 (state); field 22 is starttime.
     return int(rest[19])
+
+
+#: ``/proc/PID/stat`` field 3 in words (proc(5)); R covers waiting for a CPU as well.
+_STATES = {
+    "R": "running",
+    "S": "sleeping",
+    "D": "in an uninterruptible wait",
+    "T": "stopped",
+    "t": "stopped by a tracer",
+    "Z": "exited (not yet reaped)",
+}
+
+
+@dataclass(frozen=True)
+class ProcessActivity:
+    """What a process was doing when read: its scheduler state (``/proc/PID/stat`` field
+    3), the CPU it has used (user + system), how long it has lived, and the kernel
+    function its main thread waits in (``/proc/PID/wchan``; "" when on a CPU or unread)."""
+
+    state: str
+    cpu_s: float
+    age_s: float
+    wchan: str
+
+    def __str__(self) -> str:
+        words = _STATES.get(self.state, f"in state {self.state}")
+        where = f" in {self.wchan}" if self.wchan else ""
+        return f"{words}{where}, {self.cpu_s:.2f} s of CPU in its {self.age_s:.1f} s"
+
+
+def read_activity(pid: int) -> ProcessActivity | None:
+    """The activity of *pid* now, or None if it is gone."""
+    stat = read_stat(pid)
+    if stat is None:
+        return None
+    rest = stat[stat.rindex(")") + 2 :].split()  # rest[0] is field 3; field N is rest[N - 3]
+    tick = os.sysconf("SC_CLK_TCK")
+    try:
+        wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
+    except OSError:
+        wchan = ""
+    return ProcessActivity(
+        state=rest[0],
+        cpu_s=(int(rest[11]) + int(rest[12])) / tick,  # utime, stime
+        age_s=time.clock_gettime(time.CLOCK_BOOTTIME) - int(rest[19]) / tick,
+        wchan="" if wchan == "0" else wchan,  # "0": on a CPU, waiting in nothing
+    )
 
 
 def read_cmdline(pid: int) -> list[str] | None:

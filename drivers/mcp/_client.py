@@ -54,6 +54,7 @@ from ._errors import (
     ProtocolError,
     ProtocolVersionError,
     RPCError,
+    server_words,
 )
 from ._framing import DEFAULT_MAX_LINE_BYTES, LineFramer, Oversize
 from ._inbox import (
@@ -559,10 +560,10 @@ class MCPDriver:
                 await pending.done.wait()
             if not pending.done.is_set():
                 self._abandoned.add(rid)
-                note = self._problem_note(t0)
+                note = self._problem_note(t0) + self._server_note()
                 if cancellable:
                     await self._send_cancel(rid, f"timeout after {timeout:g} s")
-                raise CallTimeout(pending.method, timeout, rid, note)
+                raise CallTimeout(pending.method, timeout, rid, note, self.pid)
             return pending.result()
         except trio.Cancelled:
             if not pending.done.is_set() and cancellable:
@@ -582,6 +583,10 @@ class MCPDriver:
             return ""
         kinds = ", ".join(sorted({p.kind for p in recent}))
         return f"; meanwhile {len(recent)} stdout line(s) were unusable ({kinds})"
+
+    def _server_note(self) -> str:
+        # Read when the wait runs out, before anything else is done to the server.
+        return server_words(self.pid, self._proc.stderr_tail(3))
 
     async def initialize(
         self,
@@ -623,7 +628,8 @@ class MCPDriver:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             raise self._dead() from None
         except trio.TooSlowError:
-            raise CallTimeout("notifications/initialized", timeout, 0) from None
+            note = self._server_note()
+            raise CallTimeout("notifications/initialized", timeout, 0, note, self.pid) from None
         return result
 
     async def list_tools(self, *, timeout: float | None = None) -> list[dict[str, Any]]:

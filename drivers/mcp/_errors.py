@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from faultnet.procs import read_activity
+
 __all__ = [
     "CallTimeout",
     "MCPDriverError",
@@ -71,12 +73,16 @@ class CallTimeout(MCPDriverError, TimeoutError):
 
     The driver has already sent ``notifications/cancelled`` for the request (except for
     ``initialize``, which the protocol forbids cancelling) and forgotten it: a late
-    answer is recorded as such and otherwise ignored. The driver stays usable.
+    answer is recorded as such and otherwise ignored. The driver stays usable. The
+    message says what the server was doing when the wait ran out (see
+    :func:`server_words`); ``server_pid`` is its PID.
     """
 
     kind = "timeout"
 
-    def __init__(self, method: str, timeout: float, request_id: int, note: str = "") -> None:
+    def __init__(
+        self, method: str, timeout: float, request_id: int, note: str = "", server_pid: int = 0
+    ) -> None:
         super().__init__(
             f"{method}: no answer within {timeout:g} s (request id {request_id}); "
             f"cancellation sent{note}"
@@ -86,6 +92,23 @@ class CallTimeout(MCPDriverError, TimeoutError):
         self.method = method
         self.timeout = timeout
         self.request_id = request_id
+        self.server_pid = server_pid
+
+
+def stderr_words(stderr_tail: Sequence[str]) -> str:
+    """``; last stderr: a | b`` (or ``; no stderr``), the end of a message about a server."""
+    tail = " | ".join(stderr_tail)
+    return f"; last stderr: {tail}" if tail else "; no stderr"
+
+
+def server_words(pid: int, stderr_tail: Sequence[str]) -> str:
+    """What a server that has not answered was doing, for the end of a message:
+    ``; the server (pid N) is sleeping in do_epoll_wait, 1.52 s of CPU in its 21.3 s;
+    last stderr: ...``. Waiting, on a CPU (or waiting for one) and stopped read apart, so
+    a silent server says whether it was stuck, starved, busy or frozen."""
+    activity = read_activity(pid)
+    state = "gone" if activity is None else str(activity)
+    return f"; the server (pid {pid}) is {state}{stderr_words(stderr_tail)}"
 
 
 class ProcessExited(MCPDriverError):
@@ -105,10 +128,7 @@ class ProcessExited(MCPDriverError):
             if returncode is None
             else f"exited with code {returncode}"
         )
-        tail = " | ".join(stderr_tail)
-        super().__init__(
-            f"server (pid {pid}) {status}" + (f"; last stderr: {tail}" if tail else "; no stderr")
-        )
+        super().__init__(f"server (pid {pid}) {status}{stderr_words(stderr_tail)}")
         self.pid = pid
         self.returncode = returncode
         self.stderr_tail = list(stderr_tail)

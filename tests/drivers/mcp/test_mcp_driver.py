@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -353,6 +354,29 @@ async def test_start_failures(tmp_path: Path) -> None:
         async with open_mcp([sys.executable, "-c", code]):
             pass
     assert exited.value.returncode == 4
+
+
+@pytest.mark.parametrize(
+    ("code", "state"),
+    [
+        ("import time; time.sleep(60)", "sleeping in "),
+        ("while True: pass", "running"),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGSTOP)", "stopped"),
+    ],
+)
+async def test_a_handshake_timeout_says_what_the_server_was_doing(code: str, state: str) -> None:
+    """A silent server is told apart by what it was doing when the wait ran out: waiting
+    (and where in the kernel), on the CPU, or stopped; with the CPU it had used and what it
+    last said on stderr. (A CI run's bot once gave no answer in 20 s, and said no more.)"""
+    said = "import sys\nprint('booting', file=sys.stderr, flush=True)\n"
+    with pytest.raises(CallTimeout) as timeout:
+        server = [sys.executable, "-c", said + code]
+        async with open_mcp(server, handshake_timeout=1.0, close_timeouts=FAST_CLOSE):
+            pass
+    message = str(timeout.value)
+    assert f"the server (pid {timeout.value.server_pid}) is {state}" in message, message
+    assert re.search(r"[\d.]+ s of CPU in its [\d.]+ s", message), message
+    assert message.endswith("; last stderr: booting"), message
 
 
 def _children() -> set[int]:
