@@ -563,7 +563,7 @@ class MCPDriver:
                 note = self._problem_note(t0) + self._server_note()
                 if cancellable:
                     await self._send_cancel(rid, f"timeout after {timeout:g} s")
-                raise CallTimeout(pending.method, timeout, rid, note, self.pid)
+                raise CallTimeout(pending.method, timeout, rid, self.pid, note)
             return pending.result()
         except trio.Cancelled:
             if not pending.done.is_set() and cancellable:
@@ -629,7 +629,7 @@ class MCPDriver:
             raise self._dead() from None
         except trio.TooSlowError:
             note = self._server_note()
-            raise CallTimeout("notifications/initialized", timeout, 0, note, self.pid) from None
+            raise CallTimeout("notifications/initialized", timeout, 0, self.pid, note) from None
         return result
 
     async def list_tools(self, *, timeout: float | None = None) -> list[dict[str, Any]]:

@@ -81,7 +81,7 @@ class CallTimeout(MCPDriverError, TimeoutError):
     kind = "timeout"
 
     def __init__(
-        self, method: str, timeout: float, request_id: int, note: str = "", server_pid: int = 0
+        self, method: str, timeout: float, request_id: int, server_pid: int, note: str = ""
     ) -> None:
         super().__init__(
             f"{method}: no answer within {timeout:g} s (request id {request_id}); "
@@ -104,8 +104,9 @@ def stderr_words(stderr_tail: Sequence[str]) -> str:
 def server_words(pid: int, stderr_tail: Sequence[str]) -> str:
     """What a server that has not answered was doing, for the end of a message:
     ``; the server (pid N) is sleeping in do_epoll_wait, 1.52 s of CPU in its 21.3 s;
-    last stderr: ...``. Waiting, on a CPU (or waiting for one) and stopped read apart, so
-    a silent server says whether it was stuck, starved, busy or frozen."""
+    last stderr: ...``. The state tells a server waiting on something from one on (or
+    queued for) a CPU and from a stopped one; the CPU it has used over its age tells a
+    busy server from a starved one."""
     activity = read_activity(pid)
     state = "gone" if activity is None else str(activity)
     return f"; the server (pid {pid}) is {state}{stderr_words(stderr_tail)}"
