@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import warnings
 from typing import Any
 
@@ -34,6 +35,21 @@ def _warn_inconclusive(rows: list[dict[str, Any]]) -> None:
             warnings.warn(f"inconclusive row: {_table([r])}", UserWarning, stacklevel=2)
 
 
+def _rows_of_a_passing_run(done: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
+    """The rows of a ``--json`` fidelity run, asserting that no judged row differs. An
+    inconclusive row (a share its own turns spread over as widely as the other side's, or
+    that a second sample did not show again: the load moved) is a warning, not a
+    difference, as the run's own exit code has it."""
+    assert done.returncode in (0, 1), done.stderr
+    rows: list[dict[str, Any]] = json.loads(done.stdout)["rows"]
+    table = _table(rows)
+    _warn_inconclusive(rows)
+    differ = [r for r in rows if r["judged"] and not r["same"] and not r["inconclusive"]]
+    assert not differ, table
+    assert done.returncode == 0, table
+    return rows
+
+
 def _require_root() -> None:
     if os.geteuid() == 0:
         return
@@ -57,18 +73,9 @@ def test_every_mode_fails_as_the_kernels_own_version_of_it() -> None:
     done = run_module(
         "harness.fidelity", "--json", "--judged-only", "--protocol", "tcp", timeout=400
     )
-    assert done.returncode in (0, 1), done.stderr
-    rows = json.loads(done.stdout)["rows"]
-    table = _table(rows)
+    rows = _rows_of_a_passing_run(done)
     modes = {r["mode"] for r in rows if r["judged"]}
-    assert set(MODES) - set(NOT_HELD) <= modes, table
-    # An inconclusive row (a share its own turns spread over as widely as the other
-    # side's, or that a second sample did not show again: the load moved) is shown
-    # as a warning, not counted as a difference.
-    _warn_inconclusive(rows)
-    differ = [r for r in rows if r["judged"] and not r["same"] and not r["inconclusive"]]
-    assert not differ, table
-    assert done.returncode == 0, table
+    assert set(MODES) - set(NOT_HELD) <= modes, _table(rows)
 
 
 def test_an_inconclusive_row_is_a_warning_with_both_sides_figures() -> None:
@@ -88,6 +95,27 @@ def test_an_inconclusive_row_is_a_warning_with_both_sides_figures() -> None:
     (only,) = seen
     assert "{'unfinished': 25}" in str(only.message)
     assert "{'unfinished': 2}" in str(only.message)
+
+
+def test_a_run_passes_with_an_inconclusive_row_and_fails_with_a_different_one() -> None:
+    def run(verdict: str, code: int) -> subprocess.CompletedProcess[str]:
+        row = {
+            "mode": "loss",
+            "client": "datagrams",
+            "kernel": {},
+            "faultnet": {},
+            "verdict": verdict,
+            "judged": True,
+            "same": verdict == "same",
+            "inconclusive": verdict.startswith("inconclusive"),
+        }
+        return subprocess.CompletedProcess([], code, json.dumps({"rows": [row]}), "")
+
+    assert len(_rows_of_a_passing_run(run("same", 0))) == 1
+    with pytest.warns(UserWarning, match="inconclusive row"):
+        _rows_of_a_passing_run(run("inconclusive: a first sample: ...", 0))
+    with pytest.raises(AssertionError, match="share 0.40"):
+        _rows_of_a_passing_run(run("different: share 0.40", 1))
 
 
 def test_help_describes_the_exit_codes() -> None:
