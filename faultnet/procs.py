@@ -37,7 +37,6 @@ __all__ = [
     "StopReport",
     "children",
     "fd_count",
-    "read_activity",
     "read_cmdline",
     "read_start_time",
     "read_stat",
@@ -111,25 +110,6 @@ class ProcessActivity:
         return f"{words}{where}, {self.cpu_s:.2f} s of CPU in its {self.age_s:.1f} s"
 
 
-def read_activity(pid: int) -> ProcessActivity | None:
-    """The activity of *pid* now, or None if it is gone."""
-    stat = read_stat(pid)
-    if stat is None:
-        return None
-    rest = stat[stat.rindex(")") + 2 :].split()  # rest[0] is field 3; field N is rest[N - 3]
-    tick = os.sysconf("SC_CLK_TCK")
-    try:
-        wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
-    except OSError:
-        wchan = ""
-    return ProcessActivity(
-        state=rest[0],
-        cpu_s=(int(rest[11]) + int(rest[12])) / tick,  # utime, stime
-        age_s=time.clock_gettime(time.CLOCK_BOOTTIME) - int(rest[19]) / tick,
-        wchan="" if wchan == "0" else wchan,  # "0": on a CPU, waiting in nothing
-    )
-
-
 def read_cmdline(pid: int) -> list[str] | None:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -192,6 +172,27 @@ class ProcessIdentity:
             return False
         stat = read_stat(self.pid)  # None: reaped since the line above
         return stat is not None and stat[stat.rindex(")") + 2] != "Z"
+
+    def activity(self) -> ProcessActivity | None:
+        """What this process is doing now, from one read of ``/proc/PID/stat``; None once
+        it is gone (reaped, or its PID now another process's)."""
+        stat = read_stat(self.pid)
+        if stat is None:
+            return None
+        rest = stat[stat.rindex(")") + 2 :].split()  # rest[0] is field 3; field N is rest[N - 3]
+        if int(rest[19]) != self.start_time:
+            return None
+        tick = os.sysconf("SC_CLK_TCK")
+        try:
+            wchan = Path(f"/proc/{self.pid}/wchan").read_text().strip()
+        except OSError:
+            wchan = ""
+        return ProcessActivity(
+            state=rest[0],
+            cpu_s=(int(rest[11]) + int(rest[12])) / tick,  # utime, stime
+            age_s=time.clock_gettime(time.CLOCK_BOOTTIME) - self.start_time / tick,
+            wchan="" if wchan == "0" else wchan,  # "0": on a CPU, waiting in nothing
+        )
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)

@@ -586,7 +586,7 @@ class MCPDriver:
 
     def _server_note(self) -> str:
         # Read when the wait runs out, before anything else is done to the server.
-        return server_words(self.pid, self._proc.stderr_tail(3))
+        return server_words(self._proc.identity, self._proc.stderr_tail(3))
 
     async def initialize(
         self,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from faultnet.procs import read_activity
+from faultnet.procs import ProcessIdentity
 
 __all__ = [
     "CallTimeout",
@@ -101,15 +101,15 @@ def stderr_words(stderr_tail: Sequence[str]) -> str:
     return f"; last stderr: {tail}" if tail else "; no stderr"
 
 
-def server_words(pid: int, stderr_tail: Sequence[str]) -> str:
+def server_words(server: ProcessIdentity, stderr_tail: Sequence[str]) -> str:
     """What a server that has not answered was doing, for the end of a message:
     ``; the server (pid N) is sleeping in do_epoll_wait, 1.52 s of CPU in its 21.3 s;
     last stderr: ...``. The state tells a server waiting on something from one on (or
     queued for) a CPU and from a stopped one; the CPU it has used over its age tells a
     busy server from a starved one."""
-    activity = read_activity(pid)
+    activity = server.activity()
     state = "gone" if activity is None else str(activity)
-    return f"; the server (pid {pid}) is {state}{stderr_words(stderr_tail)}"
+    return f"; the server (pid {server.pid}) is {state}{stderr_words(stderr_tail)}"
 
 
 class ProcessExited(MCPDriverError):

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -63,6 +64,22 @@ def test_a_pid_with_another_start_time_is_never_signalled() -> None:
         assert not signal_exact(recycled, signal.SIGKILL)
         assert stop_exact(recycled).outcome == "not-ours"
         assert p.poll() is None, "a process that merely shares the PID was signalled"
+
+
+def test_activity_describes_the_recorded_process_and_never_a_pid_s_new_owner() -> None:
+    # 0.2 s of CPU, then asleep: the CPU figure is the process's own.
+    spin = "import time\nwhile time.process_time() < 0.2: pass\nprint('ready', flush=True)\n"
+    with child([sys.executable, "-c", spin + "time.sleep(60)"]) as (p, real):
+        assert p.stdout is not None and p.stdout.readline() == b"ready\n"
+        deadline = time.monotonic() + 10  # from its print into its sleep
+        while (now := real.activity()) and now.state == "R" and time.monotonic() < deadline:
+            time.sleep(0.001)
+        # /proc counts whole clock ticks (10 ms): 0.19 s read for these 0.2 s.
+        assert now is not None and now.state == "S" and 0.15 <= now.cpu_s <= now.age_s, now
+        assert str(now).startswith("sleeping"), now
+        recycled = dataclasses.replace(real, start_time=real.start_time - 1)
+        assert recycled.activity() is None
+    assert real.activity() is None  # reaped
 
 
 def test_breaking_the_start_time_check_signals_the_stranger(
