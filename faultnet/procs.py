@@ -55,6 +55,13 @@ def read_stat(pid: int) -> str | None:
         return None
 
 
+def _field(stat: str, n: int) -> str:
+    """Field *n* (numbered from 1, as proc(5) does; 3 or above) of a ``/proc/PID/stat``
+    line. comm (field 2) may hold spaces and parentheses: fields are split after its
+    last ')'."""
+    return stat[stat.rindex(")") + 2 :].split()[n - 3]
+
+
 def children(pid: int) -> list[int]:
     """The processes whose parent is *pid* (``/proc/PID/stat`` field 4), running or not
     yet reaped, whichever of its threads started them: every process's stat is read."""
@@ -66,7 +73,7 @@ def children(pid: int) -> list[int]:
             stat = (entry / "stat").read_text()
         except OSError:
             continue  # gone since the listing
-        if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+        if int(_field(stat, 4)) == pid:  # the parent
             out.append(int(entry.name))
     return out
 
@@ -76,10 +83,7 @@ def read_start_time(pid: int) -> int | None:
     stat = read_stat(pid)
     if stat is None:
         return None
-    # comm (field 2) may hold spaces and parentheses: split after the last ')'.
-    rest = stat[stat.rindex(")") + 2 :].split()
-    # rest[0] is field 3 (state); field 22 is starttime.
-    return int(rest[19])
+    return int(_field(stat, 22))  # starttime
 
 
 #: ``/proc/PID/stat`` field 3 in words (proc(5)); R covers waiting for a CPU as well.
@@ -171,7 +175,7 @@ class ProcessIdentity:
         if read_start_time(self.pid) != self.start_time:
             return False
         stat = read_stat(self.pid)  # None: reaped since the line above
-        return stat is not None and stat[stat.rindex(")") + 2] != "Z"
+        return stat is not None and _field(stat, 3) != "Z"
 
     def activity(self) -> ProcessActivity | None:
         """What this process is doing now, from one read of ``/proc/PID/stat``; None once
@@ -179,8 +183,7 @@ class ProcessIdentity:
         stat = read_stat(self.pid)
         if stat is None:
             return None
-        rest = stat[stat.rindex(")") + 2 :].split()  # rest[0] is field 3; field N is rest[N - 3]
-        if int(rest[19]) != self.start_time:
+        if int(_field(stat, 22)) != self.start_time:
             return None
         tick = os.sysconf("SC_CLK_TCK")
         try:
@@ -188,8 +191,8 @@ class ProcessIdentity:
         except OSError:
             wchan = ""
         return ProcessActivity(
-            state=rest[0],
-            cpu_s=(int(rest[11]) + int(rest[12])) / tick,  # utime, stime
+            state=_field(stat, 3),
+            cpu_s=(int(_field(stat, 14)) + int(_field(stat, 15))) / tick,  # utime, stime
             age_s=time.clock_gettime(time.CLOCK_BOOTTIME) - self.start_time / tick,
             wchan="" if wchan == "0" else wchan,  # "0": on a CPU, waiting in nothing
         )
