@@ -78,17 +78,23 @@ def test_every_mode_fails_as_the_kernels_own_version_of_it() -> None:
     assert set(MODES) - set(NOT_HELD) <= modes, _table(rows)
 
 
+def _row(verdict: str, kernel: dict[str, Any], faultnet: dict[str, Any]) -> dict[str, Any]:
+    """A judged row as a ``--json`` run gives it, for the tests of the table's rule."""
+    return {
+        "mode": "loss",
+        "client": "downloads",
+        "kernel": kernel,
+        "faultnet": faultnet,
+        "verdict": verdict,
+        "judged": True,
+        "same": verdict == "same",
+        "inconclusive": verdict.startswith("inconclusive"),
+    }
+
+
 def test_an_inconclusive_row_is_a_warning_with_both_sides_figures() -> None:
     def row(unfinished: int, verdict: str) -> dict[str, Any]:
-        return {
-            "mode": "loss",
-            "client": "downloads",
-            "kernel": {"counts": {"unfinished": 25}},
-            "faultnet": {"counts": {"unfinished": unfinished}},
-            "verdict": verdict,
-            "judged": True,
-            "inconclusive": verdict.startswith("inconclusive"),
-        }
+        return _row(verdict, {"counts": {"unfinished": 25}}, {"counts": {"unfinished": unfinished}})
 
     with pytest.warns(UserWarning) as seen:
         _warn_inconclusive([row(2, "inconclusive: a first sample: ..."), row(24, "same")])
@@ -99,17 +105,8 @@ def test_an_inconclusive_row_is_a_warning_with_both_sides_figures() -> None:
 
 def test_a_run_passes_with_an_inconclusive_row_and_fails_with_a_different_one() -> None:
     def run(verdict: str, code: int) -> subprocess.CompletedProcess[str]:
-        row = {
-            "mode": "loss",
-            "client": "datagrams",
-            "kernel": {},
-            "faultnet": {},
-            "verdict": verdict,
-            "judged": True,
-            "same": verdict == "same",
-            "inconclusive": verdict.startswith("inconclusive"),
-        }
-        return subprocess.CompletedProcess([], code, json.dumps({"rows": [row]}), "")
+        rows = [_row(verdict, {}, {})]
+        return subprocess.CompletedProcess([], code, json.dumps({"rows": rows}), "")
 
     assert len(_rows_of_a_passing_run(run("same", 0))) == 1
     with pytest.warns(UserWarning, match="inconclusive row"):
