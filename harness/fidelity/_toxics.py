@@ -393,10 +393,15 @@ def _await_end(s: socket.socket, bound: float) -> tuple[float, int, str]:
 
 def _message_then_end(ports: Ports, servers: ToxicServers) -> Sample:
     """A message sent on a fresh connection; the time from the connect to the end of
-    the connection, how it ended, and what came back before it."""
+    the connection, how it ended, and what came back before it.
+
+    Timed from before the connect: the proxy starts the toxic's clock when it accepts,
+    which can come before this thread runs again after connect() returns (CI read 0.2999
+    s of a 300 ms reset_peer that way), so a clock read after it can miss part of the
+    wait; read before it, the time is never short, and at most a connect long."""
+    t0 = time.monotonic()
     s = _connect(ports.toxic)
     try:
-        t0 = time.monotonic()
         s.sendall(b"m" * FRAME)
         t1, got, how = _await_end(s, 10)
         return {"seconds": t1 - t0, "bytes": got, "how": how}

@@ -6,16 +6,20 @@ No root: the rows run on this process's loopback (harness/fidelity/_toxics.py)."
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 
 from faultnet.toxics import TOXICS
+from harness.fidelity import _toxics
 from harness.fidelity._toxics import (
     TOXIC_CASES,
     ToxicCase,
     ToxicServers,
     ks_uniform,
+    run_toxic,
     toxic_servers,
 )
 from tests.fidelity._toxic_rows import check_toxic_row, row_param
@@ -84,3 +88,26 @@ def test_ks_uniform_is_the_largest_gap_between_the_two_distribution_functions(
     values: list[float], low: float, high: float, distance: float
 ) -> None:
     assert ks_uniform(values, low, high) == pytest.approx(distance, abs=0.002)
+
+
+@pytest.mark.parametrize("toxic", ["timeout", "reset_peer"])
+def test_a_client_held_up_after_its_connect_still_sees_the_whole_wait(
+    toxic: str, servers: ToxicServers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # CI's red (stop 44): reset_peer 300 ms "ended after 0.2999 s". The proxy starts the
+    # toxic's clock when it accepts, which can come before a loaded client thread reads
+    # its clock after connect() returns; so the wait is timed from before the connect.
+    # Here the client is held 50 ms after each connect, as a descheduled thread is.
+    connect = _toxics._connect
+
+    def held_up(port: int, timeout: float = 5.0) -> socket.socket:
+        s = connect(port, timeout)
+        time.sleep(0.05)  # the scenario: the thread not run for 50 ms
+        return s
+
+    monkeypatch.setattr(_toxics, "_connect", held_up)
+    (case,) = [
+        c for c in TOXIC_CASES if c.toxic == toxic and c.workload is _toxics._message_then_end
+    ]
+    row = run_toxic(replace(case, attempts=1), servers)
+    assert row.verdict.same, f"{case.name}: {row.verdict.text} ({row.seen})"
