@@ -159,8 +159,10 @@ async def test_expect_100_continue_is_answered_when_the_app_reads() -> None:
 async def test_a_stalled_head_is_closed_after_the_read_timeout() -> None:
     limits = HttpLimits(keep_alive_s=30, read_timeout_s=0.5)
     async with _served(limits) as (url, _), await _connect(url) as stream:
-        await stream.send_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never finished
+        # The clock read before the send: the server's timer starts when it reads the
+        # head's first part, which can come before this task runs again after send_all.
         t0 = trio.current_time()
+        await stream.send_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # never finished
         assert await _read_all(stream) == b""
         assert trio.current_time() - t0 >= 0.5
 
@@ -168,9 +170,11 @@ async def test_a_stalled_head_is_closed_after_the_read_timeout() -> None:
 async def test_an_idle_connection_is_closed_with_a_fin_after_the_keep_alive() -> None:
     limits = HttpLimits(keep_alive_s=0.5, read_timeout_s=5)
     async with _served(limits) as (url, _), await _connect(url) as stream:
+        # The clock read before the request: the keep-alive starts when the server has
+        # sent its answer, which is before this task reads it.
+        t0 = trio.current_time()
         await stream.send_all(_req("GET", "/x"))
         await _read_answer(stream, b"GET /x ")
-        t0 = trio.current_time()
         assert await _read_all(stream) == b""  # a FIN: an RST would raise here
         assert trio.current_time() - t0 >= 0.5
 
