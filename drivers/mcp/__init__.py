@@ -14,6 +14,7 @@ for the command line.
 
 from . import _errors
 from ._client import (
+    HANDSHAKE_TIMEOUT_S,
     HANDSHAKE_VERSIONS,
     LATEST_HANDSHAKE_VERSION,
     MCPDriver,
@@ -33,6 +34,7 @@ __all__ = [
     "CALL_LOG_ENV",
     "DEFAULT_MAX_LINE_BYTES",
     "DEFAULT_MAX_NOTIFICATIONS",
+    "HANDSHAKE_TIMEOUT_S",
     "HANDSHAKE_VERSIONS",
     "LATEST_HANDSHAKE_VERSION",
     "OUTCOMES",

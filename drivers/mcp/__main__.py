@@ -18,7 +18,13 @@ import trio
 from faultnet.cliargs import positive_number
 from faultnet.errors import EnvironmentProblem, UsageError, fail
 
-from ._client import HANDSHAKE_VERSIONS, LATEST_HANDSHAKE_VERSION, MCPDriver, open_mcp
+from ._client import (
+    HANDSHAKE_TIMEOUT_S,
+    HANDSHAKE_VERSIONS,
+    LATEST_HANDSHAKE_VERSION,
+    MCPDriver,
+    open_mcp,
+)
 from ._errors import MCPDriverError, RPCError
 from ._record import CALL_LOG_ENV, resolve_dir
 
@@ -57,8 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
         ("--timeout", 10.0, "per-request timeout in seconds (default 10)"),
         (
             "--handshake-timeout",
-            20.0,
-            "timeout for the initialize answer (default 20; SDK servers take seconds)",
+            HANDSHAKE_TIMEOUT_S,
+            f"timeout for the initialize answer (default {HANDSHAKE_TIMEOUT_S:g}: a"
+            " server's start is its imports, seconds for an SDK server, more on a loaded"
+            " machine)",
         ),
     ):
         parser.add_argument(flag, type=positive_number, default=default, metavar="S", help=text)

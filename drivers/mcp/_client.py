@@ -84,6 +84,20 @@ __all__ = [
 HANDSHAKE_VERSIONS: tuple[str, ...] = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 LATEST_HANDSHAKE_VERSION = HANDSHAKE_VERSIONS[-1]
 
+#: How long a server has to answer ``initialize`` unless told otherwise. A start is the
+#: server's imports (an MCP SDK server reads hundreds of files): the machine's CPU and
+#: disk, not the server's logic. Measured for the reference bot (an SDK server): 1-2.5 s
+#: idle; three at once beside stress-ng on both CPUs (load 5-8), 8.6-18.8 s; three fleet
+#: runs side by side under the same (load 7-10), 2.8-23.2 s (p90 20.0, 45 starts). And
+#: over 20 s with 0.86 s of CPU spent, the rest in an uninterruptible wait in
+#: ext4_read_bh: this machine drops file pages though memory is free (a fresh venv's
+#: files found uncached minutes after they were written), and the report test's
+#: Chromium, started cold, reads ~13,000 blocks in ~8 s (0.03-0.29 s a read, per-second
+#: means), a process starting beside it waiting behind them. The former 20 s failed
+#: suite runs under load and beside that Chromium; 60 s is 2.6x the longest start
+#: measured to its end, and the MCP TypeScript SDK's own default request timeout.
+HANDSHAKE_TIMEOUT_S = 60.0
+
 #: JSON-RPC "method not found": our answer to server requests we do not support.
 METHOD_NOT_FOUND = -32601
 
@@ -808,7 +822,7 @@ async def open_mcp(
     call_log_dir: str | os.PathLike[str] | None = None,
     timeout: float = 10.0,
     *,
-    handshake_timeout: float = 20.0,
+    handshake_timeout: float = HANDSHAKE_TIMEOUT_S,
     protocol_version: str = LATEST_HANDSHAKE_VERSION,
     capabilities: dict[str, Any] | None = None,
     close_timeouts: CloseTimeouts = DEFAULT_CLOSE_TIMEOUTS,
@@ -818,8 +832,9 @@ async def open_mcp(
     """Start the server ``argv``, run the handshake, yield the driver; close it on exit.
 
     ``env`` replaces the child's environment (None: inherit). ``timeout`` is the default
-    per-request timeout; the handshake has its own, longer one (the official SDK takes
-    1-2.5 s to answer initialize on an idle machine). The call record goes to
+    per-request timeout; the handshake has its own, longer one
+    (:data:`HANDSHAKE_TIMEOUT_S`: a server's start is its imports, 1-2.5 s for the
+    official SDK on an idle machine, tens of seconds on a loaded one or a cold disk). The call record goes to
     ``call_log_dir`` or ``$FAULTNET_CALL_LOG_DIR`` (neither: no record). The inbox keeps
     the newest ``max_notifications`` notifications and counts the ones it drops.
 

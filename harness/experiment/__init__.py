@@ -65,7 +65,6 @@ from harness.experiment._scenario import (
 from harness.experiment._timescale import (
     BOT_ENV,
     BOT_FLOORS,
-    HANDSHAKE_S,
     REAL,
     TimeScale,
     time_scale_from,
@@ -87,7 +86,6 @@ __all__ = [
     "EXIT_ENV",
     "EXIT_FAILED",
     "EXIT_OK",
-    "HANDSHAKE_S",
     "REAL",
     "BotHandle",
     "Check",

@@ -40,7 +40,7 @@ from harness.env import EnvState
 from harness.experiment._contract import parse_botevents
 from harness.experiment._helpers import RunProblem, unique_nick
 from harness.experiment._result import Result
-from harness.experiment._timescale import HANDSHAKE_S, TimeScale
+from harness.experiment._timescale import TimeScale
 
 __all__ = ["BotHandle", "Context"]
 
@@ -314,12 +314,12 @@ class Context:
                 # A post waits at most the confirmation budget; anything past this is a
                 # hung call, and the experiments pass their own tighter bound anyway.
                 timeout=self.scale.bound(60, floor=30),
-                handshake_timeout=HANDSHAKE_S,
             ) as drv:
                 entered = True
                 # A start is the machine's load, not the experiment's time: the attempt's
                 # bound (scaled scenario time) does not pay for it. Each start is bounded
-                # on its own (HANDSHAKE_S), so the bound stays finite.
+                # on its own (the driver's HANDSHAKE_TIMEOUT_S, at every time scale),
+                # so the bound stays finite.
                 if self.backstop is not None:
                     self.backstop.deadline += trio.current_time() - t0
                 handle = BotHandle(drv, nick, label, self)

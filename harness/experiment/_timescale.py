@@ -27,7 +27,6 @@ from dataclasses import dataclass
 __all__ = [
     "BOT_ENV",
     "BOT_FLOORS",
-    "HANDSHAKE_S",
     "REAL",
     "TimeScale",
     "time_scale_from",
@@ -72,15 +71,6 @@ BOT_FLOORS: dict[str, float] = {
     "pong_timeout": 0.5,
     "reconnect_base": 0.05,
 }
-
-#: How long BOT_BIN has to answer ``initialize``, at every time scale: a start is the
-#: bot's CPU (the SDK bot imports the MCP SDK), not scenario time. 1-2.5 s on an idle
-#: machine (2.1-2.4 s at load 2); three at once, stress-ng on both CPUs, load 5-8:
-#: 8.6-18.8 s (median 12.2, 18 starts); the three fleet runs of tests/harness/
-#: test_fleet.py side by side under the same, load 7-10: process start to answered
-#: 2.8-23.2 s (median 14.5, p90 20.0, 45 starts in 4 runs). The former 20 s floor failed
-#: a suite run; 60 s is ~2.6x the worst seen.
-HANDSHAKE_S = 60.0
 
 MIN_FACTOR = 0.005
 MAX_FACTOR = 10.0

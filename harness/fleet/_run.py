@@ -27,6 +27,7 @@ from typing import Any
 
 import trio
 
+from drivers.mcp import HANDSHAKE_TIMEOUT_S
 from faultnet.chaos import JoinLog, Plan, PlanError, Runner, draw, make_plan
 from faultnet.errors import CommandError, EnvironmentProblem, UsageError, fail
 from faultnet.eventlog import JsonlWriter, read_jsonl
@@ -34,7 +35,6 @@ from faultnet.interrupts import cancel_on_signals
 from harness.experiment import (
     EXIT_ENV,
     EXIT_OK,
-    HANDSHAKE_S,
     BotHandle,
     Context,
     RunProblem,
@@ -261,7 +261,7 @@ async def _drive(fleet: Fleet, plan: Plan, attempted: int) -> list[float]:
         # Each bot's start (answered initialize, then connected) is bounded on its own;
         # they go STARTING_AT_ONCE at a time. The former 60 s + 3 s a bot ran out with
         # three runs side by side under stress-ng: 12.7-23.2 s a bot, one at a time.
-        bound = math.ceil(len(specs) / STARTING_AT_ONCE) * (HANDSHAKE_S + ctx.connect_bound)
+        bound = math.ceil(len(specs) / STARTING_AT_ONCE) * (HANDSHAKE_TIMEOUT_S + ctx.connect_bound)
         started = 0
         try:
             with trio.fail_after(bound):
