@@ -834,9 +834,10 @@ async def open_mcp(
     ``env`` replaces the child's environment (None: inherit). ``timeout`` is the default
     per-request timeout; the handshake has its own, longer one
     (:data:`HANDSHAKE_TIMEOUT_S`: a server's start is its imports, 1-2.5 s for the
-    official SDK on an idle machine, tens of seconds on a loaded one or a cold disk). The call record goes to
-    ``call_log_dir`` or ``$FAULTNET_CALL_LOG_DIR`` (neither: no record). The inbox keeps
-    the newest ``max_notifications`` notifications and counts the ones it drops.
+    official SDK on an idle machine, tens of seconds on a loaded one or a cold disk).
+    The call record goes to ``call_log_dir`` or ``$FAULTNET_CALL_LOG_DIR`` (neither: no
+    record). The inbox keeps the newest ``max_notifications`` notifications and counts
+    the ones it drops.
 
     Raises :class:`StartError`, :class:`ProtocolVersionError`, :class:`CallTimeout`,
     :class:`ProcessExited`, :class:`RPCError` from the start and handshake (after

@@ -398,7 +398,7 @@ def _message_then_end(ports: Ports, servers: ToxicServers) -> Sample:
     Timed from before the connect: the proxy starts the toxic's clock when it accepts,
     which can come before this thread runs again after connect() returns (CI read 0.2999
     s of a 300 ms reset_peer that way), so a clock read after it can miss part of the
-    wait; read before it, the time is never short, and at most a connect long."""
+    wait; read before it, the time is never short, and longer by the connect at most."""
     t0 = time.monotonic()
     s = _connect(ports.toxic)
     try:
